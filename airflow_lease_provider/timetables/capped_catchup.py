@@ -1,0 +1,507 @@
+"""A timetable whose catch-up after downtime is capped to the newest ``max_backfill`` slots.
+
+Airflow offers two catch-up policies: every missed slot (``catchup=True``: a week offline is 672 runs of
+a quarter-hourly job) or only the latest (``catchup=False``). :class:`CappedCatchupTimetable` adds the
+one in between: with ``catchup=True`` only the newest ``max_backfill`` missed slots become runs, older
+ones never do, and an optional ``catchup_window`` drops slots older than a duration.
+
+Rules the implementation keeps (``docs/timetable.md`` explains the choices):
+
+* **Pure.** No database access; the clock is read in one place, :func:`_utcnow`, which tests replace.
+* **O(max_backfill) steps.** The newest slots are found by stepping *back* from now, never by walking
+  the gap forward, so a year-long outage of a per-minute schedule costs a handful of croniter calls.
+* **Backfills are not clipped.** Airflow asks with ``restriction.latest`` set for ``airflow backfill``;
+  those ranges are scheduled slot by slot, whatever the cap says.
+* **The stored next run cannot slip a stale slot in.** Before an outage the scheduler stores the next
+  run in ``DagModel`` and, after the outage, creates it without asking :meth:`next_dagrun_info`; so
+  :meth:`next_run_info_from_dag_model` re-applies the cap to that stored run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import logging
+from typing import TYPE_CHECKING, Any
+
+import pendulum
+from airflow.timetables.base import DagRunInfo, DataInterval, Timetable
+from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
+
+from airflow_lease_provider.core.errors import InvalidArgument
+from airflow_lease_provider.timetables._grid import CronGrid, DeltaGrid, Grid, to_utc
+
+if TYPE_CHECKING:
+    from airflow.models.dag import DagModel
+    from airflow.timetables.base import TimeRestriction
+    from pendulum import DateTime
+    from pendulum.tz.timezone import FixedTimezone, Timezone
+
+log = logging.getLogger(__name__)
+
+#: The largest accepted ``max_backfill``. Catch-up costs one croniter step per slot kept, on every
+#: scheduling decision during the catch-up; past this, use Airflow's own ``catchup=True``.
+MAX_BACKFILL = 10_000
+#: The shortest accepted ``catchup_window``. The scheduler creates a run a few seconds after its slot;
+#: a shorter window would drop on-time runs (Temporal enforces the same floor, Kubernetes warns of it).
+MIN_CATCHUP_WINDOW = datetime.timedelta(seconds=10)
+# Airflow presets that are not periodic and cannot be capped.
+_NOT_PERIODIC = frozenset({"@once", "@continuous", "none"})
+
+
+def _utcnow() -> DateTime:
+    """The only clock read of this module: tests replace it to freeze time."""
+    return pendulum.now("UTC")
+
+
+# -- argument validation (runs when the DAG file is parsed) ----------------------------------------------
+
+
+def _timezone_arg(value: object) -> Timezone | FixedTimezone:
+    if isinstance(value, (pendulum.Timezone, pendulum.FixedTimezone)):
+        return value
+    if isinstance(value, bool) or not isinstance(value, (str, int)):
+        raise InvalidArgument(
+            "timezone", value, "must be an IANA name such as 'Europe/Berlin' or a pendulum timezone"
+        )
+    try:
+        return pendulum.timezone(value)
+    except (ValueError, pendulum.tz.exceptions.TimezoneError) as exc:
+        raise InvalidArgument("timezone", value, f"is not a known timezone ({exc})") from None
+
+
+def _schedule_arg(value: object, timezone: Timezone | FixedTimezone) -> CronGrid | datetime.timedelta:
+    if isinstance(value, datetime.timedelta):
+        if value <= datetime.timedelta(0):
+            raise InvalidArgument("schedule", value, "must be a positive interval")
+        return value
+    if not isinstance(value, str):
+        raise InvalidArgument(
+            "schedule",
+            value,
+            f"must be a cron expression or a datetime.timedelta, not {type(value).__name__}",
+        )
+    expression = value.strip()
+    if expression.lower() in _NOT_PERIODIC:
+        raise InvalidArgument("schedule", value, "is not a periodic schedule; there is nothing to catch up")
+    from airflow.utils.dates import cron_presets
+
+    expression = cron_presets.get(expression, expression)
+    try:
+        # One step proves the expression can fire at all ("0 0 30 2 *" parses but never matches).
+        croniter(expression).get_next(datetime.datetime)
+    except CroniterBadDateError:
+        raise InvalidArgument("schedule", value, "never fires: no date matches it") from None
+    except (CroniterBadCronError, CroniterError, ValueError, KeyError) as exc:
+        raise InvalidArgument("schedule", value, f"is not a valid cron expression ({exc})") from None
+    return CronGrid(expression, timezone)
+
+
+def _max_backfill_arg(value: object) -> int:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise InvalidArgument("max_backfill", value, f"must be an int, not {type(value).__name__}")
+    if value < 0:
+        raise InvalidArgument("max_backfill", value, "must not be negative")
+    if value > MAX_BACKFILL:
+        raise InvalidArgument(
+            "max_backfill",
+            value,
+            f"must be at most {MAX_BACKFILL}; to run every missed slot use catchup=True alone",
+        )
+    return value
+
+
+def _catchup_window_arg(value: object) -> datetime.timedelta | None:
+    if value is None:
+        return None
+    if not isinstance(value, datetime.timedelta):
+        raise InvalidArgument(
+            "catchup_window", value, f"must be a datetime.timedelta or None, not {type(value).__name__}"
+        )
+    if value <= datetime.timedelta(0):
+        raise InvalidArgument("catchup_window", value, "must be positive")
+    if value < MIN_CATCHUP_WINDOW:
+        raise InvalidArgument(
+            "catchup_window",
+            value,
+            f"must be at least {MIN_CATCHUP_WINDOW.total_seconds():g} s, or on-time runs the scheduler "
+            "creates a few seconds late would be dropped",
+        )
+    return value
+
+
+def _encode_timezone(timezone: Timezone | FixedTimezone) -> str | int:
+    # Same encoding as Airflow's serializer: UTC by name (pendulum.timezone(0) is "+00:00", not UTC).
+    if isinstance(timezone, pendulum.FixedTimezone):
+        return "UTC" if timezone.offset == 0 else timezone.offset
+    return timezone.name
+
+
+# -- skipped slots -------------------------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class SkippedSlots:
+    """The slots a capped catch-up never ran, between two consecutive automated runs.
+
+    Slots are given as the data interval their run would have had (``start`` is its logical date).
+    """
+
+    count: int
+    first: DataInterval
+    last: DataInterval
+
+    def detail(self) -> dict[str, Any]:
+        """A JSON-ready summary for the event ledger."""
+        return {
+            "count": self.count,
+            "first_start": self.first.start.isoformat(),
+            "first_end": self.first.end.isoformat(),
+            "last_start": self.last.start.isoformat(),
+            "last_end": self.last.end.isoformat(),
+        }
+
+
+def slot_idempotency_key(job: str, slot: DataInterval | datetime.datetime) -> str:
+    """A stable key for one slot of ``job``: the same for every retry and re-run of that slot.
+
+    Use it as the idempotency key of an irreversible publish (billing, notifications) so a slot that is
+    retried, cleared or caught up twice is published at most once.
+
+    :param job: what is published (a DAG id, a lease key); part of the key.
+    :param slot: the run's data interval, or its logical date.
+    """
+    start = to_utc(slot.start if isinstance(slot, DataInterval) else slot)
+    # UTC, so the key does not change with the DAG's timezone or a DST fold.
+    stamp = start.strftime("%Y-%m-%dT%H:%M:%S.%f" if start.microsecond else "%Y-%m-%dT%H:%M:%S")
+    return f"{job}@{stamp}Z"
+
+
+# -- the timetable -------------------------------------------------------------------------------------
+
+
+class CappedCatchupTimetable(Timetable):
+    """Runs on a cron expression or fixed interval; after downtime, runs only the newest missed slots.
+
+    With the DAG's ``catchup=True``, the newest ``max_backfill`` slots that came due while nothing ran
+    become runs (oldest first), older ones are skipped and ``catchup_window`` drops any older than that
+    duration. With ``catchup=False`` it is Airflow's latest-only schedule (the window still applies).
+    An explicit backfill is never clipped.
+
+    :param schedule: a cron expression (or preset such as ``@hourly``), or a ``datetime.timedelta`` for
+        fixed intervals that cron cannot express ("every 45 minutes").
+    :param max_backfill: how many of the newest due slots run after downtime, counting the newest one.
+        1 (the default) is for freshness-only jobs; irreversible jobs use more together with an
+        idempotency key per slot (:func:`slot_idempotency_key`). 0 runs none of them: if a newer slot came
+        due while a slot waited, both are skipped and the schedule resumes with the next slot.
+    :param catchup_window: slots whose time is older than this never run, whatever ``max_backfill`` says.
+    :param timezone: the timezone a cron expression is read in (IANA name or pendulum timezone).
+    :param data_interval: True (default) for data-interval runs: a run for the slot at ``T`` covers
+        ``[previous slot, T]`` and starts at ``T``, like ``CronDataIntervalTimetable``. False for trigger
+        runs, Airflow 3's default for cron strings: a run at ``T`` has logical date ``T`` and an empty
+        interval, like ``CronTriggerTimetable``.
+    :raises InvalidArgument: a ``ValueError`` naming the bad parameter, raised when the DAG is parsed.
+    """
+
+    def __init__(
+        self,
+        schedule: str | datetime.timedelta,
+        *,
+        max_backfill: int = 1,
+        catchup_window: datetime.timedelta | None = None,
+        timezone: str | Timezone | FixedTimezone = "UTC",
+        data_interval: bool = True,
+    ) -> None:
+        self._timezone = _timezone_arg(timezone)
+        parsed = _schedule_arg(schedule, self._timezone)
+        self._cron: CronGrid | None = parsed if isinstance(parsed, CronGrid) else None
+        self._delta: datetime.timedelta | None = parsed if isinstance(parsed, datetime.timedelta) else None
+        self._max_backfill = _max_backfill_arg(max_backfill)
+        self._catchup_window = _catchup_window_arg(catchup_window)
+        if not isinstance(data_interval, bool):
+            raise InvalidArgument("data_interval", data_interval, "must be True or False")
+        self._data_interval = data_interval
+        self.description = self._describe()
+
+    # -- parameters -----------------------------------------------------------------------------------
+
+    @property
+    def schedule(self) -> str | datetime.timedelta:
+        """The cron expression (presets expanded) or the fixed interval."""
+        if self._cron is not None:
+            return self._cron.expression
+        assert self._delta is not None
+        return self._delta
+
+    @property
+    def max_backfill(self) -> int:
+        return self._max_backfill
+
+    @property
+    def catchup_window(self) -> datetime.timedelta | None:
+        return self._catchup_window
+
+    @property
+    def timezone(self) -> Timezone | FixedTimezone:
+        return self._timezone
+
+    @property
+    def data_interval(self) -> bool:
+        return self._data_interval
+
+    # -- serialization: a compatibility contract (add keys, never rename) ------------------------------
+
+    def serialize(self) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "max_backfill": self._max_backfill,
+            "catchup_window": None if self._catchup_window is None else self._catchup_window.total_seconds(),
+            "timezone": _encode_timezone(self._timezone),
+            "data_interval": self._data_interval,
+        }
+        if self._cron is not None:
+            data["cron"] = self._cron.expression
+        else:
+            assert self._delta is not None
+            data["delta"] = self._delta.total_seconds()
+        return data
+
+    @classmethod
+    def deserialize(cls, data: dict[str, Any]) -> CappedCatchupTimetable:
+        schedule: str | datetime.timedelta
+        schedule = data["cron"] if "cron" in data else datetime.timedelta(seconds=data["delta"])
+        window = data.get("catchup_window")
+        return cls(
+            schedule,
+            max_backfill=data.get("max_backfill", 1),
+            catchup_window=None if window is None else datetime.timedelta(seconds=window),
+            timezone=data.get("timezone", "UTC"),
+            data_interval=data.get("data_interval", True),
+        )
+
+    def __eq__(self, other: object) -> bool:
+        if not isinstance(other, CappedCatchupTimetable):
+            return NotImplemented
+        return self.serialize() == other.serialize()
+
+    def __hash__(self) -> int:
+        return hash(tuple(sorted(self.serialize().items())))
+
+    def __repr__(self) -> str:
+        return (
+            f"{type(self).__name__}({self.schedule!r}, max_backfill={self._max_backfill}, "
+            f"catchup_window={self._catchup_window!r}, timezone={_encode_timezone(self._timezone)!r}, "
+            f"data_interval={self._data_interval})"
+        )
+
+    # -- UI ---------------------------------------------------------------------------------------------
+
+    @property
+    def summary(self) -> str:
+        schedule = self._cron.expression if self._cron is not None else f"every {self._delta}"
+        cap = f"catch-up: newest {self._max_backfill}"
+        if self._catchup_window is not None:
+            cap += f", window {self._catchup_window}"
+        return f"{schedule} ({cap})"
+
+    def _describe(self) -> str:
+        if self._cron is not None:
+            base = self._cron.description or self._cron.expression
+        else:
+            base = f"Every {self._delta}"
+        if self._max_backfill == 0:
+            cap = "after downtime no missed run is made up"
+        elif self._max_backfill == 1:
+            cap = "after downtime only the newest missed run is made up"
+        else:
+            cap = f"after downtime at most the newest {self._max_backfill} missed runs are made up"
+        if self._catchup_window is not None:
+            cap += f", none older than {self._catchup_window}"
+        return f"{base}; {cap} (with catchup=True)"
+
+    # -- scheduling -------------------------------------------------------------------------------------
+
+    def _now(self) -> DateTime:
+        return to_utc(_utcnow())
+
+    def _grid(self, anchor: datetime.datetime | None) -> Grid:
+        """The slot grid; a fixed interval is laid through ``anchor`` (the last run), or the epoch."""
+        if self._cron is not None:
+            return self._cron
+        assert self._delta is not None
+        return DeltaGrid(self._delta, anchor)
+
+    def _first_slot_from(self, grid: Grid, earliest: DateTime) -> DateTime:
+        """The first slot whose run starts no earlier than ``earliest`` (the DAG's start_date)."""
+        first = grid.at_or_after(earliest)
+        # A data-interval run is due when its interval ends, so the first one fires a slot later.
+        return grid.after(first) if self._data_interval else first
+
+    def _info(self, grid: Grid, slot: DateTime) -> DagRunInfo:
+        if self._data_interval:
+            return DagRunInfo.interval(start=grid.before(slot), end=slot)
+        return DagRunInfo.exact(slot)
+
+    def _slot_interval(self, grid: Grid, slot: DateTime) -> DataInterval:
+        info = self._info(grid, slot)
+        assert info.data_interval is not None
+        return info.data_interval
+
+    def _apply_cap(self, grid: Grid, resume: DateTime | None, now: DateTime, cap: int) -> DateTime:
+        """The slot to run next, given the slot the schedule would resume at and how many may catch up.
+
+        Steps back from the newest due slot at most ``cap - 1`` times, and never past ``resume``: the
+        work is O(min(cap, missed slots)), however long the outage was.
+        """
+        newest_due = grid.at_or_before(now)
+        if resume is not None and resume > newest_due:
+            return resume  # nothing is due yet: no outage to cap
+        start = newest_due if resume is None else resume
+        if cap == 0:
+            # The slot the schedule waited for still runs when merely late; once a newer slot has come
+            # due it was missed, and with it every other due slot.
+            slot = start if start == newest_due else grid.after(newest_due)
+        else:
+            oldest_kept = newest_due
+            for _ in range(cap - 1):
+                if oldest_kept <= start:
+                    break
+                oldest_kept = grid.before(oldest_kept)
+            slot = max(start, oldest_kept)
+        if self._catchup_window is not None:
+            slot = max(slot, grid.at_or_after(now - self._catchup_window))
+        return slot
+
+    def next_dagrun_info(
+        self,
+        *,
+        last_automated_data_interval: DataInterval | None,
+        restriction: TimeRestriction,
+    ) -> DagRunInfo | None:
+        last_end = to_utc(last_automated_data_interval.end) if last_automated_data_interval else None
+        earliest = to_utc(restriction.earliest) if restriction.earliest is not None else None
+        latest = to_utc(restriction.latest) if restriction.latest is not None else None
+        grid = self._grid(anchor=last_end or earliest)
+
+        # Where the schedule resumes: the slot after the last automated run, or the first from start_date.
+        # The last run is only a lower bound: after an outage the cap below moves past it, which is what
+        # keeps the slot right after a pre-outage run from slipping in.
+        candidates = []
+        if last_end is not None:
+            candidates.append(grid.after(last_end))
+        if earliest is not None:
+            candidates.append(self._first_slot_from(grid, earliest))
+        resume = max(candidates) if candidates else None
+
+        if restriction.catchup and latest is not None:
+            # An explicit backfill (or a DAG with an end_date; Airflow passes both the same way): every
+            # slot in the range, never clipped.
+            slot = resume if resume is not None else grid.at_or_before(self._now())
+        else:
+            cap = self._max_backfill if restriction.catchup else 1
+            slot = self._apply_cap(grid, resume, self._now(), cap)
+
+        info = self._info(grid, slot)
+        if self._data_interval and last_automated_data_interval is not None:
+            # A schedule change (to a coarser cron) can land the new interval's start on the last run's:
+            # step once more rather than collide on the unique logical date, as Airflow's own timetables do.
+            assert info.logical_date is not None
+            if info.logical_date <= to_utc(last_automated_data_interval.start):
+                info = self._info(grid, grid.after(slot))
+        if latest is not None and info.logical_date is not None and info.logical_date > latest:
+            return None
+        return info
+
+    def next_run_info_from_dag_model(self, *, dag_model: DagModel) -> DagRunInfo | None:
+        """The run the scheduler is about to create from ``DagModel``, with the cap re-applied.
+
+        The scheduler stores the next run when it creates the previous one. After an outage it creates
+        that stored run without asking :meth:`next_dagrun_info` again, so the oldest missed slot would
+        slip in before the capped ones. Here the stored run is moved forward to the oldest slot the cap
+        allows now. It is never moved back, and explicit backfills do not pass through here.
+        """
+        info = super().next_run_info_from_dag_model(dag_model=dag_model)
+        if info is None or info.data_interval is None:
+            return info
+        stored = to_utc(info.data_interval.end)
+        grid = self._grid(anchor=stored)
+        # The DAG's catchup flag is not visible here; the cap (1 for catchup=False DAGs when they are
+        # asked next) keeps at most one extra, still-capped run for catchup=False with max_backfill > 1.
+        slot = self._apply_cap(grid, stored, self._now(), self._max_backfill)
+        if slot == stored:
+            return info
+        log.warning(
+            "capped catch-up: the stored next run (slot %s) is older than the newest %d slots; "
+            "scheduling slot %s instead",
+            stored.isoformat(),
+            self._max_backfill,
+            slot.isoformat(),
+        )
+        return self._info(grid, slot)
+
+    def infer_manual_data_interval(self, *, run_after: DateTime) -> DataInterval:
+        run_after = to_utc(run_after)
+        if not self._data_interval:
+            return DataInterval.exact(run_after)
+        if self._delta is not None:
+            return DataInterval(start=to_utc(run_after - self._delta), end=run_after)
+        # The last complete interval before the trigger, as CronDataIntervalTimetable does.
+        grid = self._grid(anchor=None)
+        end = grid.at_or_before(run_after)
+        return DataInterval(start=grid.before(end), end=end)
+
+    # -- skipped slots ------------------------------------------------------------------------------------
+
+    def _slot_of(self, run: DataInterval | datetime.datetime) -> DateTime:
+        """The slot (run time) of a run given by its data interval or its logical date."""
+        if isinstance(run, DataInterval):
+            return to_utc(run.end)
+        logical = to_utc(run)
+        return self._grid(anchor=logical).after(logical) if self._data_interval else logical
+
+    def skipped_slots(
+        self,
+        run: DataInterval | datetime.datetime,
+        previous: DataInterval | datetime.datetime | None,
+        *,
+        earliest: datetime.datetime | None = None,
+    ) -> SkippedSlots | None:
+        """Which slots between the previous automated run and ``run`` never ran; None when there are none.
+
+        Pure and fast: the count is computed, not enumerated (a year of per-minute slots takes
+        milliseconds). Runs are given by data interval or logical date.
+
+        :param run: the run being executed.
+        :param previous: the automated run before it, or None for the DAG's first run.
+        :param earliest: the DAG's start_date; with no previous run, slots from there on count as skipped.
+        """
+        slot = self._slot_of(run)
+        if previous is not None:
+            previous_slot = self._slot_of(previous)
+            grid = self._grid(anchor=previous_slot)
+            first = grid.after(previous_slot)
+            if first >= slot:
+                return None
+            count = grid.count_between(previous_slot, slot)
+        elif earliest is not None:
+            start = to_utc(earliest)
+            grid = self._grid(anchor=start)
+            first = self._first_slot_from(grid, start)
+            if first >= slot:
+                return None
+            count = 1 + grid.count_between(first, slot)
+        else:
+            return None
+        return SkippedSlots(
+            count, self._slot_interval(grid, first), self._slot_interval(grid, grid.before(slot))
+        )
+
+
+def skipped_slots(
+    timetable: CappedCatchupTimetable,
+    run: DataInterval | datetime.datetime,
+    previous: DataInterval | datetime.datetime | None,
+    *,
+    earliest: datetime.datetime | None = None,
+) -> SkippedSlots | None:
+    """Function form of :meth:`CappedCatchupTimetable.skipped_slots`."""
+    return timetable.skipped_slots(run, previous, earliest=earliest)
