@@ -17,6 +17,7 @@ import datetime
 from typing import TYPE_CHECKING, Protocol
 
 import pendulum
+from airflow._shared.timezones.timezone import convert_to_utc, make_aware, make_naive
 from airflow.timetables._cron import CronMixin
 from croniter import croniter
 
@@ -75,6 +76,10 @@ class Grid(Protocol):
         """How many slots lie strictly between ``start`` and ``end``."""
         ...
 
+    def count_cost(self, start: DateTime, end: DateTime, limit: int) -> int:
+        """About how many croniter calls :meth:`count_between` needs, or ``limit`` if at least that many."""
+        ...
+
 
 class DeltaGrid:
     """Slots every ``delta``, on the lattice through ``anchor``: pure arithmetic, no stepping.
@@ -112,13 +117,16 @@ class DeltaGrid:
         last = -((self._anchor - epoch_us(end)) // self._step) - 1
         return max(0, last - first + 1)
 
+    def count_cost(self, start: DateTime, end: DateTime, limit: int) -> int:
+        return 0
+
 
 class CronGrid(CronMixin):
     """Slots of a cron expression in a timezone, stepped exactly like Airflow's cron timetables.
 
-    ``CronMixin`` is this package's one private Airflow import: it carries the DST fixes of the core
-    cron timetables, and re-deriving them would make our slots drift from Airflow's on the two days a
-    year that matter.
+    ``CronMixin`` (and the timezone helpers it uses) are this package's private Airflow imports: they
+    carry the DST fixes of the core cron timetables, and re-deriving them would make our slots drift
+    from Airflow's on the two days a year that matter.
 
     :param expression: a cron expression or an Airflow preset such as ``@hourly`` (already validated).
     :param timezone: the timezone the expression is read in.
@@ -143,7 +151,18 @@ class CronGrid(CronMixin):
         return self._get_next(moment)
 
     def before(self, moment: DateTime) -> DateTime:
-        return self._get_prev(moment)
+        previous = self._get_prev(moment)
+        if previous < moment:
+            return previous
+        # Airflow only ever steps forward, where a wall-clock slot inside a spring-forward gap is moved
+        # forward (02:30 becomes 03:30). Stepping back from that moved slot, croniter names the same
+        # 02:30 again; keep asking for earlier wall-clock times until one lies before ``moment``.
+        iterator = croniter(self._expression, start_time=make_naive(moment, self._timezone))
+        while True:
+            candidate = iterator.get_prev(datetime.datetime)
+            previous = convert_to_utc(make_aware(candidate, self._timezone))
+            if previous < moment:
+                return previous
 
     def count_between(self, start: DateTime, end: DateTime) -> int:
         if end <= start:
@@ -152,6 +171,16 @@ class CronGrid(CronMixin):
         if self.at_or_before(end) == end:
             total -= 1  # _count_up_to includes ``end`` itself
         return total
+
+    def count_cost(self, start: DateTime, end: DateTime, limit: int) -> int:
+        if len(self._fields) != 5:
+            return limit  # counted by stepping
+        # One croniter call per day spanned, two to test the end; checked before the (pricier) scan
+        # for offset changes, which are stepped through and so priced at the limit.
+        cost = (end.date() - start.date()).days + 3
+        if cost >= limit or self._transition_windows(start, end):
+            return limit
+        return cost
 
     # -- counting -------------------------------------------------------------------------------------
 

@@ -349,8 +349,9 @@ class CappedCatchupTimetable(Timetable):
     def _apply_cap(self, grid: Grid, resume: DateTime | None, now: DateTime, cap: int) -> DateTime:
         """The slot to run next, given the slot the schedule would resume at and how many may catch up.
 
-        Steps back from the newest due slot at most ``cap - 1`` times, and never past ``resume``: the
-        work is O(min(cap, missed slots)), however long the outage was.
+        The work is O(min(cap, missed slots)) croniter steps however long the outage was: the newest
+        slots are found by stepping back from now, and not at all when counting is cheaper (the calls
+        that follow the first one of a catch-up, whose gap is at most ``cap`` slots).
         """
         newest_due = grid.at_or_before(now)
         if resume is not None and resume > newest_due:
@@ -360,6 +361,8 @@ class CappedCatchupTimetable(Timetable):
             # The slot the schedule waited for still runs when merely late; once a newer slot has come
             # due it was missed, and with it every other due slot.
             slot = start if start == newest_due else grid.after(newest_due)
+        elif start == newest_due or self._due_fit_in(grid, start, newest_due, cap):
+            slot = start
         else:
             oldest_kept = newest_due
             for _ in range(cap - 1):
@@ -370,6 +373,13 @@ class CappedCatchupTimetable(Timetable):
         if self._catchup_window is not None:
             slot = max(slot, grid.at_or_after(now - self._catchup_window))
         return slot
+
+    @staticmethod
+    def _due_fit_in(grid: Grid, start: DateTime, newest_due: DateTime, cap: int) -> bool:
+        """Whether the due slots ``start`` .. ``newest_due`` are at most ``cap``, when counting is cheap."""
+        if grid.count_cost(start, newest_due, limit=cap) >= cap:
+            return False  # unknown; stepping back (at most cap - 1 steps) will tell
+        return grid.count_between(start, newest_due) + 2 <= cap
 
     def next_dagrun_info(
         self,

@@ -1,0 +1,140 @@
+"""Property test: the capped runs are exactly the newest N of the runs Airflow's own timetable would make.
+
+For random schedules, timezones (with and without DST, including a 30-minute DST shift), outages and
+caps, the reference is Airflow's ``CronDataIntervalTimetable`` / ``CronTriggerTimetable`` with
+``catchup=True``; the capped timetable must produce its newest ``max_backfill`` runs (minus those older
+than the window), then wait for the same next run, and report the rest as skipped.
+"""
+
+from __future__ import annotations
+
+import datetime
+from types import SimpleNamespace
+from typing import Any
+
+import pendulum
+import pytest
+from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction
+from airflow.timetables.interval import CronDataIntervalTimetable
+from airflow.timetables.trigger import CronTriggerTimetable
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from airflow_lease_provider.timetables import CappedCatchupTimetable, capped_catchup
+
+CATCHUP = TimeRestriction(earliest=None, latest=None, catchup=True)
+SCHEDULES = [
+    "*/7 * * * *",
+    "0 * * * *",
+    "30 2 * * *",
+    "15 1-3 * * 0",
+    "*/20 1-4 * * *",
+    "0 0 L * *",
+    "45 */5 * * 1-5",
+]
+TIMEZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]
+START = pendulum.datetime(2025, 1, 1, tz="UTC")
+
+
+class Clock:
+    now = START
+
+
+def _runs_until(
+    timetable: Any, last: DataInterval, now: pendulum.DateTime
+) -> tuple[list[DagRunInfo], DagRunInfo]:
+    runs: list[DagRunInfo] = []
+    info = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=CATCHUP)
+    while info.run_after <= now:
+        runs.append(info)
+        info = timetable.next_dagrun_info(
+            last_automated_data_interval=info.data_interval, restriction=CATCHUP
+        )
+    return runs, info
+
+
+@pytest.fixture
+def frozen(monkeypatch: pytest.MonkeyPatch) -> type[Clock]:
+    monkeypatch.setattr(capped_catchup, "_utcnow", lambda: Clock.now)
+    return Clock
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(
+    schedule=st.sampled_from(SCHEDULES),
+    tz=st.sampled_from(TIMEZONES),
+    data_interval=st.booleans(),
+    cap=st.integers(min_value=1, max_value=6),
+    window_minutes=st.one_of(st.none(), st.integers(min_value=1, max_value=3000)),
+    last_offset_minutes=st.integers(min_value=0, max_value=365 * 24 * 60),
+    outage_minutes=st.integers(min_value=0, max_value=6 * 24 * 60),
+    second=st.integers(min_value=0, max_value=59),
+    from_dag_model=st.booleans(),
+)
+def test_capped_runs_are_the_newest_of_airflows_runs(
+    frozen: type[Clock],
+    schedule: str,
+    tz: str,
+    data_interval: bool,
+    cap: int,
+    window_minutes: int | None,
+    last_offset_minutes: int,
+    outage_minutes: int,
+    second: int,
+    from_dag_model: bool,
+) -> None:
+    reference: Any
+    if data_interval:
+        reference = CronDataIntervalTimetable(schedule, tz)
+    else:
+        reference = CronTriggerTimetable(schedule, timezone=tz)
+    # The last run: a real slot of the schedule, anywhere in 2025.
+    last_end = reference._align_to_prev(START.add(minutes=last_offset_minutes))
+    last = (
+        DataInterval(reference._get_prev(last_end), last_end)
+        if data_interval
+        else DataInterval.exact(last_end)
+    )
+    now = last_end.add(minutes=outage_minutes, seconds=second)
+    frozen.now = now
+    window = None if window_minutes is None else datetime.timedelta(minutes=window_minutes)
+    timetable = CappedCatchupTimetable(
+        schedule, max_backfill=cap, catchup_window=window, timezone=tz, data_interval=data_interval
+    )
+
+    everything, reference_next = _runs_until(reference, last, now)
+    expected = [r for r in everything[-cap:] if window is None or r.run_after >= now - window]
+
+    if from_dag_model:
+        # The scheduler's path after an outage: the run it stored right after `last` was created.
+        stored_info = reference.next_dagrun_info(last_automated_data_interval=last, restriction=CATCHUP)
+        dag_model = SimpleNamespace(
+            next_dagrun=stored_info.logical_date,
+            next_dagrun_data_interval=stored_info.data_interval,
+            next_dagrun_create_after=stored_info.run_after,
+            next_dagrun_partition_date=None,
+            next_dagrun_partition_key=None,
+        )
+        first = timetable.next_run_info_from_dag_model(dag_model=dag_model)
+        assert first is not None
+        if first.run_after <= now:
+            rest, waiting = _runs_until(timetable, first.data_interval, now)
+            runs = [first, *rest]
+        else:
+            runs, waiting = [], first
+    else:
+        runs, waiting = _runs_until(timetable, last, now)
+
+    assert runs == expected
+    assert waiting == reference_next
+
+    if runs:
+        skipped = timetable.skipped_slots(runs[0].data_interval, last)
+        older = everything[: len(everything) - len(runs)]
+        if not older:
+            assert skipped is None
+        else:
+            assert skipped is not None
+            assert skipped.count == len(older)
+            assert skipped.first == older[0].data_interval
+            assert skipped.last == older[-1].data_interval

@@ -1,0 +1,447 @@
+"""Scheduling behaviour of CappedCatchupTimetable, with the clock frozen.
+
+Where Airflow has an equivalent (latest-only, backfill, DST stepping), the expected slots come from
+Airflow's own core timetables, so "the newest N" means the newest N of the slots Airflow would run.
+"""
+
+from __future__ import annotations
+
+import datetime
+from types import SimpleNamespace
+from typing import Any
+
+import pendulum
+import pytest
+from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction
+from airflow.timetables.interval import CronDataIntervalTimetable, DeltaDataIntervalTimetable
+from airflow.timetables.trigger import CronTriggerTimetable
+
+from airflow_lease_provider.timetables import CappedCatchupTimetable
+from tests.timetables.conftest import CroniterCalls, FrozenClock
+
+UTC = pendulum.UTC
+CATCHUP = TimeRestriction(earliest=None, latest=None, catchup=True)
+NO_CATCHUP = TimeRestriction(earliest=None, latest=None, catchup=False)
+NOW = pendulum.datetime(2025, 6, 15, 12, 0, 30, tz="UTC")
+
+
+def minute(*args: int) -> pendulum.DateTime:
+    return pendulum.datetime(*args, tz="UTC")
+
+
+def scheduled_runs(
+    timetable: Any,
+    last: DataInterval | None,
+    restriction: TimeRestriction,
+    clock: FrozenClock,
+    limit: int = 10_000,
+) -> tuple[list[DagRunInfo], DagRunInfo | None]:
+    """What a scheduler creates at the frozen time: runs while the next one is due, then the one it waits for."""
+    runs: list[DagRunInfo] = []
+    info = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=restriction)
+    while info is not None and info.run_after <= clock.now and len(runs) < limit:
+        runs.append(info)
+        info = timetable.next_dagrun_info(
+            last_automated_data_interval=info.data_interval, restriction=restriction
+        )
+    return runs, info
+
+
+@pytest.fixture(autouse=True)
+def _airflow_clock(clock: FrozenClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Airflow's reference timetables read the same frozen clock."""
+    import airflow.timetables.interval as interval_module
+    import airflow.timetables.trigger as trigger_module
+
+    monkeypatch.setattr(interval_module, "utcnow", lambda: clock.now)
+    monkeypatch.setattr(trigger_module, "utcnow", lambda: clock.now)
+
+
+def reference_runs(
+    timetable: Any, last: DataInterval | None, restriction: TimeRestriction, clock: FrozenClock
+) -> list[DagRunInfo]:
+    """Every run Airflow's own timetable would create by now (uncapped catch-up)."""
+    runs, _ = scheduled_runs(timetable, last, restriction, clock)
+    return runs
+
+
+# -- the headline: a year offline ---------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("cap", [1, 3, 10])
+def test_one_year_outage_every_minute_runs_exactly_the_newest_n(
+    clock: FrozenClock, croniter_calls: CroniterCalls, cap: int
+) -> None:
+    timetable = CappedCatchupTimetable("* * * * *", max_backfill=cap)
+    last = DataInterval(minute(2024, 6, 15, 11, 59), minute(2024, 6, 15, 12, 0))  # a year before NOW
+
+    croniter_calls.count = 0
+    first = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=CATCHUP)
+    # Stepping back from now: N - 1 steps plus a constant, not 525 600 steps through the gap.
+    assert croniter_calls.count <= cap + 6, croniter_calls.count
+
+    runs, waiting = scheduled_runs(timetable, last, CATCHUP, clock)
+    assert runs[0] == first
+    newest_due = minute(2025, 6, 15, 12, 0)
+    expected_ends = [newest_due.subtract(minutes=cap - 1 - i) for i in range(cap)]
+    assert [r.run_after for r in runs] == expected_ends
+    assert [r.data_interval for r in runs] == [
+        DataInterval(end.subtract(minutes=1), end) for end in expected_ends
+    ]
+    # The slot right after the pre-outage run never slips in.
+    assert all(r.run_after > minute(2024, 6, 15, 12, 1) for r in runs)
+    # Then normal scheduling resumes with the next slot.
+    assert waiting is not None
+    assert waiting.run_after == minute(2025, 6, 15, 12, 1)
+
+
+def test_every_later_call_is_constant_work(clock: FrozenClock, croniter_calls: CroniterCalls) -> None:
+    timetable = CappedCatchupTimetable("* * * * *", max_backfill=100)
+    last = DataInterval(minute(2025, 6, 15, 10, 0), minute(2025, 6, 15, 10, 1))
+    croniter_calls.count = 0
+    runs, _ = scheduled_runs(timetable, last, CATCHUP, clock)
+    assert len(runs) == 100
+    # The first call steps back 99 times; each later one stops at once because nothing older is due.
+    assert croniter_calls.count <= 99 + 6 + 100 * 8
+
+
+def test_one_year_outage_fixed_interval_keeps_the_phase(
+    clock: FrozenClock, croniter_calls: CroniterCalls
+) -> None:
+    timetable = CappedCatchupTimetable(datetime.timedelta(minutes=45), max_backfill=2)
+    # The grid runs through the last run: ..., 00:07 + k * 45 min.
+    last = DataInterval(minute(2024, 6, 15, 0, 7), minute(2024, 6, 15, 0, 52))
+    runs, waiting = scheduled_runs(timetable, last, CATCHUP, clock)
+    assert croniter_calls.count == 0
+    step = datetime.timedelta(minutes=45)
+    # (pendulum's Interval // timedelta is broken; whole seconds are exact here.)
+    slots = int((NOW - last.end).total_seconds()) // int(step.total_seconds())
+    newest = last.end + slots * step
+    assert [r.run_after for r in runs] == [newest - step, newest]
+    assert [r.data_interval for r in runs] == [
+        DataInterval(newest - 2 * step, newest - step),
+        DataInterval(newest - step, newest),
+    ]
+    assert waiting is not None and waiting.run_after == newest + step
+
+
+def test_trigger_runs_have_the_slot_as_logical_date(clock: FrozenClock) -> None:
+    timetable = CappedCatchupTimetable("*/15 * * * *", max_backfill=2, data_interval=False)
+    last = DataInterval.exact(minute(2025, 6, 14, 9, 0))
+    runs, waiting = scheduled_runs(timetable, last, CATCHUP, clock)
+    assert [r.logical_date for r in runs] == [minute(2025, 6, 15, 11, 45), minute(2025, 6, 15, 12, 0)]
+    assert all(r.data_interval == DataInterval.exact(r.run_after) for r in runs)
+    assert waiting is not None and waiting.run_after == minute(2025, 6, 15, 12, 15)
+
+
+# -- the window and the cap of zero ------------------------------------------------------------------
+
+
+def test_window_drops_slots_older_than_it(clock: FrozenClock) -> None:
+    clock.set(minute(2025, 6, 15, 12, 10))
+    timetable = CappedCatchupTimetable(
+        "0 * * * *", max_backfill=5, catchup_window=datetime.timedelta(minutes=90)
+    )
+    last = DataInterval(minute(2025, 6, 14, 0, 0), minute(2025, 6, 14, 1, 0))
+    runs, _ = scheduled_runs(timetable, last, CATCHUP, clock)
+    # 12:00 (10 min old) and 11:00 (70 min old) are inside the window; 10:00 (130 min) is not.
+    assert [r.run_after for r in runs] == [minute(2025, 6, 15, 11, 0), minute(2025, 6, 15, 12, 0)]
+
+
+def test_window_can_skip_every_due_slot(clock: FrozenClock) -> None:
+    clock.set(minute(2025, 6, 15, 12, 40))
+    timetable = CappedCatchupTimetable(
+        "0 * * * *", max_backfill=3, catchup_window=datetime.timedelta(minutes=30)
+    )
+    last = DataInterval(minute(2025, 6, 14, 0, 0), minute(2025, 6, 14, 1, 0))
+    runs, waiting = scheduled_runs(timetable, last, CATCHUP, clock)
+    assert runs == []
+    assert waiting is not None and waiting.run_after == minute(2025, 6, 15, 13, 0)
+
+
+def test_window_also_applies_without_catchup(clock: FrozenClock) -> None:
+    clock.set(minute(2025, 6, 15, 12, 40))
+    timetable = CappedCatchupTimetable("0 * * * *", catchup_window=datetime.timedelta(minutes=30))
+    last = DataInterval(minute(2025, 6, 14, 0, 0), minute(2025, 6, 14, 1, 0))
+    runs, waiting = scheduled_runs(timetable, last, NO_CATCHUP, clock)
+    assert runs == []
+    assert waiting is not None and waiting.run_after == minute(2025, 6, 15, 13, 0)
+
+
+def test_cap_zero_skips_all_due_slots_after_downtime(clock: FrozenClock) -> None:
+    timetable = CappedCatchupTimetable("*/5 * * * *", max_backfill=0)
+    last = DataInterval(minute(2025, 6, 15, 10, 0), minute(2025, 6, 15, 10, 5))
+    runs, waiting = scheduled_runs(timetable, last, CATCHUP, clock)
+    assert runs == []
+    assert waiting is not None and waiting.run_after == minute(2025, 6, 15, 12, 5)
+
+
+def test_cap_zero_still_runs_a_slot_the_scheduler_is_merely_late_for(clock: FrozenClock) -> None:
+    # 12:00 came due 30 s ago and no newer slot has: that is latency, not downtime.
+    timetable = CappedCatchupTimetable("*/5 * * * *", max_backfill=0)
+    last = DataInterval(minute(2025, 6, 15, 11, 50), minute(2025, 6, 15, 11, 55))
+    runs, _ = scheduled_runs(timetable, last, CATCHUP, clock)
+    assert [r.run_after for r in runs] == [minute(2025, 6, 15, 12, 0)]
+
+
+# -- normal operation and catchup=False -------------------------------------------------------------
+
+
+def test_no_downtime_means_no_clipping(clock: FrozenClock) -> None:
+    timetable = CappedCatchupTimetable("*/5 * * * *", max_backfill=1)
+    last = DataInterval(minute(2025, 6, 15, 11, 50), minute(2025, 6, 15, 11, 55))
+    info = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=CATCHUP)
+    assert info == DagRunInfo.interval(minute(2025, 6, 15, 11, 55), minute(2025, 6, 15, 12, 0))
+    clock.set(minute(2025, 6, 15, 12, 0, 1))
+    info = timetable.next_dagrun_info(last_automated_data_interval=info.data_interval, restriction=CATCHUP)
+    assert info is not None and info.run_after == minute(2025, 6, 15, 12, 5)
+
+
+@pytest.mark.parametrize(
+    ("schedule", "reference"),
+    [
+        ("*/5 * * * *", CronDataIntervalTimetable("*/5 * * * *", "UTC")),
+        ("30 2 * * *", CronDataIntervalTimetable("30 2 * * *", "UTC")),
+        (datetime.timedelta(minutes=45), DeltaDataIntervalTimetable(datetime.timedelta(minutes=45))),
+    ],
+)
+@pytest.mark.parametrize("cap", [1, 4])
+@pytest.mark.parametrize(
+    "last",
+    [
+        None,
+        DataInterval(minute(2025, 6, 15, 11, 45), minute(2025, 6, 15, 12, 30)),  # the future: nothing due
+        DataInterval(minute(2025, 5, 1, 0, 0), minute(2025, 5, 1, 0, 45)),
+    ],
+)
+def test_catchup_false_is_airflows_latest_only(
+    clock: FrozenClock, schedule: Any, reference: Any, cap: int, last: DataInterval | None
+) -> None:
+    timetable = CappedCatchupTimetable(schedule, max_backfill=cap)
+    restriction = TimeRestriction(earliest=minute(2025, 1, 1), latest=None, catchup=False)
+    ours = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=restriction)
+    theirs = reference.next_dagrun_info(last_automated_data_interval=last, restriction=restriction)
+    if isinstance(schedule, datetime.timedelta) and last is None:
+        # Airflow floors a fixed interval onto an epoch grid only here; we lay it through start_date.
+        assert ours is not None and theirs is not None
+        assert abs(ours.run_after - theirs.run_after) < schedule
+        return
+    assert ours == theirs
+
+
+def test_catchup_false_matches_airflow_trigger_timetable(clock: FrozenClock) -> None:
+    timetable = CappedCatchupTimetable("*/10 * * * *", max_backfill=5, data_interval=False)
+    reference = CronTriggerTimetable("*/10 * * * *", timezone="UTC")
+    last = DataInterval.exact(minute(2025, 6, 1, 3, 0))
+    restriction = TimeRestriction(earliest=minute(2025, 1, 1), latest=None, catchup=False)
+    assert timetable.next_dagrun_info(
+        last_automated_data_interval=last, restriction=restriction
+    ) == reference.next_dagrun_info(last_automated_data_interval=last, restriction=restriction)
+
+
+# -- start_date and end_date -----------------------------------------------------------------------
+
+
+def test_first_deployment_with_an_old_start_date_runs_the_newest_n(clock: FrozenClock) -> None:
+    timetable = CappedCatchupTimetable("0 * * * *", max_backfill=3)
+    restriction = TimeRestriction(earliest=minute(2024, 1, 1), latest=None, catchup=True)
+    runs, _ = scheduled_runs(timetable, None, restriction, clock)
+    assert [r.run_after for r in runs] == [minute(2025, 6, 15, h) for h in (10, 11, 12)]
+
+
+def test_start_date_in_the_future_waits_for_it(clock: FrozenClock) -> None:
+    timetable = CappedCatchupTimetable("0 * * * *", max_backfill=3)
+    restriction = TimeRestriction(earliest=minute(2025, 7, 1, 0, 30), latest=None, catchup=True)
+    info = timetable.next_dagrun_info(last_automated_data_interval=None, restriction=restriction)
+    # The first interval starting at or after start_date is [01:00, 02:00].
+    assert info == DagRunInfo.interval(minute(2025, 7, 1, 1), minute(2025, 7, 1, 2))
+
+
+def test_no_start_date_and_no_runs_starts_with_the_newest_due_slot(clock: FrozenClock) -> None:
+    timetable = CappedCatchupTimetable("0 * * * *", max_backfill=3)
+    info = timetable.next_dagrun_info(last_automated_data_interval=None, restriction=CATCHUP)
+    assert info is not None and info.run_after == minute(2025, 6, 15, 12)
+
+
+def test_end_date_stops_the_schedule(clock: FrozenClock) -> None:
+    timetable = CappedCatchupTimetable("0 * * * *")
+    restriction = TimeRestriction(earliest=None, latest=minute(2025, 6, 15, 10, 0), catchup=False)
+    last = DataInterval(minute(2025, 6, 15, 9), minute(2025, 6, 15, 10))
+    assert timetable.next_dagrun_info(last_automated_data_interval=last, restriction=restriction) is None
+
+
+# -- backfills are never clipped -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("data_interval", [True, False])
+def test_backfill_range_is_not_clipped(clock: FrozenClock, data_interval: bool) -> None:
+    timetable = CappedCatchupTimetable("*/5 * * * *", max_backfill=1, data_interval=data_interval)
+    reference = (
+        CronDataIntervalTimetable("*/5 * * * *", "UTC")
+        if data_interval
+        else CronTriggerTimetable("*/5 * * * *", timezone="UTC")
+    )
+    # What SerializedDAG.iter_dagrun_infos_between does for `airflow backfill create`.
+    restriction = TimeRestriction(earliest=minute(2025, 6, 1), latest=minute(2025, 6, 2), catchup=True)
+
+    def iterate(tt: Any) -> list[DagRunInfo]:
+        infos, info = [], None
+        while True:
+            info = tt.next_dagrun_info(
+                last_automated_data_interval=info.data_interval if info else None, restriction=restriction
+            )
+            if info is None:
+                return infos
+            infos.append(info)
+
+    ours = iterate(timetable)
+    assert len(ours) == 24 * 12 + 1  # every 5 minutes, both ends inclusive
+    assert ours == iterate(reference)
+
+
+# -- daylight saving time ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("schedule", "last_end", "now"),
+    [
+        # Spring forward, Berlin 2025-03-30 02:00 CET -> 03:00 CEST: 02:30 does not exist that day.
+        ("30 2 * * *", pendulum.datetime(2025, 3, 20, 2, 30, tz="Europe/Berlin"), minute(2025, 4, 2, 12)),
+        # Fall back, Berlin 2025-10-26 03:00 CEST -> 02:00 CET: 02:30 happens twice.
+        ("30 2 * * *", pendulum.datetime(2025, 10, 15, 2, 30, tz="Europe/Berlin"), minute(2025, 10, 29, 12)),
+        # An every-hour schedule across the fold: Airflow runs the repeated hour twice.
+        (
+            "0 * * * *",
+            pendulum.datetime(2025, 10, 25, 20, 0, tz="Europe/Berlin"),
+            minute(2025, 10, 26, 4, 30),
+        ),
+        (
+            "*/20 * * * *",
+            pendulum.datetime(2025, 3, 29, 20, 0, tz="Europe/Berlin"),
+            minute(2025, 3, 30, 3, 30),
+        ),
+    ],
+)
+@pytest.mark.parametrize("cap", [1, 3, 6])
+@pytest.mark.parametrize("data_interval", [True, False])
+def test_dst_newest_slots_are_airflows_newest_slots(
+    clock: FrozenClock,
+    schedule: str,
+    last_end: pendulum.DateTime,
+    now: pendulum.DateTime,
+    cap: int,
+    data_interval: bool,
+) -> None:
+    clock.set(now)
+    tz = "Europe/Berlin"
+    timetable = CappedCatchupTimetable(schedule, max_backfill=cap, timezone=tz, data_interval=data_interval)
+    if data_interval:
+        reference: Any = CronDataIntervalTimetable(schedule, tz)
+        last = DataInterval(reference._get_prev(last_end.in_timezone("UTC")), last_end.in_timezone("UTC"))
+    else:
+        reference = CronTriggerTimetable(schedule, timezone=tz)
+        last = DataInterval.exact(last_end.in_timezone("UTC"))
+    everything = reference_runs(reference, last, CATCHUP, clock)
+    assert len(everything) > cap  # the scenario really is a catch-up
+    runs, _ = scheduled_runs(timetable, last, CATCHUP, clock)
+    assert runs == everything[-cap:]
+
+
+# -- the trap: the run Airflow stored before the outage ----------------------------------------------------------
+
+
+def stored(info: DagRunInfo) -> SimpleNamespace:
+    """The DagModel columns the scheduler reads back (``next_run_info_from_dag_model``)."""
+    return SimpleNamespace(
+        next_dagrun=info.logical_date,
+        next_dagrun_data_interval=info.data_interval,
+        next_dagrun_create_after=info.run_after,
+        next_dagrun_partition_date=None,
+        next_dagrun_partition_key=None,
+    )
+
+
+@pytest.mark.parametrize("cap", [1, 3])
+def test_stored_next_run_from_before_the_outage_does_not_slip_in(clock: FrozenClock, cap: int) -> None:
+    timetable = CappedCatchupTimetable("* * * * *", max_backfill=cap)
+    # Before the outage, right after creating the 10:00 run, the scheduler stored 10:01.
+    clock.set(minute(2025, 6, 15, 10, 0, 2))
+    last = DataInterval(minute(2025, 6, 15, 9, 59), minute(2025, 6, 15, 10, 0))
+    before_outage = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=CATCHUP)
+    assert before_outage is not None and before_outage.run_after == minute(2025, 6, 15, 10, 1)
+
+    # Two hours later the scheduler comes back and creates the stored run.
+    clock.set(NOW)
+    created = timetable.next_run_info_from_dag_model(dag_model=stored(before_outage))
+    assert created is not None
+    assert created.run_after == minute(2025, 6, 15, 12, 0).subtract(minutes=cap - 1)
+
+    # From there on it asks the timetable: exactly the newest N, then normal runs.
+    runs = [created]
+    info = timetable.next_dagrun_info(last_automated_data_interval=created.data_interval, restriction=CATCHUP)
+    while info is not None and info.run_after <= NOW:
+        runs.append(info)
+        info = timetable.next_dagrun_info(
+            last_automated_data_interval=info.data_interval, restriction=CATCHUP
+        )
+    assert [r.run_after for r in runs] == [
+        minute(2025, 6, 15, 12, 0).subtract(minutes=cap - 1 - i) for i in range(cap)
+    ]
+
+
+def test_stored_next_run_is_kept_when_merely_late_or_in_the_future(clock: FrozenClock) -> None:
+    timetable = CappedCatchupTimetable("*/5 * * * *", max_backfill=1)
+    on_time = DagRunInfo.interval(minute(2025, 6, 15, 11, 55), minute(2025, 6, 15, 12, 0))
+    assert timetable.next_run_info_from_dag_model(dag_model=stored(on_time)) == on_time
+    future = DagRunInfo.interval(minute(2025, 6, 15, 12, 0), minute(2025, 6, 15, 12, 5))
+    assert timetable.next_run_info_from_dag_model(dag_model=stored(future)) == future
+
+
+def test_stored_next_run_respects_the_window(clock: FrozenClock) -> None:
+    clock.set(minute(2025, 6, 15, 12, 40))
+    timetable = CappedCatchupTimetable(
+        "0 * * * *", max_backfill=3, catchup_window=datetime.timedelta(minutes=30)
+    )
+    stale = DagRunInfo.interval(minute(2025, 6, 15, 9), minute(2025, 6, 15, 10))
+    moved = timetable.next_run_info_from_dag_model(dag_model=stored(stale))
+    # Nothing due is young enough: the run is created for the next slot and starts when it is due.
+    assert moved == DagRunInfo.interval(minute(2025, 6, 15, 12), minute(2025, 6, 15, 13))
+
+
+def test_stored_next_run_uses_the_real_dag_model(clock: FrozenClock) -> None:
+    from airflow.models.dag import DagModel
+
+    timetable = CappedCatchupTimetable("* * * * *", max_backfill=2)
+    stale = DagRunInfo.interval(minute(2025, 6, 15, 10, 0), minute(2025, 6, 15, 10, 1))
+    model = DagModel(dag_id="capped")
+    model.next_dagrun = stale.logical_date
+    model.next_dagrun_data_interval = stale.data_interval
+    model.next_dagrun_create_after = stale.run_after
+    moved = timetable.next_run_info_from_dag_model(dag_model=model)
+    assert moved == DagRunInfo.interval(minute(2025, 6, 15, 11, 58), minute(2025, 6, 15, 11, 59))
+
+
+# -- manual runs and schedule changes -------------------------------------------------------------------------
+
+
+def test_infer_manual_data_interval() -> None:
+    run_after = minute(2025, 6, 15, 12, 7, 30)
+    cron = CappedCatchupTimetable("*/5 * * * *")
+    assert cron.infer_manual_data_interval(run_after=run_after) == DataInterval(
+        minute(2025, 6, 15, 12, 0), minute(2025, 6, 15, 12, 5)
+    )
+    delta = CappedCatchupTimetable(datetime.timedelta(minutes=45))
+    assert delta.infer_manual_data_interval(run_after=run_after) == DataInterval(
+        run_after.subtract(minutes=45), run_after
+    )
+    trigger = CappedCatchupTimetable("*/5 * * * *", data_interval=False)
+    assert trigger.infer_manual_data_interval(run_after=run_after) == DataInterval.exact(run_after)
+
+
+def test_coarser_schedule_does_not_collide_with_the_last_logical_date(clock: FrozenClock) -> None:
+    clock.set(minute(2025, 6, 15, 10, 6))
+    timetable = CappedCatchupTimetable("0 * * * *")
+    last = DataInterval(minute(2025, 6, 15, 10, 0), minute(2025, 6, 15, 10, 5))  # from the old */5 schedule
+    info = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=CATCHUP)
+    assert info is not None and info.logical_date is not None
+    assert info.logical_date > last.start
