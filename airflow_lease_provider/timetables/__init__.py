@@ -12,5 +12,13 @@ from airflow_lease_provider.timetables.capped_catchup import (
     skipped_slots,
     slot_idempotency_key,
 )
+from airflow_lease_provider.timetables.catchup_record import record_skipped_catchup, skipped_catchup_slots
 
-__all__ = ["CappedCatchupTimetable", "SkippedSlots", "skipped_slots", "slot_idempotency_key"]
+__all__ = [
+    "CappedCatchupTimetable",
+    "SkippedSlots",
+    "record_skipped_catchup",
+    "skipped_catchup_slots",
+    "skipped_slots",
+    "slot_idempotency_key",
+]
