@@ -1,0 +1,222 @@
+"""The one storage boundary: connections, named queries, and the translation of driver errors.
+
+Everything that talks to PostgreSQL goes through :class:`Database`. It keeps no session state on the
+server (settings travel with each statement as ``SET LOCAL``), so it works behind pgbouncer in
+transaction pooling mode.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import timedelta
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import psycopg2
+import psycopg2.errors
+import psycopg2.extensions
+import psycopg2.extras
+from psycopg2 import sql
+
+from airflow_lease_provider.core import validation
+from airflow_lease_provider.core.errors import LeaseError, LeaseStoreUnavailable
+
+log = logging.getLogger(__name__)
+
+DEFAULT_SCHEMA = "airflow_lease"
+DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=5)
+DEFAULT_STATEMENT_TIMEOUT = timedelta(seconds=5)
+
+_NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+class LeaseStoreError(LeaseError):
+    """The store answered with an error that is not about reaching it (a bug or a broken schema)."""
+
+
+@cache
+def named_queries() -> dict[str, str]:
+    """The ``-- name: x`` blocks of ``sql/queries.sql``, read once."""
+    text = resources.files("airflow_lease_provider.core.sql").joinpath("queries.sql").read_text()
+    parts = _NAME_RE.split(text)
+    # parts = [preamble, name1, body1, name2, body2, ...]
+    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}
+
+
+def describe_dsn(dsn: str) -> str:
+    """Where a DSN points, without its password: safe for logs and error messages."""
+    try:
+        info = psycopg2.extensions.parse_dsn(dsn)
+    except psycopg2.ProgrammingError:
+        return "<unparsable connection string>"
+    host = info.get("host") or "local socket"
+    port = info.get("port") or "5432"
+    return f"{info.get('user') or '?'}@{host}:{port}/{info.get('dbname') or '?'}"
+
+
+def translate(exc: BaseException, where: str) -> LeaseError:
+    """Turn a driver error into the library's own. The single place where this happens."""
+    if isinstance(exc, psycopg2.errors.QueryCanceled):
+        return LeaseStoreUnavailable(f"lease store at {where} did not answer in time: {_first_line(exc)}")
+    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+        return LeaseStoreUnavailable(f"lease store at {where} is unreachable: {_first_line(exc)}")
+    return LeaseStoreError(f"lease store at {where} failed: {_first_line(exc)}")
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+class Database:
+    """A lazily opened autocommit connection shared by one store's callers, guarded by a lock.
+
+    :param dsn: libpq connection string or ``postgresql://`` URI.
+    :param schema: the PostgreSQL schema holding the store's tables.
+    :param connect_timeout: how long to wait for a connection before failing closed.
+    :param statement_timeout: how long one statement may run before failing closed.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT,
+        statement_timeout: timedelta = DEFAULT_STATEMENT_TIMEOUT,
+        application_name: str = "airflow-lease",
+    ) -> None:
+        self.dsn = validation.dsn(dsn)
+        self.schema = validation.schema(schema)
+        self.connect_timeout = validation.positive_timedelta("connect_timeout", connect_timeout)
+        self.statement_timeout = validation.positive_timedelta("statement_timeout", statement_timeout)
+        self.application_name = application_name
+        self.where = describe_dsn(dsn)
+        self._lock = threading.RLock()
+        self._conn: Any = None
+        self._pid = 0
+        self._compiled: dict[str, str] = {}
+
+    # -- connections -------------------------------------------------------------------------------
+
+    def _connect(self) -> Any:
+        try:
+            conn = psycopg2.connect(
+                self.dsn,
+                connect_timeout=max(1, round(self.connect_timeout.total_seconds())),
+                application_name=self.application_name,
+                # Dead peers are noticed in seconds rather than the kernel's two hours.
+                keepalives=1,
+                keepalives_idle=10,
+                keepalives_interval=5,
+                keepalives_count=3,
+            )
+        except psycopg2.Error as exc:
+            raise translate(exc, self.where) from exc
+        conn.autocommit = True
+        return conn
+
+    def _connection(self) -> Any:
+        # A connection inherited through fork() belongs to the parent: never use it from the child.
+        if self._conn is not None and (self._conn.closed or self._pid != os.getpid()):
+            self._drop()
+        if self._conn is None:
+            self._conn = self._connect()
+            self._pid = os.getpid()
+        return self._conn
+
+    def _drop(self) -> None:
+        conn, self._conn = self._conn, None
+        if conn is not None and self._pid == os.getpid():
+            try:
+                conn.close()
+            except psycopg2.Error:
+                pass
+
+    def close(self) -> None:
+        with self._lock:
+            self._drop()
+
+    # -- queries -----------------------------------------------------------------------------------
+
+    def query_text(self, name: str, conn: Any) -> str:
+        """The named query with the schema filled in as a quoted identifier."""
+        text = self._compiled.get(name)
+        if text is None:
+            composed = sql.SQL(named_queries()[name]).format(schema=sql.Identifier(self.schema))
+            text = self._compiled[name] = composed.as_string(conn)
+        return text
+
+    def _prefix(self, durable: bool) -> str:
+        # SET LOCAL travels with the statement (one round trip, one implicit transaction) instead of
+        # living in the session, which a transaction-pooling pgbouncer would not keep.
+        ms = max(1, round(self.statement_timeout.total_seconds() * 1000))
+        prefix = f"SET LOCAL statement_timeout = {ms}; "
+        if durable:
+            # An acknowledged token must never be handed out again after a crash (decision 4).
+            prefix += "SET LOCAL synchronous_commit = on; "
+        return prefix
+
+    def run(
+        self,
+        name: str,
+        params: Mapping[str, Any],
+        *,
+        durable: bool = False,
+        retry: bool = True,
+    ) -> list[tuple[Any, ...]]:
+        """Run one named query and return its rows.
+
+        :param durable: the statement writes lease or fence state that must survive a crash.
+        :param retry: the statement may be sent again when a reused connection turns out to be dead.
+            Only for statements whose repetition is harmless (a repeated acquire by the same owner just
+            burns a token; a repeated fence advance would reject its own first success, so never that).
+        """
+        with self._lock:
+            for attempt in (1, 2):
+                fresh = self._conn is None
+                conn = self._connection()
+                try:
+                    with conn.cursor() as cur:
+                        cur.execute(self._prefix(durable) + self.query_text(name, conn), params)
+                        return cur.fetchall() if cur.description is not None else []
+                except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+                    dead = conn.closed != 0 or isinstance(exc, psycopg2.InterfaceError)
+                    if dead:
+                        self._drop()
+                    if dead and retry and not fresh and attempt == 1:
+                        log.info("lease store connection to %s was lost; reconnecting once", self.where)
+                        continue
+                    raise translate(exc, self.where) from exc
+                except psycopg2.Error as exc:
+                    raise translate(exc, self.where) from exc
+            raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A cursor inside one transaction on the shared connection; commits on success."""
+        with self._lock:
+            conn = self._connection()
+            conn.autocommit = False
+            try:
+                with conn.cursor() as cur:
+                    cur.execute(self._prefix(durable=True))
+                    yield cur
+                conn.commit()
+            except BaseException as exc:
+                try:
+                    conn.rollback()
+                except psycopg2.Error:
+                    self._drop()
+                if isinstance(exc, psycopg2.Error):
+                    raise translate(exc, self.where) from exc
+                raise
+            finally:
+                if self._conn is not None and not self._conn.closed:
+                    self._conn.autocommit = True

@@ -1,0 +1,160 @@
+"""The event ledger: what happened to leases and fences, with database timestamps.
+
+Writing an event never blocks or breaks the lease path: a failed write is logged and dropped, and a
+short statement timeout bounds how long it may take. Reading is for the UI, the CLI and TTL advice.
+"""
+
+from __future__ import annotations
+
+import enum
+import json
+import logging
+import random
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow_lease_provider.core import validation
+from airflow_lease_provider.core.db import Database
+from airflow_lease_provider.core.errors import InvalidArgument, LeaseError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_RETENTION = timedelta(days=30)
+#: Event detail is for people to read; a cap keeps one bad caller from filling the table.
+MAX_DETAIL_BYTES = 16_384
+# Prune old events on about one write in this many, so retention needs no scheduler of its own.
+_PRUNE_EVERY = 200
+
+
+class EventKind(str, enum.Enum):
+    """What an event records. The values are stored; add new ones, never rename."""
+
+    ACQUIRED = "acquired"
+    SKIPPED_OVERLAP = "skipped_overlap"
+    RENEWED_LATE = "renewed_late"
+    RELEASED = "released"
+    LOST = "lost"
+    FORCE_RELEASED = "force_released"
+    FENCE_REJECTED = "fence_rejected"
+    SKIPPED_CATCHUP = "skipped_catchup"
+    WAITING = "waiting"
+
+    def __str__(self) -> str:
+        return self.value
+
+
+def event_kind(value: object) -> str:
+    """The stored value of an event kind, or :class:`InvalidArgument` naming the known ones."""
+    try:
+        return EventKind(value).value
+    except ValueError:
+        raise InvalidArgument("kind", value, f"must be one of {', '.join(k.value for k in EventKind)}") from None
+
+
+@dataclass(frozen=True)
+class Event:
+    id: int
+    at: datetime
+    kind: str
+    key: str
+    owner: str | None
+    token: int | None
+    detail: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "at": self.at.isoformat(),
+            "kind": self.kind,
+            "key": self.key,
+            "owner": self.owner,
+            "token": self.token,
+            "detail": self.detail,
+        }
+
+
+@dataclass(frozen=True)
+class EventCount:
+    key: str
+    kind: str
+    last_24h: int
+    last_7d: int
+
+
+class EventLedger:
+    """Records and reads events in the store's ``event`` table.
+
+    :param db: the store's database boundary (shares the store's connection).
+    :param retention: events older than this are deleted, a batch at a time, as new ones are written.
+    """
+
+    def __init__(self, db: Database, *, retention: timedelta = DEFAULT_RETENTION) -> None:
+        self.db = db
+        self.retention = validation.positive_timedelta("retention", retention)
+
+    def record(
+        self,
+        kind: EventKind | str,
+        key: str,
+        *,
+        owner: str | None = None,
+        token: int | None = None,
+        detail: dict[str, Any] | None = None,
+    ) -> bool:
+        """Write one event. Returns False (and logs) instead of raising when the store fails.
+
+        Bad arguments still raise :class:`InvalidArgument`: that is the caller's bug, not an outage.
+        """
+        kind_value = event_kind(kind)
+        validation.name("key", key)
+        if owner is not None:
+            validation.name("owner", owner)
+        payload = json.dumps(detail or {}, default=str, sort_keys=True)
+        if len(payload.encode()) > MAX_DETAIL_BYTES:
+            raise InvalidArgument("detail", detail, f"is larger than {MAX_DETAIL_BYTES} bytes as JSON")
+        try:
+            self.db.run(
+                "record_event",
+                {"kind": kind_value, "key": key, "owner": owner, "token": token, "detail": payload},
+            )
+        except LeaseError as exc:
+            log.warning("event ledger: could not record %s for %r: %s", kind_value, key, exc)
+            return False
+        if random.randrange(_PRUNE_EVERY) == 0:
+            self.prune()
+        return True
+
+    def prune(self) -> int:
+        """Delete events past the retention. Best effort; returns how many went."""
+        try:
+            self.db.run("prune_events", {"retention": self.retention})
+        except LeaseError as exc:
+            log.warning("event ledger: pruning failed: %s", exc)
+            return 0
+        return 1
+
+    def query(
+        self,
+        *,
+        key: str | None = None,
+        kind: EventKind | str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 100,
+    ) -> list[Event]:
+        """The newest events first, filtered by key, kind and time range."""
+        if kind is not None:
+            kind = event_kind(kind)
+        if key is not None:
+            validation.name("key", key)
+        if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
+            raise InvalidArgument("limit", limit, "must be an integer from 1 to 10000")
+        rows = self.db.run(
+            "query_events", {"key": key, "kind": kind, "since": since, "until": until, "limit": limit}
+        )
+        return [Event(r[0], r[1], r[2], r[3], r[4], r[5], r[6] or {}) for r in rows]
+
+    def counts(self) -> list[EventCount]:
+        """Per key and kind: how many events in the last 24 hours and the last 7 days."""
+        return [EventCount(r[0], r[1], int(r[2]), int(r[3])) for r in self.db.run("count_events", {})]

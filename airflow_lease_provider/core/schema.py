@@ -1,0 +1,107 @@
+"""Versioned migrations of the store's schema, applied safely when many processes start at once."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from functools import cache
+from importlib import resources
+
+import psycopg2
+import psycopg2.errors
+from psycopg2 import sql
+
+from airflow_lease_provider.core.db import Database, LeaseStoreError
+from airflow_lease_provider.core.errors import SchemaError
+
+# First key of the two-key advisory lock that serialises migrations; the second is the schema's hash.
+_MIGRATION_LOCK_CLASS = 0x1EA5E
+_FILE_RE = re.compile(r"^(\d{4})_(\w+)\.sql$")
+
+
+@dataclass(frozen=True)
+class Migration:
+    version: int
+    name: str
+    sql: str
+
+
+@cache
+def migrations() -> tuple[Migration, ...]:
+    """Every migration shipped with the package, in version order."""
+    folder = resources.files("airflow_lease_provider.core.sql.migrations")
+    found = []
+    for entry in folder.iterdir():
+        match = _FILE_RE.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text()))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise SchemaError(f"migrations must be numbered 1..n without gaps, found {versions}")
+    return tuple(found)
+
+
+def latest_version() -> int:
+    return migrations()[-1].version
+
+
+def current_schema_sql() -> str:
+    """``schema.sql``: the current schema in one file, kept equal to the migrations by a test."""
+    return resources.files("airflow_lease_provider.core.sql").joinpath("schema.sql").read_text()
+
+
+def installed_version(db: Database) -> int:
+    """The schema version in the database; 0 when the schema or its version table does not exist."""
+    try:
+        rows = db.run("schema_version", {})
+    except LeaseStoreError as exc:
+        cause = exc.__cause__
+        if isinstance(cause, psycopg2.errors.UndefinedTable | psycopg2.errors.InvalidSchemaName):
+            return 0
+        raise
+    return int(rows[0][0])
+
+
+def ensure_schema(db: Database) -> int:
+    """Create or migrate the schema to the latest version. Cheap when it is already current.
+
+    Concurrent callers serialise on a transaction-scoped advisory lock, so ``CREATE SCHEMA`` and each
+    migration run exactly once; the others find the work done when they get the lock.
+    """
+    latest = latest_version()
+    version = installed_version(db)
+    if version == latest:
+        return version
+    if version > latest:
+        raise SchemaError(
+            f"schema {db.schema!r} is at version {version}, newer than this library knows ({latest}): "
+            "upgrade airflow-lease-provider"
+        )
+    schema = sql.Identifier(db.schema)
+    with db.transaction() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_MIGRATION_LOCK_CLASS, db.schema))
+        cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
+        cur.execute(sql.SQL("SET LOCAL search_path TO {}").format(schema))
+        cur.execute(
+            "CREATE TABLE IF NOT EXISTS schema_version ("
+            " version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        )
+        cur.execute("SELECT coalesce(max(version), 0) FROM schema_version")
+        version = int(cur.fetchone()[0])
+        for migration in migrations():
+            if migration.version > version:
+                cur.execute(migration.sql)
+                cur.execute(
+                    "INSERT INTO schema_version (version, name) VALUES (%s, %s)",
+                    (migration.version, migration.name),
+                )
+                version = migration.version
+    return version
+
+
+def drop_schema(db: Database) -> None:
+    """Remove the schema and everything in it. For tests and uninstalls."""
+    with db.transaction() as cur:
+        cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(db.schema)))

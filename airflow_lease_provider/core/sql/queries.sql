@@ -1,0 +1,118 @@
+-- Named queries of the lease store. "-- name: x" starts a query; {schema} is filled in with
+-- psycopg2.sql.Identifier, values are always %(name)s parameters. Every expiry decision compares
+-- against clock_timestamp(): the database clock at the moment of the comparison (now() would be the
+-- transaction start time, stale inside a transaction).
+
+-- name: acquire
+-- One statement, one round trip. The conditional UPDATE takes a free or expired lease (or one the same
+-- owner holds: a retry re-enters and gets a larger token). When the row does not exist yet the INSERT
+-- creates it. When neither happens, the last branch reports the holder. A failed attempt writes nothing:
+-- an UPDATE whose WHERE is false neither locks nor rewrites the row (DESIGN decision 3).
+-- clock_timestamp() is called where it is used, never captured up front: an UPDATE that waited for a
+-- row lock re-evaluates its WHERE and SET on the new row version, and must do so with the time *then*.
+WITH upd AS (
+    UPDATE {schema}.lease AS l
+       SET owner = %(owner)s, token = l.token + 1, ttl = %(ttl)s, acquired_at = clock_timestamp(),
+           renewed_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s, released_at = NULL
+     WHERE l.key = %(key)s AND (l.expires_at <= clock_timestamp() OR l.owner = %(owner)s)
+ RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at
+),
+ins AS (
+    INSERT INTO {schema}.lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at)
+    SELECT %(key)s, %(owner)s, 1, %(ttl)s, clock_timestamp(), clock_timestamp(), clock_timestamp() + %(ttl)s
+     WHERE NOT EXISTS (SELECT 1 FROM {schema}.lease WHERE key = %(key)s)
+    ON CONFLICT (key) DO NOTHING
+ RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at
+)
+SELECT true, u.*, clock_timestamp() FROM upd u
+UNION ALL
+SELECT true, i.*, clock_timestamp() FROM ins i
+UNION ALL
+SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+       clock_timestamp()
+  FROM {schema}.lease l
+ WHERE l.key = %(key)s AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins);
+
+-- name: renew
+-- Extends a lease only while it is still this owner's, with this token, and unexpired (decision 6):
+-- a renewal never brings back a lease that lapsed, even if nobody took it. A renewal that waited on a
+-- row lock past the expiry is refused, because its WHERE is re-checked with the clock at that moment.
+UPDATE {schema}.lease AS l
+   SET renewed_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s, ttl = %(ttl)s
+ WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s
+   AND l.expires_at > clock_timestamp() AND l.released_at IS NULL
+RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+          clock_timestamp();
+
+-- name: release
+-- Frees the lease only if owner and token still match (decision 7). The row and its token stay.
+UPDATE {schema}.lease AS l
+   SET expires_at = LEAST(l.expires_at, clock_timestamp()), released_at = clock_timestamp()
+ WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s AND l.released_at IS NULL
+RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+          l.released_at;
+
+-- name: force_release
+-- Admin action: frees the lease whoever holds it and bumps the token, so the old holder's renew and
+-- release fail and its keeper reports the lease lost. Returns the state before the change.
+WITH old AS (
+    SELECT key, owner, token, ttl, acquired_at, renewed_at, expires_at, released_at
+      FROM {schema}.lease WHERE key = %(key)s FOR UPDATE
+)
+UPDATE {schema}.lease AS l
+   SET token = l.token + 1, expires_at = LEAST(l.expires_at, clock_timestamp()), released_at = clock_timestamp()
+  FROM old
+ WHERE l.key = old.key
+RETURNING old.key, old.owner, old.token, old.ttl, old.acquired_at, old.renewed_at, old.expires_at,
+          old.released_at, clock_timestamp(), l.token;
+
+-- name: holder
+SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+       clock_timestamp()
+  FROM {schema}.lease l
+ WHERE l.key = %(key)s AND l.expires_at > clock_timestamp();
+
+-- name: list_leases
+-- Every key the store knows, held or not, for status pages.
+SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+       clock_timestamp()
+  FROM {schema}.lease l
+ ORDER BY l.key
+ LIMIT %(limit)s;
+
+-- name: fence_advance
+SELECT outcome, current_token FROM {schema}.fence_advance(%(resource)s, %(token)s, %(owner)s, %(idempotency_key)s);
+
+-- name: fence_current
+SELECT token, owner, accepted_at FROM {schema}.fence WHERE resource = %(resource)s;
+
+-- name: record_event
+INSERT INTO {schema}.event (kind, key, owner, token, detail)
+VALUES (%(kind)s, %(key)s, %(owner)s, %(token)s, %(detail)s)
+RETURNING id, at;
+
+-- name: prune_events
+-- Deletes in bounded batches so a long-neglected table never holds a long lock.
+DELETE FROM {schema}.event
+ WHERE id IN (SELECT id FROM {schema}.event WHERE at < clock_timestamp() - %(retention)s LIMIT 10000);
+
+-- name: query_events
+SELECT id, at, kind, key, owner, token, detail
+  FROM {schema}.event
+ WHERE (%(key)s::text IS NULL OR key = %(key)s)
+   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
+   AND (%(since)s::timestamptz IS NULL OR at >= %(since)s)
+   AND (%(until)s::timestamptz IS NULL OR at < %(until)s)
+ ORDER BY at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: count_events
+SELECT key, kind, count(*) FILTER (WHERE at >= clock_timestamp() - interval '24 hours'),
+       count(*) FILTER (WHERE at >= clock_timestamp() - interval '7 days')
+  FROM {schema}.event
+ WHERE at >= clock_timestamp() - interval '7 days'
+ GROUP BY key, kind
+ ORDER BY key, kind;
+
+-- name: schema_version
+SELECT coalesce(max(version), 0) FROM {schema}.schema_version;

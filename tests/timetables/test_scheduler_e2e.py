@@ -1,0 +1,340 @@
+"""End to end: a real ``airflow scheduler`` + ``dag-processor`` (LocalExecutor, PostgreSQL metadata).
+
+A per-minute DAG on ``CappedCatchupTimetable(max_backfill=3)`` whose last run is several slots in the
+past, with the next run Airflow stored *before* the outage still in ``DagModel`` (the trap). After start:
+
+* exactly the newest 3 slots run, then normal per-minute runs; the stored stale slot never runs;
+* the first caught-up run records the skipped slots once in the event ledger, and
+  ``scheduled.skipped_catchup`` reaches statsd once with the same count.
+
+LocalExecutor cannot run on SQLite in Airflow 3, so the test creates a throwaway database on the
+PostgreSQL at ``LEASE_E2E_PG_ADMIN_DSN`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``) and
+drops it afterwards; it skips when that server is unreachable. Tasks reach the scheduler through the
+execution API, so an ``airflow api-server --apps execution`` runs too. Every process is started in its
+own session and stopped by its process group id, also when the test fails.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+import importlib.util
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(600)]
+
+ADMIN_DSN = os.environ.get("LEASE_E2E_PG_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+DAG_ID = "capped_catchup_e2e"
+CAP = 3
+OUTAGE_SLOTS = 9
+LEDGER_SCHEMA = "lease_e2e"
+AIRFLOW = str(Path(sys.executable).parent / "airflow")
+
+DAG_FILE = f'''
+from __future__ import annotations
+
+import os
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from airflow_lease_provider.timetables import CappedCatchupTimetable, record_skipped_catchup
+
+with DAG(
+    dag_id="{DAG_ID}",
+    schedule=CappedCatchupTimetable("* * * * *", max_backfill={CAP}),
+    start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+    catchup=True,
+    max_active_runs=10,
+):
+
+    @task
+    def work(**context):
+        from airflow_lease_provider.core import LeaseStore
+
+        store = LeaseStore(os.environ["LEASE_E2E_DSN"], schema="{LEDGER_SCHEMA}")
+        try:
+            record_skipped_catchup(context, ledger=store.events)
+        finally:
+            store.close()
+
+    work()
+'''
+
+# Runs in a subprocess with the test's Airflow environment: the state a scheduler leaves behind when it
+# stops right after creating the run for slot T0. It stored the next slot, T0 + 1 minute.
+SEED = """
+import sys
+import pendulum
+from airflow.models.dag import DagModel
+from airflow.models.serialized_dag import SerializedDagModel
+from airflow.utils.session import create_session
+from airflow.utils.state import DagRunState
+from airflow.utils.types import DagRunTriggeredByType, DagRunType
+
+t0 = pendulum.parse(sys.argv[1])
+minute = pendulum.duration(minutes=1)
+with create_session() as session:
+    dag = SerializedDagModel.get_dag(sys.argv[2], session=session)
+    dag.create_dagrun(
+        run_id=f"scheduled__{t0.isoformat()}",
+        logical_date=t0 - minute,
+        data_interval=(t0 - minute, t0),
+        run_after=t0,
+        run_type=DagRunType.SCHEDULED,
+        triggered_by=DagRunTriggeredByType.TIMETABLE,
+        state=DagRunState.SUCCESS,
+        session=session,
+    )
+    model = session.get(DagModel, sys.argv[2])
+    model.is_paused = False
+    model.next_dagrun = t0
+    model.next_dagrun_data_interval = (t0, t0 + minute)
+    model.next_dagrun_create_after = t0 + minute
+"""
+
+RUNS = """
+import json, sys
+from sqlalchemy import select
+from airflow.models.dagrun import DagRun
+from airflow.utils.session import create_session
+
+with create_session() as session:
+    runs = session.scalars(select(DagRun).where(DagRun.dag_id == sys.argv[1]).order_by(DagRun.logical_date))
+    print(json.dumps([
+        {"run_id": r.run_id, "type": str(r.run_type.value), "state": str(r.state),
+         "end": r.data_interval_end.isoformat(), "queued_at": r.queued_at.isoformat() if r.queued_at else None}
+        for r in runs
+    ]))
+"""
+
+
+def _free_port(kind: int = socket.SOCK_STREAM) -> int:
+    with socket.socket(socket.AF_INET, kind) as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+@pytest.fixture
+def metadata_dsn() -> Iterator[str]:
+    """A fresh PostgreSQL database for Airflow's metadata (and the ledger), dropped afterwards."""
+    if importlib.util.find_spec("airflow_lease_provider.get_provider_info") is None:
+        pytest.skip("airflow_lease_provider.get_provider_info is missing: the airflow CLI cannot start")
+    psycopg2 = pytest.importorskip("psycopg2")
+    try:
+        admin = psycopg2.connect(ADMIN_DSN, connect_timeout=3)
+    except psycopg2.OperationalError as exc:
+        pytest.skip(f"no PostgreSQL at {ADMIN_DSN} for the Airflow metadata database: {exc}")
+    admin.autocommit = True
+    name = f"lease_e2e_{secrets.token_hex(6)}"
+    with admin.cursor() as cursor:
+        cursor.execute(f'CREATE DATABASE "{name}"')  # a generated name, not user input
+    base, _, _ = ADMIN_DSN.rpartition("/")
+    try:
+        yield f"{base}/{name}"
+    finally:
+        with admin.cursor() as cursor:
+            cursor.execute(
+                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
+            )
+            cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
+        admin.close()
+
+
+class StatsdListener:
+    """Collects the statsd lines Airflow sends over UDP."""
+
+    def __init__(self) -> None:
+        self.port = _free_port(socket.SOCK_DGRAM)
+        self.lines: list[str] = []
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self._socket.bind(("127.0.0.1", self.port))
+        self._socket.settimeout(0.5)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._listen, daemon=True)
+        self._thread.start()
+
+    def _listen(self) -> None:
+        while not self._stop.is_set():
+            with contextlib.suppress(TimeoutError):
+                self.lines.extend(self._socket.recv(65535).decode(errors="replace").splitlines())
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self._socket.close()
+
+
+class Processes:
+    """Airflow processes started by this test, each in its own session, stopped by process group id."""
+
+    def __init__(self, env: dict[str, str], logs: Path) -> None:
+        self.env = env
+        self.logs = logs
+        self.started: list[subprocess.Popen[bytes]] = []
+
+    def _run(self, argv: list[str], timeout: float) -> str:
+        result = subprocess.run(
+            argv, env=self.env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if result.returncode != 0:
+            raise AssertionError(f"{argv[:3]} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        return result.stdout
+
+    def run(self, *args: str, timeout: float = 300) -> str:
+        """Run an ``airflow`` CLI command to completion."""
+        return self._run([AIRFLOW, *args], timeout)
+
+    def python(self, code: str, *args: str) -> str:
+        """Run Python code with this Airflow's environment (its config and metadata database)."""
+        return self._run([sys.executable, "-c", code, *args], timeout=120)
+
+    def start(self, name: str, *args: str) -> None:
+        log = (self.logs / f"{name}.log").open("wb")
+        process = subprocess.Popen(
+            [AIRFLOW, *args], env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+        )
+        self.started.append(process)
+
+    def stop(self) -> None:
+        """SIGTERM each started process group, then SIGKILL what is left after 30 s."""
+        for process in reversed(self.started):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 30
+        for process in reversed(self.started):
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(process.pid, signal.SIGKILL)
+                process.wait(timeout=10)
+
+    def tails(self) -> str:
+        return "\n".join(
+            f"--- {path.name} ---\n{path.read_text(errors='replace')[-4000:]}"
+            for path in sorted(self.logs.glob("*.log"))
+        )
+
+
+@pytest.fixture
+def airflow(tmp_path: Path, metadata_dsn: str) -> Iterator[tuple[Processes, StatsdListener]]:
+    dags = tmp_path / "dags"
+    dags.mkdir()
+    (dags / "capped_e2e.py").write_text(textwrap.dedent(DAG_FILE))
+    logs = tmp_path / "process-logs"
+    logs.mkdir()
+    statsd = StatsdListener()
+    api_port = _free_port()
+    sql_alchemy = metadata_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ.get('PATH', '')}",
+        "AIRFLOW_HOME": str(tmp_path / "home"),
+        "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+        "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+        "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "False",
+        "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"http://127.0.0.1:{api_port}/execution/",
+        "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": sql_alchemy,
+        "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+        "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+        "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
+        "AIRFLOW__METRICS__STATSD_ON": "True",
+        "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+        "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
+        "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+        "LEASE_E2E_DSN": metadata_dsn,
+    }
+    processes = Processes(env, logs)
+    try:
+        yield processes, statsd
+    except BaseException:
+        print(processes.tails())
+        raise
+    finally:
+        processes.stop()
+        statsd.close()
+
+
+def _minute_floor(moment: datetime.datetime) -> datetime.datetime:
+    return moment.replace(second=0, microsecond=0)
+
+
+def _runs(processes: Processes) -> list[dict[str, Any]]:
+    import json
+
+    return json.loads(processes.python(RUNS, DAG_ID).strip().splitlines()[-1])
+
+
+def test_scheduler_runs_only_the_newest_slots_after_an_outage(
+    airflow: tuple[Processes, StatsdListener],
+) -> None:
+    processes, statsd = airflow
+    processes.run("db", "migrate")
+    processes.run("dags", "reserialize")
+
+    # Start a few seconds into a minute, so that the newest slots cannot change while they are created.
+    while not 3 <= datetime.datetime.now(datetime.timezone.utc).second <= 20:
+        time.sleep(0.5)
+    started = datetime.datetime.now(datetime.timezone.utc)
+    t0 = _minute_floor(started) - datetime.timedelta(minutes=OUTAGE_SLOTS)
+    processes.python(SEED, t0.isoformat(), DAG_ID)
+
+    api_port = processes.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"].rsplit(":", 1)[1].split("/")[0]
+    processes.start("api-server", "api-server", "--apps", "execution", "--port", api_port)
+    # The scheduler first, alone: it finds the stored pre-outage run and must not create it.
+    processes.start("scheduler", "scheduler", "--skip-serve-logs")
+    time.sleep(15)
+    processes.start("dag-processor", "dag-processor")
+
+    # Wait for the catch-up runs and one normal run after them to finish.
+    deadline = time.monotonic() + 300
+    while True:
+        runs = [r for r in _runs(processes) if r["run_id"] != f"scheduled__{t0.isoformat()}"]
+        done = [r for r in runs if r["state"] == "success"]
+        if len(done) >= CAP + 1 or time.monotonic() > deadline:
+            break
+        assert not any(r["state"] == "failed" for r in runs), runs
+        time.sleep(3)
+
+    ends = [datetime.datetime.fromisoformat(r["end"]) for r in runs]
+    newest_due = _minute_floor(started)
+    expected_catch_up = [newest_due - datetime.timedelta(minutes=CAP - 1 - i) for i in range(CAP)]
+    assert all(r["type"] == "scheduled" for r in runs), runs
+    # Exactly the newest CAP slots, then consecutive normal runs: the stored slot T0 + 1 never ran.
+    assert ends[:CAP] == expected_catch_up, runs
+    assert ends == [expected_catch_up[0] + datetime.timedelta(minutes=i) for i in range(len(ends))], runs
+    assert len(done) >= CAP + 1, runs
+
+    # The first caught-up run recorded the skip once in the ledger ...
+    from airflow_lease_provider.core import LeaseStore
+
+    skipped = OUTAGE_SLOTS - CAP
+    store = LeaseStore(processes.env["LEASE_E2E_DSN"], schema=LEDGER_SCHEMA)
+    try:
+        events = store.events.query(kind="skipped_catchup")
+    finally:
+        store.close()
+    assert len(events) == 1, events
+    assert events[0].key == DAG_ID
+    assert events[0].detail["count"] == skipped
+    assert events[0].detail["run_id"] == runs[0]["run_id"]
+    # ... and in the metric.
+    metric = [line for line in statsd.lines if "scheduled.skipped_catchup" in line]
+    assert metric == [f"airflow.scheduled.skipped_catchup:{skipped}|c"], metric
