@@ -49,7 +49,7 @@ def get_provider_info() -> dict[str, Any]:
             {
                 "hook-class-name": "airflow_lease_provider.hooks.lease.LeaseHook",
                 "hook-name": "Lease store (PostgreSQL)",
-                "connection-type": "lease_postgres",
+                "connection-type": "lease",
                 "conn-fields": {
                     "lease_schema": {
                         "label": "Lease schema",

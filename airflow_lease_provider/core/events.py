@@ -39,6 +39,7 @@ class EventKind(str, enum.Enum):
     FENCE_REJECTED = "fence_rejected"
     SKIPPED_CATCHUP = "skipped_catchup"
     WAITING = "waiting"
+    OVERLAP_FAILED = "overlap_failed"
 
     def __str__(self) -> str:
         return self.value

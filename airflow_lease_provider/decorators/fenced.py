@@ -1,0 +1,134 @@
+"""``@task.fenced_publish``: a publish step behind the fence.
+
+::
+
+    @task.fenced_publish(resource="blog.articles", idempotency_key="{{ data_interval_start }}")
+    def publish(article, fence=None):
+        fence.cursor.execute("INSERT INTO articles (body, token) VALUES (%s, %s)", (article, fence.token))
+
+    @task.fenced_publish(resource="git:site", target="external")
+    def push(fence=None):
+        subprocess.run(["git", "push", remote, f"HEAD:refs/heads/token-{fence.token}"], check=True)
+
+Under a run-scoped lease (or inside a leased task) the function runs only after (a) a fresh read of the
+store shows this run still holding the lease and (b) the fence accepted its token. ``target="postgres"``
+(default) runs the function inside the fence's transaction (``fence.cursor``), so the write commits with
+the fence advance or not at all. ``target="external"`` advances the fence first, then calls the function,
+which carries ``fence.token`` to the side effect.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
+
+from airflow_lease_provider.context import activated
+from airflow_lease_provider.core import validation
+from airflow_lease_provider.operators.fenced import publishing_lease
+from airflow_lease_provider.operators.leased import DEFAULT_KEY
+
+TARGETS = ("postgres", "external")
+
+
+@dataclass(frozen=True)
+class FencedPublish:
+    """Handed to a ``@task.fenced_publish`` function as ``fence``."""
+
+    resource: str
+    token: int
+    owner: str
+    idempotency_key: str | None
+    cursor: Any = None
+
+
+class _FencedPublishDecoratedOperator(DecoratedOperator, PythonOperator):
+    template_fields: Sequence[str] = tuple(
+        dict.fromkeys((*DecoratedOperator.template_fields, *PythonOperator.template_fields,
+                       "resource", "idempotency_key", "lease_key"))
+    )
+    custom_operator_name = "@task.fenced_publish"
+
+    def __init__(
+        self,
+        *,
+        python_callable: Callable,
+        op_args: Any,
+        op_kwargs: Any,
+        resource: str,
+        target: str = "postgres",
+        fence_conn_id: str | None = None,
+        idempotency_key: str | None = None,
+        lease_key: str = DEFAULT_KEY,
+        lease_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        validate_publish_args(resource=resource, target=target, idempotency_key=idempotency_key, lease_key=lease_key)
+        kwargs_to_upstream = {"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs}
+        super().__init__(
+            kwargs_to_upstream=kwargs_to_upstream,
+            python_callable=python_callable,
+            op_args=op_args,
+            op_kwargs=op_kwargs,
+            **kwargs,
+        )
+        self.resource = resource
+        self.target = target
+        self.fence_conn_id = fence_conn_id
+        self.idempotency_key = idempotency_key
+        self.lease_key = lease_key
+        self.lease_conn_id = lease_conn_id
+
+    def execute(self, context: Any) -> Any:
+        self._context = context
+        return super().execute(context)
+
+    def execute_callable(self) -> Any:
+        lease = publishing_lease(self._context, self.lease_key, self.lease_conn_id)
+        with activated(lease):
+            if self.target == "postgres":
+                with lease.fenced_transaction(
+                    self.resource, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key
+                ) as cur:
+                    return self._call(lease, cur)
+            lease.fence(self.resource, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key)
+            return self._call(lease, None)
+
+    def _call(self, lease: Any, cursor: Any) -> Any:
+        fence = FencedPublish(self.resource, lease.token, lease.owner, self.idempotency_key, cursor)
+        self.log.info("fence: %r accepted token %s; publishing", self.resource, lease.token)
+        return self.python_callable(*self.op_args, **{**self.op_kwargs, "fence": fence})
+
+
+def validate_publish_args(*, resource: object, target: object, idempotency_key: object, lease_key: object) -> None:
+    if not isinstance(resource, str) or not resource.strip():
+        raise validation.InvalidArgument("resource", resource, "must be a non-empty string")
+    if target not in TARGETS:
+        raise validation.InvalidArgument("target", target, f"must be one of {', '.join(TARGETS)}")
+    if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key.strip()):
+        raise validation.InvalidArgument("idempotency_key", idempotency_key, "must be a non-empty string or None")
+    if not isinstance(lease_key, str) or not lease_key.strip():
+        raise validation.InvalidArgument("lease_key", lease_key, "must be a non-empty string")
+
+
+def fenced_publish_task(
+    python_callable: Callable | None = None,
+    multiple_outputs: bool | None = None,
+    **kwargs: Any,
+) -> TaskDecorator:
+    """Wrap a publish function behind the fence (see the module docs). The function takes ``fence=None``."""
+    if "resource" not in kwargs:
+        raise validation.InvalidArgument("resource", None, "is required: the fence's name for the write target")
+    validate_publish_args(
+        resource=kwargs["resource"], target=kwargs.get("target", "postgres"),
+        idempotency_key=kwargs.get("idempotency_key"), lease_key=kwargs.get("lease_key", DEFAULT_KEY),
+    )
+    return task_decorator_factory(
+        python_callable=python_callable,
+        multiple_outputs=multiple_outputs,
+        decorated_operator_class=_FencedPublishDecoratedOperator,
+        **kwargs,
+    )

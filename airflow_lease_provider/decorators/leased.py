@@ -1,0 +1,76 @@
+"""``@task.leased``: a TaskFlow function run under a lease.
+
+::
+
+    @task.leased(lease_ttl=timedelta(minutes=80))            # key: the DAG id; overlap: skip
+    def generate(lease=None):                                 # the LeaseContext, if you ask for it
+        article = write_article()
+        with lease.fenced_transaction("blog") as cur:          # exactly once into PostgreSQL
+            cur.execute("INSERT INTO articles (body, token) VALUES (%s, %s)", (article, lease.token))
+
+Mapped tasks work as usual (``.expand``); the owner then includes the map index, and a key templated
+per instance (``lease_key="shard-{{ ti.map_index }}"``) gives each instance its own lease.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
+
+from airflow_lease_provider.operators.leased import DEFAULT_KEY, LeasedOperator, validate_lease_args
+
+LeasedPythonOperator = LeasedOperator.wrap(PythonOperator)
+
+_LEASE_ARGS = (
+    "lease_key", "lease_ttl", "lease_renew_every", "on_overlap", "lease_wait_timeout",
+    "lease_poll_interval", "lease_conn_id", "lease_scope",
+)
+
+
+class _LeasedDecoratedOperator(DecoratedOperator, LeasedPythonOperator):  # type: ignore[misc,valid-type]
+    """A TaskFlow function run by a leased PythonOperator."""
+
+    template_fields: Sequence[str] = tuple(
+        dict.fromkeys((*DecoratedOperator.template_fields, *LeasedPythonOperator.template_fields))
+    )
+    custom_operator_name = "@task.leased"
+
+    def __init__(self, *, python_callable: Callable, op_args: Any, op_kwargs: Any, **kwargs: Any) -> None:
+        kwargs_to_upstream = {"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs}
+        super().__init__(
+            kwargs_to_upstream=kwargs_to_upstream,
+            python_callable=python_callable,
+            op_args=op_args,
+            op_kwargs=op_kwargs,
+            **kwargs,
+        )
+
+
+def leased_task(
+    python_callable: Callable | None = None,
+    multiple_outputs: bool | None = None,
+    **kwargs: Any,
+) -> TaskDecorator:
+    """Wrap a function into a task that runs under a lease. Takes LeasedOperator's ``lease_*`` arguments.
+
+    The arguments are checked here, when the DAG file is parsed, so a bad TTL or policy is reported
+    as a DAG import error naming the parameter, mapped tasks included.
+    """
+    validate_lease_args(
+        lease_key=kwargs.get("lease_key", DEFAULT_KEY),
+        lease_ttl=kwargs.get("lease_ttl"),
+        lease_renew_every=kwargs.get("lease_renew_every"),
+        on_overlap=kwargs.get("on_overlap", "skip"),
+        lease_wait_timeout=kwargs.get("lease_wait_timeout"),
+        lease_scope=kwargs.get("lease_scope", "task"),
+        execution_timeout=kwargs.get("execution_timeout"),
+    )
+    return task_decorator_factory(
+        python_callable=python_callable,
+        multiple_outputs=multiple_outputs,
+        decorated_operator_class=_LeasedDecoratedOperator,
+        **kwargs,
+    )

@@ -1,0 +1,7 @@
+"""Hooks: the lease and fence stores behind Airflow connections."""
+
+from __future__ import annotations
+
+from airflow_lease_provider.hooks.lease import FenceHook, LeaseConnectionMissing, LeaseHook
+
+__all__ = ["FenceHook", "LeaseConnectionMissing", "LeaseHook"]

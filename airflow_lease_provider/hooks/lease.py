@@ -1,0 +1,220 @@
+"""``LeaseHook`` and ``FenceHook``: the core stores, configured from an Airflow connection.
+
+The connection is any PostgreSQL connection: a ``postgresql://`` URI in ``AIRFLOW_CONN_LEASE_DEFAULT``,
+a JSON connection, one defined in the UI (conn type ``postgres`` or ``lease``), or the Postgres
+connection you already have (``[lease] conn_id = my_postgres``). Extras that libpq understands
+(``sslmode``, ``options``, ``host`` for a Unix socket, ...) are passed through; ``lease_schema`` picks the
+schema.
+
+With no connection defined on a single-host Airflow (LocalExecutor), an embedded PostgreSQL under
+``AIRFLOW_HOME`` is started (or attached to), with a loud log line that it protects this host only.
+Under a distributed executor a missing connection is an error that says what to configure.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from dataclasses import dataclass
+from typing import Any
+
+import psycopg2.extensions
+from airflow.sdk import BaseHook
+from airflow.sdk.exceptions import AirflowNotFoundException
+
+from airflow_lease_provider import settings
+from airflow_lease_provider.core import FenceStore, LeaseStore, LeaseStoreUnavailable
+from airflow_lease_provider.core.db import describe_dsn
+from airflow_lease_provider.core.embedded import EmbeddedPostgres
+
+log = logging.getLogger(__name__)
+
+# libpq parameters a connection's extras may carry (the rest are ignored, not passed to the driver).
+_LIBPQ_EXTRAS = {
+    "host", "hostaddr", "sslmode", "sslcert", "sslkey", "sslrootcert", "sslcrl", "sslpassword",
+    "options", "connect_timeout", "application_name", "target_session_attrs", "keepalives",
+    "keepalives_idle", "keepalives_interval", "keepalives_count", "tcp_user_timeout", "gssencmode",
+    "channel_binding", "passfile", "service",
+}
+
+
+class LeaseConnectionMissing(LeaseStoreUnavailable):
+    """No lease connection is defined where one is required (a distributed executor)."""
+
+
+@dataclass(frozen=True)
+class StoreLocation:
+    """Where a store lives: its DSN (secret, never logged), schema, and whether it is the embedded one."""
+
+    dsn: str
+    schema: str
+    embedded: bool
+
+    @property
+    def where(self) -> str:
+        return describe_dsn(self.dsn) + f" schema {self.schema}" + (" (embedded)" if self.embedded else "")
+
+
+def dsn_from_connection(conn: Any) -> tuple[str, str | None]:
+    """A libpq DSN and the optional ``lease_schema`` from an Airflow connection."""
+    extras = dict(conn.extra_dejson or {})
+    params: dict[str, Any] = {k: v for k, v in extras.items() if k in _LIBPQ_EXTRAS and v not in (None, "")}
+    if conn.host:
+        params["host"] = conn.host
+    if conn.port:
+        params["port"] = conn.port
+    if conn.login:
+        params["user"] = conn.login
+    if conn.password:
+        params["password"] = conn.password
+    params["dbname"] = conn.schema or extras.get("dbname") or "postgres"
+    return psycopg2.extensions.make_dsn(**params), extras.get("lease_schema") or None
+
+
+_embedded_lock = threading.Lock()
+_embedded: dict[str, str] = {}
+
+
+def embedded_dsn() -> str:
+    """Start or attach to the embedded PostgreSQL under AIRFLOW_HOME (one per data directory)."""
+    data_dir = settings.embedded_dir()
+    with _embedded_lock:
+        if str(data_dir) not in _embedded:
+            log.warning(
+                "lease: no lease connection is defined; using the embedded PostgreSQL in %s. "
+                "It protects this host only: define connection %r (a PostgreSQL URI) to share "
+                "leases between hosts.",
+                data_dir,
+                settings.conn_id(),
+            )
+            _embedded[str(data_dir)] = EmbeddedPostgres(data_dir, keep=True).start()
+        return _embedded[str(data_dir)]
+
+
+def resolve(conn_id: str | None, schema: str | None = None) -> StoreLocation:
+    """Find the store for ``conn_id`` (default ``[lease] conn_id``), falling back to the embedded one."""
+    conn_id = conn_id or settings.conn_id()
+    try:
+        conn = BaseHook.get_connection(conn_id)
+    except AirflowNotFoundException:
+        conn = None
+    return _location(conn, conn_id, schema)
+
+
+async def location_async(conn_id: str | None, schema: str | None = None) -> StoreLocation:
+    """:func:`resolve` for async code (triggers), which must not call the sync connection API."""
+    conn_id = conn_id or settings.conn_id()
+    try:
+        conn = await BaseHook.aget_connection(conn_id)
+    except AirflowNotFoundException:
+        conn = None
+    return _location(conn, conn_id, schema)
+
+
+def _location(conn: Any, conn_id: str, schema: str | None) -> StoreLocation:
+    configured = settings.conn_id()
+    if conn is None:
+        if conn_id != configured:
+            raise LeaseConnectionMissing(
+                f"lease connection {conn_id!r} is not defined: define it (AIRFLOW_CONN_{conn_id.upper()}"
+                "='postgresql://user:password@host:5432/dbname', or in the UI), or leave the connection "
+                "id unset to use [lease] conn_id"
+            ) from None
+        if not settings.single_host():
+            raise LeaseConnectionMissing(
+                f"no lease connection {conn_id!r} is defined and the executor "
+                f"({', '.join(settings.executors())}) runs tasks on several hosts, so an embedded store "
+                f"would not protect anything: define AIRFLOW_CONN_{conn_id.upper()}="
+                "'postgresql://user:password@host:5432/dbname' (any PostgreSQL all workers reach), or set "
+                "[lease] conn_id to an existing Postgres connection"
+            ) from None
+        return StoreLocation(embedded_dsn(), schema or settings.schema(), embedded=True)
+    dsn, conn_schema = dsn_from_connection(conn)
+    return StoreLocation(dsn, schema or conn_schema or settings.schema(), embedded=False)
+
+
+class _StoreHook(BaseHook):
+    """A core store behind a connection; the store is created once per hook."""
+
+    conn_name_attr = "lease_conn_id"
+    default_conn_name = "lease_default"
+    conn_type = "lease"
+    hook_name = "Lease store (PostgreSQL)"
+
+    def __init__(self, conn_id: str | None = None, *, schema: str | None = None) -> None:
+        super().__init__()
+        self.conn_id = conn_id or settings.conn_id()
+        setattr(self, self.conn_name_attr, self.conn_id)
+        self.schema = schema
+        self._location: StoreLocation | None = None
+        self._store: Any = None
+
+    @property
+    def location(self) -> StoreLocation:
+        if self._location is None:
+            self._location = resolve(self.conn_id, self.schema)
+        return self._location
+
+    def _make_store(self, location: StoreLocation) -> Any:
+        raise NotImplementedError
+
+    def get_conn(self) -> Any:
+        return self.get_store()
+
+    def get_store(self) -> Any:
+        if self._store is None:
+            self._store = self._make_store(self.location)
+        return self._store
+
+    def close(self) -> None:
+        if self._store is not None:
+            self._store.close()
+            self._store = None
+
+    @classmethod
+    def get_ui_field_behaviour(cls) -> dict[str, Any]:
+        return {
+            "hidden_fields": [],
+            "relabeling": {"schema": "Database"},
+            "placeholders": {"host": "localhost", "port": "5432", "schema": "airflow", "login": "airflow"},
+        }
+
+
+class LeaseHook(_StoreHook):
+    """The lease store behind an Airflow connection.
+
+    :param lease_conn_id: the connection (default ``[lease] conn_id``, itself ``lease_default``).
+    :param schema: the PostgreSQL schema (default: the connection's ``lease_schema`` extra, then
+        ``[lease] schema``).
+    """
+
+    def __init__(self, lease_conn_id: str | None = None, *, schema: str | None = None) -> None:
+        super().__init__(lease_conn_id, schema=schema)
+
+    def _make_store(self, location: StoreLocation) -> LeaseStore:
+        return LeaseStore(location.dsn, schema=location.schema, event_retention=settings.event_retention())
+
+    def get_store(self) -> LeaseStore:
+        store: LeaseStore = super().get_store()
+        return store
+
+
+class FenceHook(_StoreHook):
+    """The fence store in the database you publish to (by default the lease store's database).
+
+    :param fence_conn_id: the target database's connection (default ``[lease] conn_id``).
+    :param schema: the PostgreSQL schema of the fence tables in that database.
+    """
+
+    conn_name_attr = "fence_conn_id"
+    hook_name = "Lease fence (PostgreSQL)"
+
+    def __init__(self, fence_conn_id: str | None = None, *, schema: str | None = None) -> None:
+        super().__init__(fence_conn_id, schema=schema)
+
+    def _make_store(self, location: StoreLocation) -> FenceStore:
+        return FenceStore(location.dsn, schema=location.schema, event_retention=settings.event_retention())
+
+    def get_store(self) -> FenceStore:
+        store: FenceStore = super().get_store()
+        return store

@@ -1,0 +1,102 @@
+"""Fenced publishing: the write target itself turns away writers with an old fencing token.
+
+Two gates, in order, right before the side effect:
+
+1. the early safety net: a fresh read of the lease store shows this run still holding the lease
+   with this token (a run that lost it stops here, before touching anything);
+2. the final gate: the fence of the resource accepts the token only if it is larger than every token
+   it accepted before. With a PostgreSQL target the fence advance and the write share one transaction
+   (exactly once); for anything else the fence advances first and the side effect follows, carrying
+   the token.
+
+``FencedSQLOperator`` is the PostgreSQL form. Inside a leased task use the lease context instead
+(``lease.fenced_transaction(...)`` / ``lease.fence(...)``); in a separate publish task under a
+run-scoped lease, use this operator or ``@task.fenced_publish``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from airflow_lease_provider import metrics
+from airflow_lease_provider.context import LeaseContext, _current
+from airflow_lease_provider.core import EventKind, LeaseLost, validation
+from airflow_lease_provider.operators.leased import DEFAULT_KEY, owner_for, task_tags
+
+
+def publishing_lease(context: Any, lease_key: str, lease_conn_id: str | None) -> LeaseContext:
+    """The lease to publish under: the running leased task's, or the DAG run's run-scoped lease."""
+    active = _current.get()
+    if active is not None:
+        return active
+    from airflow_lease_provider.hooks import LeaseHook
+
+    key = validation.name("lease_key", lease_key)
+    store = LeaseHook(lease_conn_id).get_store()
+    owner = owner_for(context, per_map_index=False)
+    holder = store.holder(key)
+    if holder is None or holder.owner != owner:
+        who = holder.describe() if holder else "nobody holds it"
+        reason = f"this run ({owner}) does not hold lease {key!r} ({who}); nothing is published"
+        store.events.record(EventKind.LOST, key, owner=owner, detail={"reason": reason, "stage": "publish"})
+        metrics.incr("lease.lost", task_tags(context, key))
+        raise LeaseLost(key, holder.token if holder else 0, reason)
+    return LeaseContext(lease=holder, store=store, keeper=None, tags=task_tags(context, key))
+
+
+class FencedSQLOperator(BaseOperator):
+    """Run SQL on a PostgreSQL target in the same transaction as the fence advance: exactly once.
+
+    :param resource: the fence's name for the write target (e.g. ``"blog.articles"``). Templated.
+    :param sql: the statement(s) to run (templated); parameters go in ``parameters``, never into the SQL.
+    :param parameters: query parameters for psycopg2 (``%(name)s`` placeholders).
+    :param fence_conn_id: the target database's connection (default: the lease store's).
+    :param idempotency_key: optional per-slot key (templated, e.g. ``"{{ data_interval_start }}"``): a
+        slot already published is refused whatever the token, so retries and re-runs publish once.
+    :param lease_key: the run-scoped lease to publish under (templated; default the DAG id).
+    :param lease_conn_id: the lease store's connection.
+    """
+
+    template_fields: Sequence[str] = ("resource", "sql", "parameters", "idempotency_key", "lease_key")
+    template_fields_renderers = {"sql": "sql", "parameters": "json"}
+    template_ext: Sequence[str] = (".sql",)
+    ui_color = "#ede8f4"
+
+    def __init__(
+        self,
+        *,
+        resource: str,
+        sql: str,
+        parameters: dict[str, Any] | Sequence[Any] | None = None,
+        fence_conn_id: str | None = None,
+        idempotency_key: str | None = None,
+        lease_key: str = DEFAULT_KEY,
+        lease_conn_id: str | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(**kwargs)
+        for name, value in (("resource", resource), ("sql", sql), ("lease_key", lease_key)):
+            if not isinstance(value, str) or not value.strip():
+                raise validation.InvalidArgument(name, value, "must be a non-empty string")
+        if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key.strip()):
+            raise validation.InvalidArgument("idempotency_key", idempotency_key, "must be a non-empty string or None")
+        self.resource = resource
+        self.sql = sql
+        self.parameters = parameters
+        self.fence_conn_id = fence_conn_id
+        self.idempotency_key = idempotency_key
+        self.lease_key = lease_key
+        self.lease_conn_id = lease_conn_id
+
+    def execute(self, context: Any) -> int:
+        lease = publishing_lease(context, self.lease_key, self.lease_conn_id)
+        with lease.fenced_transaction(
+            self.resource, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key
+        ) as cur:
+            cur.execute(self.sql, self.parameters)
+            rows = cur.rowcount
+        self.log.info("fence: published to %r with token %s (%s rows)", self.resource, lease.token, rows)
+        return lease.token

@@ -1,0 +1,423 @@
+"""``LeasedOperator``: run any operator under a lease, without writing a subclass.
+
+::
+
+    from airflow.providers.standard.operators.bash import BashOperator
+    from airflow_lease_provider.operators import LeasedOperator
+
+    LeasedBash = LeasedOperator.wrap(BashOperator)        # a class: LeasedBashOperator
+    sync = LeasedBash(
+        task_id="sync",
+        bash_command="./sync.sh",
+        lease_key="sync-{{ params.region }}",              # templated; default: the DAG id
+        lease_ttl=timedelta(minutes=30),                    # 1.5-2x the worst normal run time
+        on_overlap="skip",                                  # or "wait" (deferred) or "fail"
+    )
+
+``wrap`` builds a subclass whose ``execute`` takes the lease, runs the wrapped operator's own
+``execute`` while a keeper renews the lease every TTL/3, and releases it afterwards (on success and on
+failure). Everything else (template fields, ``on_kill``, ``.partial().expand()``) is the wrapped
+operator's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import signal
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from typing import Any, ClassVar
+
+from airflow.sdk import BaseOperator
+from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
+
+from airflow_lease_provider import metrics, settings
+from airflow_lease_provider.context import LeaseContext, activated
+from airflow_lease_provider.core import (
+    EventKind,
+    InvalidArgument,
+    Lease,
+    LeaseError,
+    LeaseHeld,
+    LeaseKeeper,
+    LeaseLost,
+    LeaseStore,
+)
+from airflow_lease_provider.core import validation
+
+log = logging.getLogger(__name__)
+
+OVERLAP_POLICIES = ("skip", "wait", "fail")
+LEASE_SCOPES = ("task", "run")
+DEFAULT_KEY = "{{ dag.dag_id }}"
+#: XCom keys this provider writes.
+XCOM_LEASE = "lease"
+XCOM_SKIP_REASON = "lease_skip_reason"
+# The keeper interrupts the task's main thread with this signal when the lease is lost mid-run.
+_LOST_SIGNAL = signal.SIGUSR1
+
+
+def validate_lease_args(
+    *,
+    lease_key: object,
+    lease_ttl: object,
+    lease_renew_every: object,
+    on_overlap: object,
+    lease_wait_timeout: object,
+    lease_scope: object,
+    execution_timeout: object = None,
+) -> timedelta | None:
+    """Check lease arguments when the DAG is parsed; returns the TTL. Errors name the parameter."""
+    if not isinstance(lease_key, str) or not lease_key.strip():
+        raise InvalidArgument("lease_key", lease_key, "must be a non-empty string (it may be a template)")
+    if "{{" not in lease_key and "{%" not in lease_key:
+        validation.name("lease_key", lease_key)
+    if lease_ttl is None and lease_scope == "run":
+        return None  # a run-scoped task renews the run's lease with that lease's own TTL
+    if lease_ttl is None:
+        if isinstance(execution_timeout, timedelta):
+            lease_ttl = execution_timeout * 1.5
+        else:
+            raise InvalidArgument(
+                "lease_ttl", lease_ttl,
+                "is required: set it to 1.5-2x the worst normal run time (or set execution_timeout)",
+            )
+    ttl = validation.ttl("lease_ttl", lease_ttl)
+    if lease_renew_every is not None:
+        validation.renew_every(lease_renew_every, ttl, parameter="lease_renew_every")
+    if on_overlap not in OVERLAP_POLICIES:
+        raise InvalidArgument("on_overlap", on_overlap, f"must be one of {', '.join(OVERLAP_POLICIES)}")
+    if lease_wait_timeout is not None:
+        validation.positive_timedelta("lease_wait_timeout", lease_wait_timeout)
+    if lease_scope not in LEASE_SCOPES:
+        raise InvalidArgument("lease_scope", lease_scope, f"must be one of {', '.join(LEASE_SCOPES)}")
+    return ttl
+
+
+def owner_for(context: Any, *, per_map_index: bool = True) -> str:
+    """The lease owner: the DAG run (``dag_id/run_id``), plus the map index of a mapped instance.
+
+    A retry of the same run is the same owner, so it re-enters at once with a larger token, which
+    fences out its own earlier (zombie) attempt.
+    """
+    ti = context["ti"]
+    owner = f"{ti.dag_id}/{ti.run_id}"
+    map_index = getattr(ti, "map_index", -1)
+    if per_map_index and map_index is not None and map_index >= 0:
+        owner += f"/{map_index}"
+    return owner
+
+
+def task_tags(context: Any, key: str) -> dict[str, str]:
+    ti = context["ti"]
+    return {"dag_id": ti.dag_id, "task_id": ti.task_id, "lease_key": key}
+
+
+def _event_detail(context: Any, **extra: Any) -> dict[str, Any]:
+    ti = context["ti"]
+    return {
+        "dag_id": ti.dag_id,
+        "run_id": ti.run_id,
+        "task_id": ti.task_id,
+        "map_index": getattr(ti, "map_index", -1),
+        "try_number": getattr(ti, "try_number", None),
+        **extra,
+    }
+
+
+def warn_on_clock_skew(lease: Lease, received_at: datetime, logger: Any) -> None:
+    """Warn when this worker's clock is off from the database's. No decision depends on it."""
+    skew = received_at - lease.observed_at
+    limit = settings.clock_skew_warning()
+    if abs(skew) > limit:
+        logger.warning(
+            "lease: this worker's clock differs from the database's by %.1f s (limit %.1f s). "
+            "Leases are judged by the database clock only, so nothing is wrong with them, but this "
+            "host's logs and timestamps are off.",
+            skew.total_seconds(), limit.total_seconds(),
+        )
+
+
+@contextmanager
+def interrupt_on_loss(keeper: LeaseKeeper) -> Iterator[None]:
+    """While the body runs, a lost lease raises :class:`LeaseLost` in the main thread at once.
+
+    The keeper thread sends a signal to the main thread, whose handler raises; blocking system calls
+    are interrupted too. Off the main thread (where handlers cannot be installed) the loss is
+    reported when the body returns instead.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def raise_lost(signum: int, frame: Any) -> None:
+        if keeper.lost:
+            keeper.check()
+
+    previous = signal.signal(_LOST_SIGNAL, raise_lost)
+    main = threading.main_thread().ident
+    original = keeper.on_lost
+
+    def on_lost(exc: LeaseLost) -> None:
+        if original is not None:
+            original(exc)
+        if main is not None:
+            signal.pthread_kill(main, _LOST_SIGNAL)
+
+    keeper.on_lost = on_lost
+    try:
+        yield
+    finally:
+        keeper.on_lost = original
+        signal.signal(_LOST_SIGNAL, previous)
+
+
+class LeasedOperator(BaseOperator):
+    """Runs the wrapped operator's ``execute`` under a lease. Use :meth:`wrap` to get a class.
+
+    :param lease_key: the lease's key (templated). Default: the DAG id, so runs of one DAG never overlap.
+    :param lease_ttl: how long the lease lives without renewal. Rule: 1.5-2x the worst normal run time.
+        Defaults to 1.5x ``execution_timeout`` when that is set; otherwise required.
+    :param lease_renew_every: renewal interval (default TTL x ``[lease] renew_fraction``, i.e. TTL/3).
+    :param on_overlap: what to do when another run holds the lease: ``skip`` (default; the task is
+        skipped with the reason, and so are its downstream tasks), ``wait`` (defer until it frees,
+        freeing the worker slot; skip after ``lease_wait_timeout``), or ``fail``.
+    :param lease_wait_timeout: how long ``wait`` waits in total (default: the TTL).
+    :param lease_poll_interval: how often the deferred wait checks the lease (default TTL/20, 1-60 s).
+    :param lease_conn_id: the lease store's connection (default ``[lease] conn_id``).
+    :param lease_scope: ``task`` (default): this task acquires and releases its own lease. ``run``: the
+        task joins the run-scoped lease acquired by :class:`AcquireRunLeaseOperator` and renews it while
+        it runs, without releasing it.
+    """
+
+    template_fields: Sequence[str] = ("lease_key",)
+    _wrapped_classes: ClassVar[dict[type, type]] = {}
+
+    def __init__(
+        self,
+        *,
+        lease_key: str = DEFAULT_KEY,
+        lease_ttl: timedelta | None = None,
+        lease_renew_every: timedelta | None = None,
+        on_overlap: str = "skip",
+        lease_wait_timeout: timedelta | None = None,
+        lease_poll_interval: timedelta | None = None,
+        lease_conn_id: str | None = None,
+        lease_scope: str = "task",
+        **kwargs: Any,
+    ) -> None:
+        if "deferrable" in _init_parameters(type(self)):
+            # A deferred task has no process to renew its lease; run the wrapped operator in-process.
+            kwargs.setdefault("deferrable", False)
+        super().__init__(**kwargs)
+        self.lease_ttl = validate_lease_args(
+            lease_key=lease_key, lease_ttl=lease_ttl, lease_renew_every=lease_renew_every,
+            on_overlap=on_overlap, lease_wait_timeout=lease_wait_timeout, lease_scope=lease_scope,
+            execution_timeout=self.execution_timeout,
+        )
+        if lease_poll_interval is not None:
+            validation.positive_timedelta("lease_poll_interval", lease_poll_interval)
+        self.lease_key = lease_key
+        self.lease_renew_every = lease_renew_every
+        self.on_overlap = on_overlap
+        self.lease_wait_timeout = lease_wait_timeout
+        self.lease_poll_interval = lease_poll_interval
+        self.lease_conn_id = lease_conn_id
+        self.lease_scope = lease_scope
+
+    @classmethod
+    def wrap(cls, operator_class: type[BaseOperator]) -> type[LeasedOperator]:
+        """A subclass of ``operator_class`` that runs under a lease (the same class for the same input)."""
+        if not (isinstance(operator_class, type) and issubclass(operator_class, BaseOperator)):
+            raise TypeError(f"operator_class={operator_class!r}: must be an operator class (a BaseOperator subclass)")
+        if issubclass(operator_class, LeasedOperator):
+            return operator_class
+        existing = cls._wrapped_classes.get(operator_class)
+        if existing is not None:
+            return existing
+        fields = tuple(dict.fromkeys((*operator_class.template_fields, *cls.template_fields)))
+        leased = type(
+            f"Leased{operator_class.__name__}",
+            (cls, operator_class),
+            {
+                "template_fields": fields,
+                "__module__": __name__,
+                "__doc__": f"{operator_class.__name__} run under a lease (see LeasedOperator).",
+            },
+        )
+        cls._wrapped_classes[operator_class] = leased
+        globals()[leased.__name__] = leased  # importable by name, like any operator class
+        return leased
+
+    # -- the lease around execute -----------------------------------------------------------------
+
+    #: Whether the owner includes the map index (a run-scoped lease belongs to the whole run).
+    _owner_per_map_index: ClassVar[bool] = True
+
+    def _renew_every(self, lease: Lease) -> timedelta:
+        return self.lease_renew_every or lease.ttl * settings.renew_fraction()
+
+    def _ttl(self) -> timedelta:
+        if self.lease_ttl is None:
+            raise InvalidArgument("lease_ttl", None, "is required to acquire a lease")
+        return self.lease_ttl
+
+    def _store(self) -> LeaseStore:
+        from airflow_lease_provider.hooks import LeaseHook
+
+        return LeaseHook(self.lease_conn_id).get_store()
+
+    def _key(self) -> str:
+        return validation.name("lease_key", self.lease_key)
+
+    def execute(self, context: Any) -> Any:
+        key = self._key()
+        store = self._store()
+        if self.lease_scope == "run":
+            return self._run_joined(context, store, key)
+        owner = owner_for(context, per_map_index=self._owner_per_map_index)
+        outcome = store.try_acquire(key, owner, self._ttl())
+        if outcome.lease is None:
+            return self._on_held(context, store, key, owner, outcome.holder, waited=None)
+        return self._run_holding(context, store, outcome.lease, release=True)
+
+    def execute_after_wait(self, context: Any, event: dict[str, Any] | None = None, deadline: str = "") -> Any:
+        """Resumed after the deferred wait: take the lease if it is free now, or wait again."""
+        key = self._key()
+        store = self._store()
+        owner = owner_for(context, per_map_index=self._owner_per_map_index)
+        outcome = store.try_acquire(key, owner, self._ttl())
+        if outcome.lease is not None:
+            return self._run_holding(context, store, outcome.lease, release=True)
+        return self._on_held(context, store, key, owner, outcome.holder, waited=deadline)
+
+    def _on_held(
+        self, context: Any, store: LeaseStore, key: str, owner: str, holder: Lease | None, waited: str | None
+    ) -> Any:
+        tags = task_tags(context, key)
+        who = holder.describe() if holder else "held by another run (it was released just now)"
+        if self.on_overlap == "wait":
+            now = datetime.now(timezone.utc)
+            end = datetime.fromisoformat(waited) if waited else now + (self.lease_wait_timeout or self._ttl())
+            if now < end:
+                self._defer_until_free(context, store, key, owner, holder, end, first=waited is None)
+        reason = f"lease {key!r} is {who}; this run ({owner}) is skipped so the two never overlap"
+        if waited:
+            reason = f"waited until {waited} and lease {key!r} is still {who}; this run ({owner}) is skipped"
+        detail = _event_detail(
+            context,
+            reason=reason,
+            holder_owner=holder.owner if holder else None,
+            holder_token=holder.token if holder else None,
+            holder_expires_at=holder.expires_at.isoformat() if holder else None,
+            policy=self.on_overlap,
+        )
+        if self.on_overlap == "fail":
+            store.events.record(EventKind.OVERLAP_FAILED, key, owner=owner, detail=detail)
+            metrics.incr("lease.overlap_failed", tags)
+            raise LeaseHeld(key, holder, reason)
+        store.events.record(EventKind.SKIPPED_OVERLAP, key, owner=owner, detail=detail)
+        context["ti"].xcom_push(key=XCOM_SKIP_REASON, value=detail)
+        metrics.incr("scheduled.skipped_overlap", tags)
+        self.log.info("lease: skipping: %s", reason)
+        raise AirflowSkipException(reason)
+
+    def _defer_until_free(
+        self, context: Any, store: LeaseStore, key: str, owner: str, holder: Lease | None, end: datetime,
+        *, first: bool,
+    ) -> None:
+        from airflow_lease_provider.triggers.lease_free import LeaseFreeTrigger
+
+        if first:
+            store.events.record(
+                EventKind.WAITING, key, owner=owner,
+                detail=_event_detail(
+                    context, holder_owner=holder.owner if holder else None,
+                    holder_token=holder.token if holder else None, until=end.isoformat(),
+                ),
+            )
+        poll = self.lease_poll_interval or min(max(self._ttl() / 20, timedelta(seconds=1)), timedelta(seconds=60))
+        self.log.info(
+            "lease: %r is %s; deferring until it frees (at most until %s)",
+            key, holder.describe() if holder else "held", end.isoformat(),
+        )
+        self.defer(
+            trigger=LeaseFreeTrigger(
+                key=key, conn_id=self.lease_conn_id, schema=store.schema,
+                poll_interval=poll.total_seconds(), deadline=end.isoformat(),
+            ),
+            method_name="execute_after_wait",
+            kwargs={"deadline": end.isoformat()},
+        )
+
+    def _run_joined(self, context: Any, store: LeaseStore, key: str) -> Any:
+        """Run-scoped: renew the run's lease while this task runs; never acquire or release it."""
+        owner = owner_for(context, per_map_index=False)
+        holder = store.holder(key)
+        if holder is None or holder.owner != owner:
+            who = holder.describe() if holder else "nobody holds it"
+            store.events.record(
+                EventKind.LOST, key, owner=owner, detail=_event_detail(context, reason=f"run lease gone: {who}")
+            )
+            metrics.incr("lease.lost", task_tags(context, key))
+            raise LeaseLost(key, holder.token if holder else 0, f"this run ({owner}) no longer holds it: {who}")
+        return self._run_holding(context, store, holder, release=False)
+
+    def _run_holding(self, context: Any, store: LeaseStore, lease: Lease, *, release: bool) -> Any:
+        received_at = datetime.now(timezone.utc)
+        warn_on_clock_skew(lease, received_at, self.log)
+        key = lease.key
+        tags = task_tags(context, key)
+        if release:
+            metrics.incr("lease.acquired", tags)
+            self.log.info("lease: acquired %r with token %s (owner %s, TTL %s)", key, lease.token, lease.owner, lease.ttl)
+        context["ti"].xcom_push(key=XCOM_LEASE, value=lease.to_dict())
+        keeper = LeaseKeeper(store, lease, renew_every=self._renew_every(lease))
+        ctx = LeaseContext(lease=lease, store=store, keeper=keeper, tags=tags)
+        context[XCOM_LEASE] = ctx
+        started = time.monotonic()
+        keeper.start()
+        released = False
+        try:
+            with activated(ctx), interrupt_on_loss(keeper):
+                try:
+                    result = super().execute(context)
+                except TaskDeferred:
+                    raise LeaseError(
+                        f"{type(self).__name__} cannot hold a lease while the wrapped operator is deferred "
+                        "(nothing would renew it): run it with deferrable=False"
+                    ) from None
+            keeper.check()
+        except LeaseLost as lost:
+            metrics.incr("lease.lost", tags)
+            self.log.error("lease: %s; the task fails", lost)
+            try:
+                self.on_kill()  # stop what the wrapped operator started (a subprocess, a pod, ...)
+            except Exception:
+                self.log.exception("on_kill after the lease was lost failed")
+            raise
+        except BaseException:
+            released = keeper.stop(release=release)
+            raise
+        else:
+            released = keeper.stop(release=release)
+        finally:
+            keeper.stop()
+            metrics.timing("lease.held", timedelta(seconds=time.monotonic() - started), tags)
+            if release:
+                self.log.info("lease: %r token %s %s", key, lease.token, "released" if released else "not released")
+        return result
+
+
+def _init_parameters(cls: type) -> set[str]:
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is not None:
+            names.update(inspect.signature(init).parameters)
+    return names
+

@@ -1,0 +1,111 @@
+"""Run-scoped leases: one lease held by a whole DAG run across several tasks.
+
+::
+
+    acquire, release = run_lease(lease_key="nightly-close", lease_ttl=timedelta(hours=2))
+    acquire >> extract >> transform >> publish >> release
+
+``acquire`` is a setup task: when another run holds the lease it is skipped (with the reason), and
+every task after it is skipped too, so an overlapping run is skipped as a whole. ``release`` is a
+teardown task: it runs even when tasks in between fail. Tasks in between that run long should take
+``lease_scope="run"`` (``LeasedOperator.wrap(X)(..., lease_scope="run")`` or
+``@task.leased(lease_scope="run")``): they renew the run's lease while they run. The owner of a
+run-scoped lease is the DAG run (``dag_id/run_id``).
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow.sdk import BaseOperator
+
+from airflow_lease_provider.core import Lease, LeaseStore
+from airflow_lease_provider.core import validation
+from airflow_lease_provider.operators.leased import (
+    DEFAULT_KEY,
+    XCOM_LEASE,
+    LeasedOperator,
+    owner_for,
+    task_tags,
+    warn_on_clock_skew,
+)
+from airflow_lease_provider import metrics
+
+
+class AcquireRunLeaseOperator(LeasedOperator):
+    """Setup task of a run-scoped lease: acquires it for the DAG run and leaves it held."""
+
+    _owner_per_map_index = False
+    ui_color = "#e8f4ea"
+
+    def __init__(self, **kwargs: Any) -> None:
+        kwargs.setdefault("lease_scope", "task")
+        super().__init__(**kwargs)
+
+    def _run_holding(self, context: Any, store: LeaseStore, lease: Lease, *, release: bool) -> Any:
+        from datetime import datetime, timezone
+
+        warn_on_clock_skew(lease, datetime.now(timezone.utc), self.log)
+        metrics.incr("lease.acquired", task_tags(context, lease.key))
+        context["ti"].xcom_push(key=XCOM_LEASE, value=lease.to_dict())
+        self.log.info(
+            "lease: run %s acquired %r with token %s until %s", lease.owner, lease.key, lease.token,
+            lease.expires_at.isoformat(),
+        )
+        return lease.to_dict()
+
+
+class ReleaseRunLeaseOperator(BaseOperator):
+    """Teardown task of a run-scoped lease: releases it if this run still holds it."""
+
+    template_fields = ("lease_key",)
+    ui_color = "#f4ece8"
+
+    def __init__(self, *, lease_key: str = DEFAULT_KEY, lease_conn_id: str | None = None, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        if not isinstance(lease_key, str) or not lease_key.strip():
+            raise validation.InvalidArgument("lease_key", lease_key, "must be a non-empty string")
+        self.lease_key = lease_key
+        self.lease_conn_id = lease_conn_id
+
+    def execute(self, context: Any) -> bool:
+        from airflow_lease_provider.hooks import LeaseHook
+
+        key = validation.name("lease_key", self.lease_key)
+        store = LeaseHook(self.lease_conn_id).get_store()
+        owner = owner_for(context, per_map_index=False)
+        holder = store.holder(key)
+        if holder is None or holder.owner != owner:
+            self.log.warning(
+                "lease: run %s does not hold %r any more (%s); nothing to release",
+                owner, key, holder.describe() if holder else "it is free",
+            )
+            return False
+        released = store.release(holder)
+        self.log.info("lease: run %s released %r token %s", owner, key, holder.token)
+        return released
+
+
+def run_lease(
+    *,
+    lease_key: str = DEFAULT_KEY,
+    lease_ttl: timedelta,
+    on_overlap: str = "skip",
+    lease_wait_timeout: timedelta | None = None,
+    lease_conn_id: str | None = None,
+    acquire_task_id: str = "acquire_run_lease",
+    release_task_id: str = "release_run_lease",
+    **kwargs: Any,
+) -> tuple[AcquireRunLeaseOperator, ReleaseRunLeaseOperator]:
+    """The setup and teardown tasks of a run-scoped lease, already paired."""
+    acquire = AcquireRunLeaseOperator(
+        task_id=acquire_task_id, lease_key=lease_key, lease_ttl=lease_ttl, on_overlap=on_overlap,
+        lease_wait_timeout=lease_wait_timeout, lease_conn_id=lease_conn_id, **kwargs,
+    )
+    release = ReleaseRunLeaseOperator(
+        task_id=release_task_id, lease_key=lease_key, lease_conn_id=lease_conn_id, **kwargs
+    )
+    acquire.as_setup()
+    release.as_teardown(setups=acquire)
+    return acquire, release

@@ -1,0 +1,89 @@
+"""The ``[lease]`` configuration section, read through Airflow's config with documented defaults.
+
+Read lazily (never at import time): Airflow may still be configuring itself when this is imported.
+"""
+
+from __future__ import annotations
+
+import os
+from datetime import timedelta
+from pathlib import Path
+
+DEFAULTS = {
+    "conn_id": "lease_default",
+    "schema": "airflow_lease",
+    "renew_fraction": "0.3333",
+    "event_retention_days": "30",
+    "clock_skew_warning_seconds": "2",
+    "embedded_dir": "",
+}
+
+# Executors whose tasks all run on the scheduler's host: the embedded store protects them fully.
+SINGLE_HOST_EXECUTORS = {"LocalExecutor", "SequentialExecutor", "DebugExecutor"}
+
+
+def _get(option: str, section: str = "lease") -> str:
+    try:
+        from airflow.sdk.configuration import conf
+    except ImportError:  # pragma: no cover - Airflow 3.0 without the SDK config module
+        from airflow.configuration import conf
+    value = conf.get(section, option, fallback=DEFAULTS.get(option, ""))
+    return str(value).strip()
+
+
+def conn_id() -> str:
+    return _get("conn_id") or DEFAULTS["conn_id"]
+
+
+def schema() -> str:
+    return _get("schema") or DEFAULTS["schema"]
+
+
+def renew_fraction() -> float:
+    raw = _get("renew_fraction")
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError(f"[lease] renew_fraction={raw!r}: must be a number between 0 and 1") from None
+    if not 0 < value < 1:
+        raise ValueError(f"[lease] renew_fraction={raw!r}: must be between 0 and 1 (exclusive)")
+    return value
+
+
+def event_retention() -> timedelta:
+    raw = _get("event_retention_days")
+    try:
+        days = int(raw)
+    except ValueError:
+        raise ValueError(f"[lease] event_retention_days={raw!r}: must be a whole number of days") from None
+    if days < 1:
+        raise ValueError(f"[lease] event_retention_days={raw!r}: must be at least 1")
+    return timedelta(days=days)
+
+
+def clock_skew_warning() -> timedelta:
+    raw = _get("clock_skew_warning_seconds")
+    try:
+        return timedelta(seconds=float(raw))
+    except ValueError:
+        raise ValueError(f"[lease] clock_skew_warning_seconds={raw!r}: must be a number") from None
+
+
+def airflow_home() -> Path:
+    return Path(os.environ.get("AIRFLOW_HOME") or Path.home() / "airflow")
+
+
+def embedded_dir() -> Path:
+    configured = _get("embedded_dir")
+    return Path(configured) if configured else airflow_home() / "lease-postgres"
+
+
+def executors() -> list[str]:
+    raw = _get("executor", section="core") or "LocalExecutor"
+    # "LocalExecutor", "LocalExecutor,CeleryExecutor", or "my_alias:path.to.Executor".
+    return [part.split(":")[-1].strip().rsplit(".", 1)[-1] for part in raw.split(",") if part.strip()]
+
+
+def single_host() -> bool:
+    """Whether every configured executor runs tasks on this host only."""
+    return all(name in SINGLE_HOST_EXECUTORS for name in executors())
