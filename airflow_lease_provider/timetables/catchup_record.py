@@ -19,6 +19,7 @@ from typing import Any, Protocol
 
 from airflow.timetables.base import DataInterval
 
+from airflow_lease_provider.core.errors import LeaseError
 from airflow_lease_provider.timetables.capped_catchup import CappedCatchupTimetable, SkippedSlots
 
 log = logging.getLogger(__name__)
@@ -92,7 +93,14 @@ def skipped_catchup_slots(context: Mapping[str, Any]) -> SkippedSlots | None:
 
 def _already_recorded(ledger: Ledger, key: str, dag_id: str, run_id: str) -> bool:
     """Whether another task or an earlier try of this run has recorded its skipped slots."""
-    for event in ledger.query(key=key, kind=SKIPPED_CATCHUP, limit=_DEDUPE_WINDOW):
+    try:
+        events = ledger.query(key=key, kind=SKIPPED_CATCHUP, limit=_DEDUPE_WINDOW)
+    except LeaseError as exc:
+        # The ledger is best effort by design (its writes never fail a task); an unreadable ledger
+        # must not either. Recording may then happen twice, which beats not at all.
+        log.warning("catch-up: could not read the event ledger for %r: %s", key, exc)
+        return False
+    for event in events:
         detail = _value(event, "detail") or {}
         if detail.get("dag_id") == dag_id and detail.get("run_id") == run_id:
             return True

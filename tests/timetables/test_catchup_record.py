@@ -195,6 +195,18 @@ def test_first_run_counts_from_start_date_only_with_catchup() -> None:
     assert skipped_catchup_slots(context(first, None, catchup=False)) is None
 
 
+def test_unreadable_ledger_does_not_fail_the_task(metrics: list) -> None:
+    from airflow_lease_provider.core.errors import LeaseStoreUnavailable
+
+    class DownLedger(FakeLedger):
+        def query(self, **kwargs: Any) -> list[SimpleNamespace]:
+            raise LeaseStoreUnavailable("connection refused")
+
+    ledger = DownLedger()
+    assert record_skipped_catchup(context(AFTER_GAP, BEFORE_GAP), ledger=ledger) is not None
+    assert len(ledger.events) == 1 and metrics == [(METRIC, 7, {"dag_id": "articles"})]
+
+
 @pytest.fixture
 def real_ledger(request: pytest.FixtureRequest) -> Iterator[Any]:
     """The real EventLedger on the test PostgreSQL (root conftest's ``store``), when both exist."""
