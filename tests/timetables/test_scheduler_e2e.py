@@ -343,6 +343,15 @@ def _check_capped_catch_up(processes: Processes, statsd: StatsdListener) -> None
     assert events[0].key == DAG_ID
     assert events[0].detail["count"] == skipped
     assert events[0].detail["run_id"] == runs[0]["run_id"]
+    # ... in the task log of that run, once ...
+    logs = Path(processes.env["AIRFLOW_HOME"], "logs")
+    warnings = [
+        line
+        for path in logs.rglob("*.log")
+        for line in path.read_text(errors="replace").splitlines()
+        if f"catch-up: {skipped} older slots of {DAG_ID} skipped" in line
+    ]
+    assert len(warnings) == 1 and runs[0]["run_id"] in warnings[0], warnings
     # ... and in the metric.
     metric = [line for line in statsd.lines if "scheduled.skipped_catchup" in line]
     assert metric == [f"airflow.scheduled.skipped_catchup:{skipped}|c"], metric
