@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import logging
+import zoneinfo
 from typing import TYPE_CHECKING, Any
 
 import pendulum
@@ -60,6 +61,12 @@ def _utcnow() -> DateTime:
 def _timezone_arg(value: object) -> Timezone | FixedTimezone:
     if isinstance(value, (pendulum.Timezone, pendulum.FixedTimezone)):
         return value
+    # Standard-library zones (a DAG's own timezone may be one) become pendulum's, which serialize by name.
+    if isinstance(value, zoneinfo.ZoneInfo):
+        value = value.key
+    elif isinstance(value, datetime.timezone):
+        offset = value.utcoffset(None)
+        value = "UTC" if not offset else int(offset.total_seconds())
     if isinstance(value, bool) or not isinstance(value, (str, int)):
         raise InvalidArgument(
             "timezone", value, "must be an IANA name such as 'Europe/Berlin' or a pendulum timezone"

@@ -9,6 +9,7 @@ from __future__ import annotations
 import datetime
 import json
 import textwrap
+import zoneinfo
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +32,9 @@ VARIANTS: list[tuple[Any, dict[str, Any]]] = [
         {"timezone": pendulum.timezone(5400), "data_interval": False},
     ),
     ("0 * * * *", {"timezone": pendulum.UTC}),
+    ("0 * * * *", {"timezone": zoneinfo.ZoneInfo("Asia/Kolkata")}),
+    ("0 * * * *", {"timezone": datetime.timezone(datetime.timedelta(hours=-3))}),
+    ("0 * * * *", {"timezone": datetime.timezone.utc}),
 ]
 
 
