@@ -1,0 +1,497 @@
+"""The checker: reads a history and reports violations of the store's promises, and its figures.
+
+Safety, from what the workers saw (acknowledged operations) and from the ground truth the database
+committed (the audit triggers and the publish target):
+
+``token-reissued``      a token was acknowledged twice for one key, or a key's row was created twice
+``token-order``         for one key, a larger token was granted earlier (database time) than a smaller one
+``token-regressed``     a lease or fence row's token went down
+``overlap``             for one key, a lease was granted to another owner while an acknowledged one was
+                        still valid (database time); ``overlap-db``: the same, in the committed rows
+``fence-order``         for one resource, the target accepted a token not larger than one it accepted before
+``publish-not-holder``  an accepted publish carried a token that was never granted to its owner
+``duplicate-publish``   one idempotency key was published twice
+``lost-ack``            an acknowledged acquire, renewal, release or publish is missing from what the
+                        database committed (after a SIGKILL of the server: a durability bug)
+``unexpected-error``    an operation failed with an error other than the documented ones
+``recovery``            after the faults stopped and every worker crashed at once, a fresh client did
+                        not acquire a key (and publish) within TTL + 1 s
+
+Exit status: 0 when clean, 1 on any violation, 2 when clean but the run was too small to count
+(fewer operations than the profile requires, or a fault kind that never happened).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from collections import Counter, defaultdict
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from chaos import history
+
+#: Every fault kind a full run must have injected at least once.
+FAULT_KINDS = ("sigstop", "terminate", "kill9", "stmt_timeout", "clock_skew")
+#: How many violations of each kind are printed (all are counted).
+SHOWN = 5
+
+
+def when(value: str | None) -> datetime | None:
+    return datetime.fromisoformat(value) if value else None
+
+
+@dataclass
+class Violation:
+    kind: str
+    detail: str
+
+
+@dataclass
+class Report:
+    operations: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[tuple[str, str]] = field(default_factory=Counter)
+    faults: Counter[str] = field(default_factory=Counter)
+    violations: list[Violation] = field(default_factory=list)
+    coverage: list[str] = field(default_factory=list)
+    figures: dict[str, Any] = field(default_factory=dict)
+    recovery: dict[str, Any] = field(default_factory=dict)
+
+    def violate(self, kind: str, detail: str) -> None:
+        self.violations.append(Violation(kind, detail))
+
+    @property
+    def status(self) -> int:
+        if self.violations:
+            return 1
+        return 2 if self.coverage else 0
+
+    def violation_counts(self) -> dict[str, int]:
+        return dict(Counter(v.kind for v in self.violations))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "operations": sum(self.operations.values()),
+            "operations_by_kind": dict(self.operations),
+            "outcomes": {f"{op}:{outcome}": n for (op, outcome), n in sorted(self.outcomes.items())},
+            "faults": dict(self.faults),
+            "violations": self.violation_counts(),
+            "violation_examples": [v.__dict__ for v in self.violations[:50]],
+            "coverage": self.coverage,
+            "figures": self.figures,
+            "recovery": self.recovery,
+        }
+
+    def format(self) -> str:
+        lines = [f"operations: {sum(self.operations.values())}"]
+        for op, n in sorted(self.operations.items()):
+            detail = ", ".join(f"{o} {c}" for (p, o), c in sorted(self.outcomes.items()) if p == op)
+            lines.append(f"  {op:<8} {n:>7}  ({detail})")
+        lines.append("faults:")
+        lines.extend(f"  {kind:<13} {n:>5}" for kind, n in sorted(self.faults.items()))
+        lines.append("figures:")
+        lines.extend(f"  {name}: {value}" for name, value in self.figures.items())
+        lines.append("recovery:")
+        lines.extend(f"  {name}: {value}" for name, value in self.recovery.items())
+        counts = self.violation_counts()
+        lines.append(f"violations: {len(self.violations)}" + (f" {counts}" if counts else ""))
+        shown: Counter[str] = Counter()
+        for violation in self.violations:
+            shown[violation.kind] += 1
+            if shown[violation.kind] <= SHOWN:
+                lines.append(f"  [{violation.kind}] {violation.detail}")
+        for problem in self.coverage:
+            lines.append(f"coverage: {problem}")
+        lines.append({0: "RESULT: OK", 1: "RESULT: VIOLATIONS", 2: "RESULT: INCONCLUSIVE"}[self.status])
+        return "\n".join(lines)
+
+
+def _summary(values: list[float]) -> str:
+    if not values:
+        return "n/a"
+    return (
+        f"n={len(values)} median={statistics.median(values):.2f}s max={max(values):.2f}s"
+    )
+
+
+@dataclass
+class Lease:
+    """A lease as the workers acknowledged it."""
+
+    key: str
+    token: int
+    owner: str
+    worker: int
+    acquired_at: datetime
+    expires_max: datetime
+    last_seen: datetime
+    release_attempted: bool = False
+
+    @property
+    def held_until(self) -> datetime:
+        # Valid at least until the last acknowledged expiry, unless a release was sent: then only up to
+        # the last moment the database confirmed it (a lower bound, so never a false alarm).
+        return self.last_seen if self.release_attempted else self.expires_max
+
+
+class Checker:
+    def __init__(self, records: list[dict[str, Any]]) -> None:
+        self.records = records
+        self.by_type: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for record in records:
+            self.by_type[record.get("type", "?")].append(record)
+        meta = self.by_type["meta"]
+        self.meta = meta[0] if meta else {}
+        self.ttl = float(self.meta.get("ttl", 0) or 0)
+        self.resources: dict[str, str] = self.meta.get("resources", {})
+        self.ops = self.by_type["op"]
+        self.report = Report()
+
+    # -- entry point -------------------------------------------------------------------------------
+
+    def check(self) -> Report:
+        self._count()
+        leases = self._client_leases()
+        self._client_tokens(leases)
+        self._client_overlap(leases)
+        owners = self._audit()
+        self._acks_committed()
+        self._fence(owners, leases)
+        self._errors()
+        self._probe()
+        self._figures()
+        self._coverage()
+        return self.report
+
+    # -- counting ----------------------------------------------------------------------------------
+
+    def _count(self) -> None:
+        r = self.report
+        for op in self.ops:
+            r.operations[op["op"]] += 1
+            r.outcomes[(op["op"], op.get("outcome", "?"))] += 1
+        for fault in self.by_type["fault"]:
+            kind = fault["kind"]
+            if fault.get("skipped"):
+                r.faults[kind + "_skipped"] += 1
+            elif kind == "terminate":
+                r.faults["terminate"] += int(fault.get("killed", 0))
+            else:
+                r.faults[kind] += 1
+
+    # -- what the workers saw ------------------------------------------------------------------------
+
+    def _client_leases(self) -> dict[tuple[str, int], list[Lease]]:
+        leases: dict[tuple[str, int], list[Lease]] = defaultdict(list)
+        for op in self.ops:
+            if op["op"] == "acquire" and op.get("outcome") == "ok":
+                leases[(op["key"], int(op["token"]))].append(Lease(
+                    op["key"], int(op["token"]), op["owner"], int(op["w"]), when(op["acquired_at"]),
+                    when(op["expires_at"]), when(op["observed_at"]),
+                ))
+        for op in self.ops:
+            if op["op"] not in ("renew", "release") or "token" not in op:
+                continue
+            for lease in leases.get((op["key"], int(op["token"])), []):
+                if lease.owner != op["owner"]:
+                    continue
+                if op["op"] == "renew" and op.get("outcome") == "ok":
+                    lease.expires_max = max(lease.expires_max, when(op["expires_at"]))
+                    lease.last_seen = max(lease.last_seen, when(op["observed_at"]))
+                elif op["op"] == "release" and op.get("outcome") in ("ok", "unknown"):
+                    lease.release_attempted = True
+        return leases
+
+    def _client_tokens(self, leases: dict[tuple[str, int], list[Lease]]) -> None:
+        for (key, token), acks in leases.items():
+            if len(acks) > 1:
+                self.report.violate(
+                    "token-reissued",
+                    f"{key}: token {token} acknowledged {len(acks)} times, to {[a.owner for a in acks]}",
+                )
+        by_key: dict[str, list[Lease]] = defaultdict(list)
+        for acks in leases.values():
+            by_key[acks[0].key].append(acks[0])
+        for key, items in by_key.items():
+            items.sort(key=lambda lease: (lease.acquired_at, lease.token))
+            for earlier, later in zip(items, items[1:], strict=False):
+                if later.token <= earlier.token:
+                    self.report.violate(
+                        "token-order",
+                        f"{key}: token {later.token} granted at {later.acquired_at} after token "
+                        f"{earlier.token} at {earlier.acquired_at}",
+                    )
+
+    def _client_overlap(self, leases: dict[tuple[str, int], list[Lease]]) -> None:
+        by_key: dict[str, list[Lease]] = defaultdict(list)
+        for acks in leases.values():
+            by_key[acks[0].key].extend(acks)
+        for key, items in by_key.items():
+            items.sort(key=lambda lease: lease.token)
+            latest: Lease | None = None  # the earlier lease valid the longest
+            for lease in items:
+                if latest is not None and latest.owner != lease.owner and lease.acquired_at < latest.held_until:
+                    self.report.violate(
+                        "overlap",
+                        f"{key}: token {lease.token} granted to {lease.owner} at {lease.acquired_at}, while "
+                        f"token {latest.token} of {latest.owner} was valid until {latest.held_until} "
+                        f"({(latest.held_until - lease.acquired_at).total_seconds():.3f}s of overlap)",
+                    )
+                if latest is None or lease.held_until > latest.held_until:
+                    latest = lease
+
+    # -- what the database committed -------------------------------------------------------------------
+
+    def _audit(self) -> dict[str, dict[int, str]]:
+        """Checks the committed lease rows; returns key -> token -> the owner it was granted to."""
+        owners: dict[str, dict[int, str]] = defaultdict(dict)
+        rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in self.by_type["audit_lease"]:
+            rows[row["key"]].append(row)
+        for key, changes in rows.items():
+            changes.sort(key=lambda row: (when(row["at"]), row["id"]))
+            top = 0
+            for row in changes:
+                token = int(row["token"])
+                if row["op"] == "INSERT" and top:
+                    self.report.violate("token-reissued", f"{key}: row created again with token {token}")
+                if token < top:
+                    self.report.violate("token-regressed", f"{key}: token went from {top} to {token}")
+                if token > top:
+                    owners[key][token] = row["owner"]
+                    old_valid = (
+                        row["op"] == "UPDATE" and row["old_released_at"] is None
+                        and row["released_at"] is None
+                        and when(row["old_expires_at"]) > when(row["acquired_at"])
+                    )
+                    if old_valid and row["old_owner"] != row["owner"]:
+                        self.report.violate(
+                            "overlap-db",
+                            f"{key}: token {token} granted to {row['owner']} at {row['acquired_at']} while token "
+                            f"{row['old_token']} of {row['old_owner']} was valid until {row['old_expires_at']}",
+                        )
+                top = max(top, token)
+        return owners
+
+    def _acks_committed(self) -> None:
+        audit = self.by_type["audit_lease"]
+        if not audit:
+            self.report.coverage.append("no audit rows: the committed state could not be checked")
+            return
+        granted = {(r["key"], int(r["token"]), r["owner"], when(r["acquired_at"])) for r in audit}
+        renewed = {(r["key"], int(r["token"]), when(r["renewed_at"])) for r in audit}
+        released = {(r["key"], int(r["token"]), r["owner"]) for r in audit if r["released_at"] is not None}
+        published = {(r["resource"], int(r["token"]), r["owner"]) for r in self.by_type["target"]}
+        for op in self.ops:
+            kind, outcome = op["op"], op.get("outcome")
+            missing = None
+            if kind == "acquire" and outcome == "ok":
+                if (op["key"], int(op["token"]), op["owner"], when(op["acquired_at"])) not in granted:
+                    missing = f"acquire of {op['key']} token {op['token']} by {op['owner']}"
+            elif kind == "renew" and outcome == "ok":
+                if (op["key"], int(op["token"]), when(op["renewed_at"])) not in renewed:
+                    missing = f"renewal of {op['key']} token {op['token']} at {op['renewed_at']}"
+            elif kind == "release" and outcome == "ok":
+                if (op["key"], int(op["token"]), op["owner"]) not in released:
+                    missing = f"release of {op['key']} token {op['token']}"
+            elif kind == "publish" and outcome == "accepted":
+                if (op["resource"], int(op["token"]), op["owner"]) not in published:
+                    missing = f"publish to {op['resource']} with token {op['token']} at {op['at']}"
+            if missing:
+                self.report.violate("lost-ack", f"acknowledged {missing}, but not in the committed state")
+
+    def _fence(self, owners: dict[str, dict[int, str]], leases: dict[tuple[str, int], list[Lease]]) -> None:
+        fence_rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        for row in self.by_type["audit_fence"]:
+            fence_rows[row["resource"]].append(row)
+        for resource, changes in fence_rows.items():
+            changes.sort(key=lambda row: (when(row["at"]), row["id"]))
+            top = 0
+            for row in changes:
+                if int(row["token"]) <= top:
+                    self.report.violate(
+                        "token-regressed", f"fence {resource}: accepted token {row['token']} after {top}"
+                    )
+                top = max(top, int(row["token"]))
+        targets: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        idems: Counter[tuple[str, str]] = Counter()
+        for row in self.by_type["target"]:
+            targets[row["resource"]].append(row)
+            if row.get("idem"):
+                idems[(row["resource"], row["idem"])] += 1
+        for (resource, idem), n in idems.items():
+            if n > 1:
+                self.report.violate("duplicate-publish", f"{resource}: idempotency key {idem!r} published {n} times")
+        for resource, rows in targets.items():
+            rows.sort(key=lambda row: (when(row["at"]), row["id"]))
+            top: dict[str, Any] | None = None
+            key = self.resources.get(resource, resource)
+            for row in rows:
+                token = int(row["token"])
+                if top is not None and token <= int(top["token"]):
+                    self.report.violate(
+                        "fence-order",
+                        f"{resource}: accepted token {token} from {row['owner']} at {row['at']} after token "
+                        f"{top['token']} from {top['owner']} at {top['at']}",
+                    )
+                if top is None or token > int(top["token"]):
+                    top = row
+                granted_to = owners.get(key, {}).get(token)
+                if granted_to is None:
+                    acks = leases.get((key, token))
+                    granted_to = acks[0].owner if acks else None
+                if granted_to is None:
+                    self.report.violate(
+                        "publish-not-holder", f"{resource}: token {token} published by {row['owner']} was never granted"
+                    )
+                elif granted_to != row["owner"] or not row["owner"].startswith(f"w{row['worker']}-"):
+                    self.report.violate(
+                        "publish-not-holder",
+                        f"{resource}: token {token} published by {row['owner']} (worker {row['worker']}) "
+                        f"was granted to {granted_to}",
+                    )
+
+    def _errors(self) -> None:
+        for op in self.ops:
+            if op.get("outcome") == "error":
+                self.report.violate("unexpected-error", f"w{op.get('w')} {op['op']}: {op.get('error')}")
+
+    # -- liveness ----------------------------------------------------------------------------------
+
+    def _probe(self) -> None:
+        crashes = self.by_type["crash_all"]
+        if not crashes:
+            self.report.coverage.append("no final crash: recovery was not measured")
+            return
+        crashed = when(crashes[0].get("db_time"))
+        limit = self.ttl + 1.0
+        delays = {}
+        for probe in self.by_type["probe"]:
+            acquired = when(probe.get("acquired_at"))
+            if acquired is None or crashed is None:
+                self.report.violate("recovery", f"{probe['key']}: no fresh client acquired it after the crash")
+                continue
+            delay = (acquired - crashed).total_seconds()
+            delays[probe["key"]] = round(delay, 3)
+            if delay > limit:
+                self.report.violate(
+                    "recovery", f"{probe['key']}: acquired {delay:.2f}s after every holder crashed (limit {limit:.1f}s)"
+                )
+            if probe.get("publish") != "accepted":
+                self.report.violate("recovery", f"{probe['key']}: the new holder could not publish: {probe.get('publish')}")
+        self.report.recovery["new holder after all holders crashed"] = (
+            f"max {max(delays.values()):.2f}s (limit TTL + 1 s = {limit:.1f}s) per key {delays}" if delays else "n/a"
+        )
+
+    def _figures(self) -> None:
+        r = self.report
+        answered = sorted(
+            op["t1"] for op in self.ops if op.get("outcome") not in ("unknown", "error") and "t1" in op
+        )
+        acquired = sorted(op["t1"] for op in self.ops if op["op"] == "acquire" and op.get("outcome") == "ok")
+        downtimes, first_answer, first_acquire = [], [], []
+        for fault in self.by_type["fault"]:
+            if fault["kind"] == "kill9" and not fault.get("skipped"):
+                downtimes.append(float(fault["downtime_s"]))
+                ready = float(fault["t1"])
+                nxt = next((t for t in answered if t >= ready), None)
+                if nxt is not None:
+                    first_answer.append(nxt - ready)
+                nxt = next((t for t in acquired if t >= ready), None)
+                if nxt is not None:
+                    first_acquire.append(nxt - ready)
+        r.recovery["server down after kill -9 (kill to ready)"] = _summary(downtimes)
+        r.recovery["first answered operation after restart"] = _summary(first_answer)
+        r.recovery["first acquisition after restart"] = _summary(first_acquire)
+        heal = self.by_type["heal"]
+        if heal:
+            healed = float(heal[0]["t"])
+            per_key = {}
+            for op in self.ops:
+                if op["op"] == "acquire" and op.get("outcome") == "ok" and op["t1"] >= healed:
+                    per_key.setdefault(op["key"], op["t1"] - healed)
+            r.recovery["first new holder per key after the faults stopped"] = _summary(list(per_key.values()))
+        self._zombies()
+        timeouts = sum(1 for op in self.ops if "did not answer in time" in (op.get("error") or ""))
+        r.figures["operations failed by a statement timeout"] = timeouts
+        r.figures["operations with an unknown outcome"] = sum(1 for op in self.ops if op.get("outcome") == "unknown")
+        skews = {s["w"]: s.get("client_minus_db_s") for s in self.by_type["worker_start"] if s.get("skew")}
+        if skews:
+            r.figures["skewed workers: client clock minus database clock (s)"] = skews
+            r.figures["operations by skewed workers"] = sum(1 for op in self.ops if op.get("w") in skews)
+        late = [op for op in self.ops if op["op"] == "publish" and op.get("late")]
+        r.figures["publishes after working past the TTL"] = dict(Counter(op.get("outcome") for op in late))
+        r.figures["keeper reported lost"] = r.operations.get("lost", 0)
+
+    def _zombies(self) -> None:
+        """What woken workers did with the token they held before they were paused."""
+        ops_by_worker: dict[int, list[dict[str, Any]]] = defaultdict(list)
+        for op in self.ops:
+            ops_by_worker[int(op["w"])].append(op)
+        outcomes: Counter[str] = Counter()
+        stops = [f for f in self.by_type["fault"] if f["kind"] == "sigstop"]
+        wakes = [f for f in self.by_type["fault"] if f["kind"] == "sigcont"]
+        for stop in stops:
+            token, key = stop.get("token"), stop.get("key")
+            if token is None:
+                continue
+            woke = next((w["t"] for w in wakes if w["w"] == stop["w"] and w["t"] >= stop["t"]), None)
+            if woke is None:
+                continue
+            after = [
+                op for op in ops_by_worker[int(stop["w"])]
+                if op["t0"] >= stop["t"] - 0.5 and op.get("key") == key and op.get("token") == token
+                and op["op"] in ("publish", "lost")
+            ]
+            if not after:
+                outcomes["no publish (released or crashed first)"] += 1
+            elif after[0]["op"] == "lost":
+                outcomes["stopped by the keeper"] += 1
+            else:
+                outcomes["publish " + str(after[0].get("outcome"))] += 1
+        self.report.figures["paused holders, after waking"] = dict(outcomes)
+
+    def _coverage(self) -> None:
+        r = self.report
+        profile = self.meta.get("profile", {})
+        need = int(profile.get("min_operations", 0) or 0)
+        total = sum(r.operations.values())
+        if total < need:
+            r.coverage.append(f"{total} operations, fewer than the {need} this profile requires")
+        expected = list(FAULT_KINDS)
+        if float(profile.get("kill_every", 0) or 0) > float(profile.get("duration", 0) or 0):
+            expected.remove("kill9")
+        if not int(profile.get("skewed", 0) or 0):
+            expected.remove("clock_skew")
+        for kind in expected:
+            if not r.faults.get(kind):
+                r.coverage.append(f"no {kind} fault was injected")
+
+
+def check_records(records: list[dict[str, Any]]) -> Report:
+    return Checker(records).check()
+
+
+def check_file(path: Path) -> Report:
+    return check_records(list(history.read(path)))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m chaos.checker", description=__doc__.splitlines()[0])
+    parser.add_argument("history", type=Path)
+    parser.add_argument("--json", type=Path, help="also write the figures as JSON here")
+    args = parser.parse_args(argv)
+    report = check_file(args.history)
+    print(report.format())
+    if args.json:
+        args.json.write_text(json.dumps(report.to_dict(), indent=2, default=str))
+    return report.status
+
+
+if __name__ == "__main__":
+    sys.exit(main())

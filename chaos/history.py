@@ -1,0 +1,105 @@
+"""The history file: one JSON object per line.
+
+Record types (``"type"``):
+
+``meta``
+    the run: profile, variant, TTL, keys, workers, the key of each resource.
+``worker_start``
+    a worker came up: pid, its faketime offset, and ``client_minus_db_s``, its own clock minus the
+    database clock (about +-600 for a skewed worker).
+``op``
+    one operation by a worker: ``op`` is ``acquire``, ``renew``, ``release``, ``publish`` or ``lost``;
+    ``outcome`` is what it saw (``ok``, ``held``, ``refused``, ``accepted``, ``stale``, ``duplicate``,
+    ``unknown`` when the store failed and the effect is not known, ``error`` for anything unexpected).
+    Database times (``acquired_at``, ``renewed_at``, ``expires_at``, ``observed_at``, ``at``) are ISO
+    strings from ``clock_timestamp()``; ``t0``/``t1`` are the host's monotonic clock (the same for
+    every process, and not faked by libfaketime) around the call.
+``fault``
+    a fault: ``kind`` is ``sigstop``, ``sigcont``, ``terminate``, ``kill9``, ``stmt_timeout`` or
+    ``clock_skew``; ``t``/``t1`` monotonic, ``db_time`` where the database could be asked.
+``heal`` / ``crash_all``
+    the faults stopped / every worker was killed at once (``db_time``).
+``probe``
+    after ``crash_all``: the first acquisition of each key by a fresh client, and its publish.
+``audit_lease`` / ``audit_fence`` / ``target`` / ``final_lease``
+    ground truth read from the database at the end: every committed change of a lease row and of a
+    fence row (recorded by triggers in the same transaction), every row the publishes wrote.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Iterator
+from datetime import date, datetime, timedelta
+from pathlib import Path
+from typing import IO, Any
+
+
+def _default(value: object) -> object:
+    if isinstance(value, datetime | date):
+        return value.isoformat()
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return str(value)
+
+
+def dumps(record: dict[str, Any]) -> str:
+    return json.dumps(record, default=_default, ensure_ascii=False)
+
+
+class Recorder:
+    """Appends records to a JSON-lines file, flushed line by line (a worker may be killed at any time).
+
+    Thread-safe: a worker's keeper thread records its renewals through the same recorder.
+    """
+
+    def __init__(self, path: Path, **base: object) -> None:
+        self.path = path
+        self.base = base
+        self._lock = threading.Lock()
+        self._file: IO[str] = path.open("a", encoding="utf-8", buffering=1)
+
+    def write(self, record: dict[str, Any]) -> None:
+        line = dumps({**self.base, **record})
+        with self._lock:
+            self._file.write(line + "\n")
+            self._file.flush()
+
+    def op(self, op: str, *, t0: float, **fields: Any) -> None:
+        self.write({"type": "op", "op": op, "t0": t0, "t1": time.monotonic(), **fields})
+
+    def fault(self, kind: str, **fields: Any) -> None:
+        self.write({"type": "fault", "kind": kind, "t": time.monotonic(), **fields})
+
+    def close(self) -> None:
+        with self._lock:
+            self._file.close()
+
+
+def read(path: Path) -> Iterator[dict[str, Any]]:
+    """The records of a history file. A last line cut short by a kill is skipped, nothing else."""
+    with path.open(encoding="utf-8") as file:
+        lines = file.read().split("\n")
+    for number, line in enumerate(lines, 1):
+        if not line.strip():
+            continue
+        try:
+            yield json.loads(line)
+        except json.JSONDecodeError:
+            if number >= len(lines) - 1:
+                continue  # the line a SIGKILL interrupted
+            raise
+
+
+def merge(parts: list[Path], target: Path, tail: list[dict[str, Any]]) -> int:
+    """Write ``target``: the records of ``parts`` in monotonic-time order, then ``tail``. Returns the count."""
+    records = [r for part in parts for r in read(part)]
+    meta = [r for r in records if r.get("type") == "meta"]
+    rest = [r for r in records if r.get("type") != "meta"]
+    rest.sort(key=lambda r: r.get("t0", r.get("t", 0.0)))
+    with target.open("w", encoding="utf-8") as file:
+        for record in [*meta, *rest, *tail]:
+            file.write(dumps(record) + "\n")
+    return len(meta) + len(rest) + len(tail)

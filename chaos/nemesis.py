@@ -1,0 +1,216 @@
+"""The fault injector: pauses holders past their TTL, kills sessions, kills the postmaster, locks tables.
+
+Faults run one at a time from one thread (so a table lock never waits on the injector's own query), on
+a randomised but seeded schedule; paused workers are woken by the same loop when their pause is over.
+Skewed clocks are set when workers start (see :mod:`chaos.harness`).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+import re
+import signal
+import subprocess
+import threading
+import time
+
+import psycopg2
+
+from chaos import sql as chaos_sql
+from chaos.history import Recorder
+from chaos.profiles import Profile
+from chaos.server import PrivateServer, connect, db_time
+
+_OWNER_RE = re.compile(r"^w(\d+)-\d+$")
+
+
+class Nemesis:
+    def __init__(
+        self,
+        profile: Profile,
+        server: PrivateServer,
+        workers: dict[int, subprocess.Popen[bytes]],
+        recorder: Recorder,
+        rng: random.Random,
+    ) -> None:
+        self.profile = profile
+        self.server = server
+        self.workers = workers
+        self.rec = recorder
+        self.rng = rng
+        self.stopped: dict[int, tuple[float, float]] = {}  # worker -> (stopped at, wake at)
+        self._nap = threading.Event()
+        self.every = {
+            "zombie": profile.zombie_every,
+            "terminate": profile.terminate_every,
+            "kill9": profile.kill_every,
+            "stmt_timeout": profile.lock_every,
+        }
+
+    # -- the schedule ------------------------------------------------------------------------------
+
+    def run(self, seconds: float) -> None:
+        start = time.monotonic()
+        end = start + seconds
+        # The first fault of each kind comes early (a short run still sees every kind), then they
+        # follow at random intervals around their mean.
+        # A kind whose mean interval is longer than the run is off for this run.
+        due = {
+            kind: start + self.rng.uniform(0.1, 0.4) * every
+            for kind, every in self.every.items() if every <= seconds
+        }
+        if not due:
+            self._nap.wait(seconds)
+            return
+        while True:
+            self.wake_due()
+            now = time.monotonic()
+            if now >= end:
+                return
+            kind, at = min(due.items(), key=lambda item: item[1])
+            wakes = [wake for _, wake in self.stopped.values()]
+            if at > now:
+                self._nap.wait(max(0.0, min([at, end, *wakes]) - now))
+                continue
+            getattr(self, "fault_" + kind)()
+            due[kind] = time.monotonic() + self.rng.uniform(0.5, 1.5) * self.every[kind]
+
+    def heal(self) -> None:
+        """End every fault: wake paused workers, make sure the server runs."""
+        for worker in list(self.stopped):
+            self._wake(worker)
+        self.server.ensure_running()
+
+    # -- zombies: SIGSTOP a holder past its TTL, SIGCONT later ---------------------------------------
+
+    def _holders(self) -> list[tuple[int, str, int]]:
+        try:
+            conn = connect(self.server.dsn)
+        except psycopg2.Error:
+            return []
+        try:
+            with conn.cursor() as cur:
+                cur.execute(chaos_sql.holders())
+                rows = cur.fetchall()
+        except psycopg2.Error:
+            return []
+        finally:
+            conn.close()
+        found = []
+        for owner, key, token in rows:
+            match = _OWNER_RE.match(owner)
+            if match and int(match.group(1)) in self.workers:
+                found.append((int(match.group(1)), key, int(token)))
+        return found
+
+    def fault_zombie(self) -> None:
+        holders = [h for h in self._holders() if h[0] not in self.stopped]
+        if holders:
+            worker, key, token = self.rng.choice(holders)
+        else:
+            idle = [w for w in self.workers if w not in self.stopped]
+            if not idle:
+                return
+            worker, key, token = self.rng.choice(idle), None, None
+        pause = self.profile.ttl * self.rng.uniform(1.3, 2.2) + 0.3
+        self.workers[worker].send_signal(signal.SIGSTOP)
+        now = time.monotonic()
+        self.stopped[worker] = (now, now + pause)
+        self.rec.fault("sigstop", w=worker, key=key, token=token, pause_s=round(pause, 3),
+                       db_time=db_time(self.server.dsn))
+
+    def wake_due(self) -> None:
+        now = time.monotonic()
+        for worker, (_, wake) in list(self.stopped.items()):
+            if wake <= now:
+                self._wake(worker)
+
+    def _wake(self, worker: int) -> None:
+        stopped_at, _ = self.stopped.pop(worker)
+        self.workers[worker].send_signal(signal.SIGCONT)
+        self.rec.fault("sigcont", w=worker, stopped_s=round(time.monotonic() - stopped_at, 3))
+
+    # -- sessions: pg_terminate_backend ----------------------------------------------------------
+
+    def fault_terminate(self) -> None:
+        try:
+            conn = connect(self.server.dsn)
+        except psycopg2.Error:
+            self.rec.fault("terminate", killed=0, skipped="server unreachable")
+            return
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    "SELECT pid, state FROM pg_stat_activity "
+                    "WHERE application_name = 'airflow-lease' AND pid <> pg_backend_pid()"
+                )
+                sessions = cur.fetchall()
+                chosen = self.rng.sample(sessions, min(len(sessions), self.rng.randint(1, 3)))
+                states = []
+                for pid, state in chosen:
+                    cur.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                    if cur.fetchone()[0]:
+                        states.append(state)
+                self.rec.fault("terminate", killed=len(states), states=states)
+        except psycopg2.Error as exc:
+            self.rec.fault("terminate", killed=0, skipped=str(exc).strip())
+        finally:
+            conn.close()
+
+    # -- the server: kill -9 of the postmaster, then a restart with crash recovery ----------------------
+
+    def fault_kill9(self) -> None:
+        before = db_time(self.server.dsn)
+        t_kill = time.monotonic()
+        pid = self.server.kill9()
+        self.server.restart_after_crash()
+        t_ready = time.monotonic()
+        self.rec.fault(
+            "kill9", t=t_kill, t1=t_ready, pid=pid, downtime_s=round(t_ready - t_kill, 3),
+            db_time=before, db_time_after=db_time(self.server.dsn),
+        )
+
+    # -- statement timeouts: hold a table lock longer than the workers' statement timeout -------------
+
+    def fault_stmt_timeout(self) -> None:
+        table = self.rng.choice(["lease", "fence", "target"])
+        schema = self.profile_schema(table)
+        hold = self.profile.statement_timeout * self.rng.uniform(1.5, 2.5)
+        t0 = time.monotonic()
+        try:
+            conn = connect(self.server.dsn)
+        except psycopg2.Error:
+            self.rec.fault("stmt_timeout", table=table, skipped="server unreachable")
+            return
+        try:
+            conn.autocommit = False
+            with conn.cursor() as cur:
+                cur.execute("SET LOCAL lock_timeout = '2s'")
+                cur.execute(chaos_sql.lock_table(schema, table))
+                locked = time.monotonic()
+                while time.monotonic() < locked + hold:
+                    self.wake_due()  # paused workers still wake on time
+                    self._nap.wait(min(0.05, locked + hold - time.monotonic()))
+            conn.commit()
+            self.rec.fault("stmt_timeout", t=t0, t1=time.monotonic(), table=table, hold_s=round(hold, 3))
+        except psycopg2.Error as exc:
+            self.rec.fault("stmt_timeout", table=table, skipped=str(exc).strip())
+        finally:
+            conn.close()
+
+    @staticmethod
+    def profile_schema(table: str) -> str:
+        return chaos_sql.CHAOS_SCHEMA if table == "target" else chaos_sql.LEASE_SCHEMA
+
+
+def kill_all(workers: dict[int, subprocess.Popen[bytes]]) -> None:
+    """SIGKILL every worker at once (stopped ones too) and reap them."""
+    for proc in workers.values():
+        if proc.poll() is None:
+            try:
+                os.kill(proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    for proc in workers.values():
+        proc.wait()

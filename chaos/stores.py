@@ -1,0 +1,185 @@
+"""The stores the workers use: the real ones with recording, and two broken on purpose.
+
+The broken variants exist to prove the checker can fail. Each breaks exactly one of the two defences:
+
+* ``client-clock`` judges lease expiry with the worker's own clock instead of the database's (what a
+  lock library does without ShedLock's ``usingDbTime()``): a worker whose clock runs 10 minutes ahead
+  believes every lease has expired and takes it from its valid holder.
+* ``fence-off`` publishes without advancing the fence: a zombie that wakes up late writes over newer work.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import psycopg2
+from psycopg2 import sql
+
+from airflow_lease_provider.core import (
+    Acquisition,
+    FenceStore,
+    Lease,
+    LeaseError,
+    LeaseStore,
+    LeaseStoreUnavailable,
+    validation,
+)
+from chaos.history import Recorder
+
+
+def outcome_of(exc: BaseException) -> str:
+    """``unknown`` for an unreachable store (the call may or may not have taken effect), else ``error``."""
+    return "unknown" if isinstance(exc, LeaseStoreUnavailable) else "error"
+
+
+def lease_fields(lease: Lease) -> dict[str, Any]:
+    return {
+        "key": lease.key, "owner": lease.owner, "token": lease.token,
+        "acquired_at": lease.acquired_at, "renewed_at": lease.renewed_at,
+        "expires_at": lease.expires_at, "observed_at": lease.observed_at,
+    }
+
+
+class RecordingLeaseStore(LeaseStore):
+    """The real :class:`LeaseStore`; renewals (made by the keeper thread) and releases are recorded."""
+
+    def __init__(self, dsn: str, *, recorder: Recorder, **kwargs: Any) -> None:
+        super().__init__(dsn, **kwargs)
+        self.recorder = recorder
+
+    def renew(self, lease: Lease, ttl: timedelta | None = None) -> Lease | None:
+        t0 = time.monotonic()
+        ident = {"key": lease.key, "owner": lease.owner, "token": lease.token}
+        try:
+            renewed = super().renew(lease, ttl)
+        except LeaseError as exc:
+            self.recorder.op("renew", t0=t0, outcome=outcome_of(exc), error=str(exc), **ident)
+            raise
+        if renewed is None:
+            self.recorder.op("renew", t0=t0, outcome="refused", **ident)
+        else:
+            self.recorder.op("renew", t0=t0, outcome="ok", **lease_fields(renewed))
+        return renewed
+
+    def release(self, lease: Lease) -> bool:
+        t0 = time.monotonic()
+        ident = {"key": lease.key, "owner": lease.owner, "token": lease.token}
+        try:
+            released = super().release(lease)
+        except LeaseError as exc:
+            self.recorder.op("release", t0=t0, outcome=outcome_of(exc), error=str(exc), **ident)
+            raise
+        self.recorder.op("release", t0=t0, outcome="ok" if released else "refused", **ident)
+        return released
+
+
+class _OwnConnection:
+    """A plain autocommit connection for the broken variants' own SQL, reconnected after failures."""
+
+    def __init__(self, dsn: str, connect_timeout: float, statement_timeout: float) -> None:
+        self.dsn = dsn
+        self.connect_timeout = connect_timeout
+        self.statement_timeout_ms = round(statement_timeout * 1000)
+        self.conn: Any = None
+
+    def get(self) -> Any:
+        if self.conn is None or self.conn.closed:
+            try:
+                self.conn = psycopg2.connect(
+                    self.dsn, connect_timeout=max(2, round(self.connect_timeout)),
+                    application_name="airflow-lease",
+                    options=f"-c statement_timeout={self.statement_timeout_ms}",
+                )
+            except psycopg2.Error as exc:
+                raise LeaseStoreUnavailable(f"broken variant: {exc}") from exc
+            self.conn.autocommit = True
+        return self.conn
+
+    def fail(self, exc: psycopg2.Error) -> LeaseStoreUnavailable:
+        if self.conn is not None:
+            try:
+                self.conn.close()
+            except psycopg2.Error:
+                pass
+            self.conn = None
+        return LeaseStoreUnavailable(f"broken variant: {exc}")
+
+
+class ClientClockLeaseStore(RecordingLeaseStore):
+    """BROKEN ON PURPOSE: acquire reads the lease, then decides with ``datetime.now()`` whether it expired.
+
+    The take itself is a compare-and-set on the token, so tokens stay unique and increasing: only the
+    expiry judgement is wrong, which is the bug the checker's overlap property must catch.
+    """
+
+    def __init__(self, dsn: str, *, recorder: Recorder, **kwargs: Any) -> None:
+        super().__init__(dsn, recorder=recorder, **kwargs)
+        self._own = _OwnConnection(
+            dsn, kwargs["connect_timeout"].total_seconds(), kwargs["statement_timeout"].total_seconds()
+        )
+        self._table = sql.SQL("{}.lease").format(sql.Identifier(self.schema))
+
+    def try_acquire(self, key: str, owner: str, ttl: timedelta) -> Acquisition:
+        validation.name("key", key)
+        validation.name("owner", owner)
+        validation.ttl("ttl", ttl)
+        conn = self._own.get()
+        try:
+            with conn.cursor() as cur:
+                cur.execute(
+                    sql.SQL("SELECT owner, token, expires_at, released_at FROM {} WHERE key = %s").format(self._table),
+                    (key,),
+                )
+                row = cur.fetchone()
+                if row is None:
+                    return super().try_acquire(key, owner, ttl)  # a new key: the real insert
+                holder_owner, token, expires_at, released_at = row
+                client_now = datetime.now(timezone.utc)  # THE BUG: the worker's clock decides
+                if released_at is None and expires_at > client_now and holder_owner != owner:
+                    return Acquisition(None, self.holder(key))
+                cur.execute(
+                    sql.SQL(
+                        "UPDATE {} SET owner = %(owner)s, token = token + 1, ttl = %(ttl)s, "
+                        "acquired_at = clock_timestamp(), renewed_at = clock_timestamp(), "
+                        "expires_at = clock_timestamp() + %(ttl)s, released_at = NULL "
+                        "WHERE key = %(key)s AND token = %(token)s "
+                        "RETURNING key, owner, token, ttl, acquired_at, renewed_at, expires_at, released_at, "
+                        "clock_timestamp()"
+                    ).format(self._table),
+                    {"owner": owner, "ttl": ttl, "key": key, "token": token},
+                )
+                taken = cur.fetchone()
+        except psycopg2.Error as exc:
+            raise self._own.fail(exc) from exc
+        if taken is None:
+            return Acquisition(None, self.holder(key))
+        return Acquisition(Lease(*taken[:2], int(taken[2]), *taken[3:]), None)
+
+
+class NoFenceStore(FenceStore):
+    """BROKEN ON PURPOSE: ``transaction()`` writes without advancing (or even reading) the fence."""
+
+    def __init__(self, dsn: str, **kwargs: Any) -> None:
+        super().__init__(dsn, **kwargs)
+        self._own = _OwnConnection(
+            dsn, kwargs["connect_timeout"].total_seconds(), kwargs["statement_timeout"].total_seconds()
+        )
+
+    @contextmanager
+    def transaction(
+        self, resource: str, token: int, *, owner: str | None = None, idempotency_key: str | None = None
+    ) -> Iterator[Any]:
+        conn = self._own.get()
+        try:
+            conn.autocommit = False
+            with conn, conn.cursor() as cur:
+                yield cur
+        except psycopg2.Error as exc:
+            raise self._own.fail(exc) from exc
+        finally:
+            if self._own.conn is not None and not self._own.conn.closed:
+                self._own.conn.autocommit = True
