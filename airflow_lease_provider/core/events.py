@@ -83,6 +83,17 @@ class EventCount:
     last_7d: int
 
 
+@dataclass(frozen=True)
+class HoldStats:
+    """How long one key's lease was held, from its ``released`` events (for TTL advice)."""
+
+    key: str
+    holds: int
+    worst_seconds: float
+    p95_seconds: float
+    last_at: datetime
+
+
 class EventLedger:
     """Records and reads events in the store's ``event`` table.
 
@@ -159,3 +170,9 @@ class EventLedger:
     def counts(self) -> list[EventCount]:
         """Per key and kind: how many events in the last 24 hours and the last 7 days."""
         return [EventCount(r[0], r[1], int(r[2]), int(r[3])) for r in self.db.run("count_events", {})]
+
+    def hold_stats(self, window: timedelta = DEFAULT_RETENTION) -> list[HoldStats]:
+        """Per key: released holds within ``window`` (by the database clock), the longest and the p95."""
+        validation.positive_timedelta("window", window)
+        rows = self.db.run("hold_stats", {"window": window})
+        return [HoldStats(r[0], int(r[1]), float(r[2]), float(r[3]), r[4]) for r in rows]

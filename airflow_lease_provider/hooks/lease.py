@@ -14,6 +14,7 @@ Under a distributed executor a missing connection is an error that says what to 
 from __future__ import annotations
 
 import logging
+import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
@@ -91,11 +92,28 @@ def embedded_dsn() -> str:
         return _embedded[str(data_dir)]
 
 
+def _in_task() -> bool:
+    """Whether this process runs a task (the SDK then reaches connections through the supervisor)."""
+    runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
+    return getattr(runner, "SUPERVISOR_COMMS", None) is not None
+
+
+def _get_connection(conn_id: str) -> Any:
+    if _in_task():
+        return BaseHook.get_connection(conn_id)
+    # Outside a task (the api-server serving the Leases page, the airflow-lease CLI) the SDK's lookup
+    # reads only env vars and external secrets backends, so a connection defined in the UI would look
+    # missing. The core lookup reads those and the metadata database.
+    from airflow.models.connection import Connection
+
+    return Connection.get_connection_from_secrets(conn_id)
+
+
 def resolve(conn_id: str | None, schema: str | None = None) -> StoreLocation:
     """Find the store for ``conn_id`` (default ``[lease] conn_id``), falling back to the embedded one."""
     conn_id = conn_id or settings.conn_id()
     try:
-        conn = BaseHook.get_connection(conn_id)
+        conn = _get_connection(conn_id)
     except AirflowNotFoundException:
         conn = None
     return _location(conn, conn_id, schema)

@@ -1,19 +1,63 @@
 """The ``lease`` Airflow plugin, registered through the ``airflow.plugins`` entry point.
 
 Airflow loads it in the scheduler, the dag-processor, the api-server and workers, so keep the import
-light: only what the registered components themselves need.
+light: only what the registered components themselves need. The UI's FastAPI app is built on its first
+request (:class:`LazyApp`), so no process but the api-server pays for importing FastAPI and the routes.
 """
 
 from __future__ import annotations
 
+from typing import Any
+from urllib.parse import urlsplit
+
+from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
 
 from airflow_lease_provider.timetables.capped_catchup import CappedCatchupTimetable
 
+URL_PREFIX = "/lease"
+
+
+class LazyApp:
+    """An ASGI app that creates the plugin's FastAPI app when the api-server first calls it."""
+
+    def __init__(self) -> None:
+        self._app: Any = None
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if self._app is None:
+            from airflow_lease_provider.plugins.api import create_app
+
+            self._app = create_app()
+        await self._app(scope, receive, send)
+
+
+def _href(path: str) -> str:
+    # Airflow puts an external view's href into an iframe as is, so it must carry [api] base_url's path.
+    base = urlsplit(conf.get("api", "base_url", fallback="") or "").path.rstrip("/")
+    return f"{base}{URL_PREFIX}{path}"
+
 
 class LeasePlugin(AirflowPlugin):
-    """Registers the provider's timetables (and, later, its UI)."""
+    """Registers the provider's timetables and its UI: the Leases page and a task instance's Lease tab."""
 
     name = "lease"
     # Airflow deserializes a custom timetable only if a plugin lists its class.
     timetables = [CappedCatchupTimetable]
+    fastapi_apps = [{"app": LazyApp(), "url_prefix": URL_PREFIX, "name": "Leases"}]
+    external_views = [
+        {
+            "name": "Leases",
+            "href": _href("/ui/"),
+            "destination": "nav",
+            "category": "browse",
+            "url_route": "leases",
+        },
+        {
+            # A tab on every task instance; the UI fills in the placeholders.
+            "name": "Lease",
+            "href": _href("/ui/task?dag_id={DAG_ID}&run_id={RUN_ID}&task_id={TASK_ID}&map_index={MAP_INDEX}"),
+            "destination": "task_instance",
+            "url_route": "lease",
+        },
+    ]

@@ -116,3 +116,14 @@ SELECT key, kind, count(*) FILTER (WHERE at >= clock_timestamp() - interval '24 
 
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM {schema}.schema_version;
+
+-- name: hold_stats
+-- Per key, from the released events within the window: how many holds, the longest and the 95th
+-- percentile of held_seconds. Feeds TTL advice (TTL = 1.5-2x the worst normal hold).
+SELECT key, count(*), max((detail->>'held_seconds')::float8),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY (detail->>'held_seconds')::float8), max(at)
+  FROM {schema}.event
+ WHERE kind = 'released' AND at >= clock_timestamp() - %(window)s
+   AND jsonb_typeof(detail->'held_seconds') = 'number'
+ GROUP BY key
+ ORDER BY key;

@@ -1,0 +1,249 @@
+"""The plugin's FastAPI app, mounted by Airflow's api-server at ``/lease``: the Leases page and its JSON.
+
+Every route needs a logged-in Airflow user: Airflow leaves plugin routes open, so the app carries
+Airflow's own ``requires_authenticated()`` as an app-wide dependency (the page, its assets and the JSON
+alike). Force-release also needs an admin (:mod:`airflow_lease_provider.plugins.authz`).
+
+Routes are plain ``def``: FastAPI runs them in its thread pool, so the store's blocking calls never
+stall the api-server's event loop. Endpoints are documented in docs/ui.md.
+"""
+
+from __future__ import annotations
+
+import html
+import logging
+import threading
+from datetime import datetime, timedelta
+from importlib import resources
+from typing import Annotated, Any
+
+from airflow.api_fastapi.core_api.security import GetUserDep, requires_authenticated
+from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
+from pydantic import BaseModel, Field
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from airflow_lease_provider.core import InvalidArgument, LeaseError, LeaseStore, LeaseStoreUnavailable
+from airflow_lease_provider.plugins import report
+from airflow_lease_provider.plugins.authz import may_force_release
+
+log = logging.getLogger(__name__)
+
+URL_PREFIX = "/lease"
+#: Assets the page loads, served by an authenticated route like everything else.
+_ASSETS = {
+    "lease.css": "text/css; charset=utf-8",
+    "common.js": "text/javascript; charset=utf-8",
+    "leases.js": "text/javascript; charset=utf-8",
+    "task.js": "text/javascript; charset=utf-8",
+}
+MAX_EVENTS = 1000
+
+
+# -- the store --------------------------------------------------------------------------------------
+
+_store_lock = threading.Lock()
+_store: LeaseStore | None = None
+_store_info: dict[str, Any] = {}
+
+
+def get_store() -> LeaseStore:
+    """The lease store, resolved once per api-server process like the hooks resolve it."""
+    global _store
+    with _store_lock:
+        if _store is None:
+            from airflow_lease_provider.hooks import LeaseHook
+
+            hook = LeaseHook()
+            location = hook.location
+            _store = hook.get_store()
+            # Only what a viewer may know: never the host, user or password of the store.
+            _store_info.update(schema=location.schema, embedded=location.embedded)
+        return _store
+
+
+StoreDep = Annotated[LeaseStore, Depends(get_store)]
+
+
+def _user_name(user: Any) -> str:
+    return str(user.get_name() or user.get_id())
+
+
+def _auth_manager() -> Any:
+    from airflow.api_fastapi.app import get_auth_manager
+
+    return get_auth_manager()
+
+
+# -- errors -----------------------------------------------------------------------------------------
+
+
+def _lease_error(request: Request, exc: Exception) -> Response:
+    if isinstance(exc, InvalidArgument):
+        code = status.HTTP_400_BAD_REQUEST
+    elif isinstance(exc, LeaseStoreUnavailable):
+        code = status.HTTP_503_SERVICE_UNAVAILABLE
+    else:
+        code = status.HTTP_500_INTERNAL_SERVER_ERROR
+        log.warning("lease plugin: %s", exc)
+    # The library's messages name the store by describe_dsn() (no password), so they can be shown.
+    return JSONResponse({"detail": str(exc)}, status_code=code)
+
+
+def _http_error(request: Request, exc: Exception) -> Response:
+    """401 for the JSON; a browser opening the page itself is sent to Airflow's login instead."""
+    assert isinstance(exc, StarletteHTTPException)
+    wants_page = request.url.path.rstrip("/").endswith(("/ui", "/ui/task"))
+    if exc.status_code == status.HTTP_401_UNAUTHORIZED and wants_page and request.method == "GET":
+        base = _ui_base(request)
+        try:
+            login = _auth_manager().get_url_login(next_url=f"{base}plugin/leases")
+        except Exception:  # no login page to offer: fall back to the plain 401
+            login = None
+        if login:
+            return RedirectResponse(login, status_code=status.HTTP_303_SEE_OTHER)
+    return JSONResponse({"detail": exc.detail}, status_code=exc.status_code, headers=exc.headers)
+
+
+# -- the page ---------------------------------------------------------------------------------------
+
+
+def _ui_base(request: Request) -> str:
+    """The Airflow UI's base path (``/`` or ``[api] base_url``'s path), from where this app is mounted."""
+    root = str(request.scope.get("root_path") or "")
+    return root.removesuffix(URL_PREFIX).rstrip("/") + "/"
+
+
+def _page(request: Request, name: str) -> HTMLResponse:
+    text = resources.files("airflow_lease_provider.plugins").joinpath("static", name).read_text()
+    plugin_base = str(request.scope.get("root_path") or "").rstrip("/") + "/"
+    text = text.replace("{{AIRFLOW_BASE}}", html.escape(_ui_base(request), quote=True))
+    text = text.replace("{{PLUGIN_BASE}}", html.escape(plugin_base, quote=True))
+    # Airflow frames the page; no one else may (and the page never caches stale lease state).
+    headers = {"Cache-Control": "no-store", "Content-Security-Policy": "frame-ancestors 'self'"}
+    return HTMLResponse(text, headers=headers)
+
+
+def leases_page(request: Request) -> HTMLResponse:
+    return _page(request, "leases.html")
+
+
+def task_page(request: Request) -> HTMLResponse:
+    return _page(request, "task.html")
+
+
+def asset(name: str) -> Response:
+    media_type = _ASSETS.get(name)
+    if media_type is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, "no such asset")
+    body = resources.files("airflow_lease_provider.plugins").joinpath("static", name).read_bytes()
+    return Response(body, media_type=media_type, headers={"Cache-Control": "no-cache"})
+
+
+# -- JSON -------------------------------------------------------------------------------------------
+
+
+def me(user: GetUserDep) -> dict[str, Any]:
+    return {"user": _user_name(user), "can_force_release": may_force_release(_auth_manager(), user)}
+
+
+def get_leases(store: StoreDep, held_only: bool = False) -> dict[str, Any]:
+    return {**report.leases(store, held_only=held_only), "store": dict(_store_info)}
+
+
+def get_events(
+    store: StoreDep,
+    key: str | None = None,
+    kind: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = 100,
+) -> dict[str, Any]:
+    return report.events(store, key=key or None, kind=kind or None, since=since, until=until, limit=limit)
+
+
+def get_counts(store: StoreDep) -> dict[str, Any]:
+    return report.counts(store)
+
+
+def get_ttl_advice(
+    store: StoreDep, days: Annotated[float, Query(gt=0, le=3650)] = 30, key: str | None = None
+) -> dict[str, Any]:
+    return report.ttl_advice(store, window=timedelta(days=days), key=key or None)
+
+
+def get_task_instance(
+    store: StoreDep, dag_id: str, run_id: str, task_id: str, map_index: str | None = None
+) -> dict[str, Any]:
+    # The UI substitutes {MAP_INDEX} only for mapped instances; anything else means "not mapped".
+    index = int(map_index) if map_index and map_index.lstrip("-").isdigit() else -1
+    return report.task_instance_events(store, dag_id, run_id, task_id, index)
+
+
+class ForceReleaseBody(BaseModel):
+    key: str = Field(min_length=1, max_length=512)
+    #: The page sends the key typed by the user: a second, deliberate statement of what to free.
+    confirm: str
+    reason: str = Field(default="", max_length=2000)
+    #: The token the user saw; when the lease changed since, nothing is released (409).
+    expected_token: int | None = None
+
+
+def force_release(request: Request, body: ForceReleaseBody, user: GetUserDep, store: StoreDep) -> dict[str, Any]:
+    if not may_force_release(_auth_manager(), user):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "force-release is for admins only")
+    # A JSON body forces a CORS preflight on cross-site requests, on top of the SameSite cookie.
+    if not request.headers.get("content-type", "").startswith("application/json"):
+        raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "send JSON")
+    if body.confirm != body.key:
+        raise HTTPException(status.HTTP_400_BAD_REQUEST, "confirm must repeat the key exactly")
+    if body.expected_token is not None:
+        current = next((lease for lease in store.leases() if lease.key == body.key), None)
+        if current is None or current.token != body.expected_token:
+            raise HTTPException(
+                status.HTTP_409_CONFLICT,
+                f"lease {body.key!r} changed since you looked (token is now "
+                f"{current.token if current else 'none'}); reload and check again",
+            )
+    by = _user_name(user)
+    previous = store.force_release(body.key, by=by, reason=body.reason or "force-released from the Airflow UI")
+    if previous is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no lease {body.key!r} in the store")
+    holder = store.leases()
+    new = next((lease for lease in holder if lease.key == body.key), None)
+    log.warning("lease %r force-released by %s from the Airflow UI", body.key, by)
+    return {
+        "key": body.key,
+        "by": by,
+        "previous": report.lease_row(previous),
+        "new_token": new.token if new else None,
+    }
+
+
+# -- the app ----------------------------------------------------------------------------------------
+
+
+def create_app() -> FastAPI:
+    app = FastAPI(
+        title="Leases",
+        # Every route, the page included: Airflow does not authenticate plugin routes by itself.
+        dependencies=[Depends(requires_authenticated())],
+        # No open /docs or /openapi.json: the endpoints are documented in docs/ui.md.
+        docs_url=None,
+        redoc_url=None,
+        openapi_url=None,
+    )
+    app.add_exception_handler(LeaseError, _lease_error)
+    app.add_exception_handler(StarletteHTTPException, _http_error)
+    app.add_api_route("/ui", leases_page, methods=["GET"], response_class=HTMLResponse)
+    app.add_api_route("/ui/", leases_page, methods=["GET"], response_class=HTMLResponse)
+    app.add_api_route("/ui/task", task_page, methods=["GET"], response_class=HTMLResponse)
+    app.add_api_route("/static/{name}", asset, methods=["GET"])
+    app.add_api_route("/api/me", me, methods=["GET"])
+    app.add_api_route("/api/leases", get_leases, methods=["GET"])
+    app.add_api_route("/api/events", get_events, methods=["GET"])
+    app.add_api_route("/api/counts", get_counts, methods=["GET"])
+    app.add_api_route("/api/ttl-advice", get_ttl_advice, methods=["GET"])
+    app.add_api_route("/api/task-instance", get_task_instance, methods=["GET"])
+    app.add_api_route("/api/force-release", force_release, methods=["POST"])
+    return app

@@ -1,0 +1,339 @@
+"""What the Leases page, its JSON endpoints and the ``airflow-lease`` CLI show, as plain dicts.
+
+One read model for all three, so the CLI's ``--json`` and the API return the same shapes (documented in
+docs/ui.md). Nothing here imports Airflow: it reads a :class:`LeaseStore` and links owners to DAG runs
+by the owner format the operators write (``dag_id/run_id[/map_index]``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any
+from urllib.parse import quote
+
+from airflow_lease_provider.core import Event, EventKind, Lease, LeaseStore
+from airflow_lease_provider.core.events import DEFAULT_RETENTION, HoldStats
+
+# TTL advice (DESIGN: TTL = 1.5 to 2x the worst normal run time).
+ADVICE_LOW = 1.5
+ADVICE_HIGH = 2.0
+#: Above this multiple of the worst hold the TTL only delays recovery after a crash...
+FAR_TOO_LONG = 4.0
+#: ...unless the extra wait is this short, which nobody would notice.
+NEGLIGIBLE_EXTRA = timedelta(minutes=1)
+#: Fewer holds than this make the worst one a weak estimate; the advice says so.
+FEW_HOLDS = 5
+#: The smallest TTL advised: renewals run every TTL/3 and one may take the store's 5 s timeouts, so a
+#: shorter TTL can lapse on a single slow round trip.
+MIN_TTL = timedelta(seconds=30)
+
+
+@dataclass(frozen=True)
+class RunRef:
+    """The DAG run (and map index) an owner string names."""
+
+    dag_id: str
+    run_id: str
+    map_index: int = -1
+
+
+def parse_owner(owner: str | None) -> RunRef | None:
+    """``dag_id/run_id[/map_index]`` as the operators write it; None for any other owner (e.g. a script).
+
+    Airflow's dag ids and default run ids contain no ``/``, so splitting is unambiguous for them.
+    """
+    if not owner:
+        return None
+    parts = owner.split("/")
+    if len(parts) == 2 and all(parts):
+        return RunRef(parts[0], parts[1])
+    if len(parts) == 3 and all(parts[:2]) and parts[2].isdigit():
+        return RunRef(parts[0], parts[1], int(parts[2]))
+    return None
+
+
+def run_path(dag_id: str, run_id: str) -> str:
+    """The DAG run's page in the Airflow UI, relative to the UI's base URL."""
+    return f"dags/{quote(dag_id, safe='')}/runs/{quote(run_id, safe='')}"
+
+
+def task_path(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> str:
+    """The task instance's page in the Airflow UI, relative to the UI's base URL."""
+    path = f"{run_path(dag_id, run_id)}/tasks/{quote(task_id, safe='')}"
+    return f"{path}/mapped/{map_index}" if map_index >= 0 else path
+
+
+def run_link(ref: RunRef | None) -> dict[str, Any] | None:
+    if ref is None:
+        return None
+    return {"dag_id": ref.dag_id, "run_id": ref.run_id, "map_index": ref.map_index,
+            "path": run_path(ref.dag_id, ref.run_id)}
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value is not None else None
+
+
+def short_time(value: Any) -> str:
+    """An ISO timestamp from an event's detail as ``2026-11-29 22:10:00 UTC``; other values as they are."""
+    try:
+        moment = datetime.fromisoformat(str(value))
+    except ValueError:
+        return str(value)
+    if moment.tzinfo is not None:
+        moment = moment.astimezone(timezone.utc)
+    return moment.strftime("%Y-%m-%d %H:%M:%S") + (" UTC" if moment.tzinfo is not None else "")
+
+
+def _seconds(value: timedelta) -> float:
+    return round(value.total_seconds(), 3)
+
+
+# -- current leases ---------------------------------------------------------------------------------
+
+
+def lease_row(lease: Lease) -> dict[str, Any]:
+    """One lease with its holder's DAG run, the time left and the time since the last renewal."""
+    held = lease.held
+    return {
+        "key": lease.key,
+        "held": held,
+        "owner": lease.owner,
+        "holder_run": run_link(parse_owner(lease.owner)),
+        "token": lease.token,
+        "ttl_seconds": _seconds(lease.ttl),
+        "acquired_at": _iso(lease.acquired_at),
+        "renewed_at": _iso(lease.renewed_at),
+        "expires_at": _iso(lease.expires_at),
+        "released_at": _iso(lease.released_at),
+        "observed_at": _iso(lease.observed_at),
+        # Both measured against the database clock, so a browser or laptop clock that is off changes nothing.
+        "expires_in_seconds": _seconds(lease.remaining) if held else 0.0,
+        "since_renewal_seconds": _seconds(lease.observed_at - lease.renewed_at) if held else None,
+    }
+
+
+def leases(store: LeaseStore, *, held_only: bool = False) -> dict[str, Any]:
+    rows = [lease_row(lease) for lease in store.leases()]
+    if held_only:
+        rows = [row for row in rows if row["held"]]
+    observed = max((row["observed_at"] for row in rows), default=None)
+    return {"observed_at": observed, "leases": rows}
+
+
+# -- events -----------------------------------------------------------------------------------------
+
+
+def _int(value: Any, default: int = -1) -> int:
+    try:
+        return int(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _event_run(event: Event) -> RunRef | None:
+    """The run an event is about: from its detail when the operator wrote one, else from its owner."""
+    detail = event.detail
+    if detail.get("dag_id") and detail.get("run_id"):
+        return RunRef(str(detail["dag_id"]), str(detail["run_id"]), _int(detail.get("map_index")))
+    return parse_owner(event.owner)
+
+
+def summarize(event: Event) -> str:
+    """One sentence for people: what happened and why, from the event's kind and detail."""
+    d: Mapping[str, Any] = event.detail
+    kind = event.kind
+    if kind == EventKind.SKIPPED_OVERLAP:
+        holder = d.get("holder_owner") or "another run"
+        token = f" with token {d['holder_token']}" if d.get("holder_token") is not None else ""
+        until = f" until {short_time(d['holder_expires_at'])}" if d.get("holder_expires_at") else ""
+        return f"skipped: the lease was held by {holder}{token}{until}"
+    if kind == EventKind.OVERLAP_FAILED:
+        return f"failed (on_overlap=fail): the lease was held by {d.get('holder_owner') or 'another run'}"
+    if kind == EventKind.WAITING:
+        return f"waiting for {d.get('holder_owner') or 'the holder'} to release it, until {short_time(d.get('until', '?'))}"
+    if kind == EventKind.SKIPPED_CATCHUP:
+        # The timetable writes first_start..last_end (see SkippedSlots.detail()).
+        first, last = d.get("first_start"), d.get("last_end") or d.get("last_start")
+        span = f" from {short_time(first)} to {short_time(last)}" if first and last else ""
+        cap = f"; max_backfill={d['max_backfill']} newest ran" if d.get("max_backfill") is not None else ""
+        return f"catch-up skipped {d.get('count', '?')} older slot(s){span}{cap}"
+    if kind == EventKind.FENCE_REJECTED:
+        outcome = d.get("outcome", "stale")
+        what = "a duplicate publish" if outcome == "duplicate" else "a stale token"
+        return (f"fence {event.key!r} rejected token {event.token} ({what}); "
+                f"it had accepted token {d.get('current_token', '?')}")
+    if kind == EventKind.LOST:
+        return f"lease lost: {d.get('reason', 'no reason recorded')}"
+    if kind == EventKind.FORCE_RELEASED:
+        reason = f": {d['reason']}" if d.get("reason") else ""
+        return f"force-released by {d.get('by', '?')}{reason}; new token {d.get('new_token', '?')}"
+    if kind == EventKind.RELEASED:
+        held = d.get("held_seconds")
+        return f"released after {format_duration(float(held))}" if isinstance(held, int | float) else "released"
+    if kind == EventKind.ACQUIRED:
+        ttl = d.get("ttl_seconds")
+        return f"acquired for {format_duration(float(ttl))}" if isinstance(ttl, int | float) else "acquired"
+    if kind == EventKind.RENEWED_LATE:
+        return f"renewed late: {d.get('seconds_left', '?')} s were left ({d.get('failed_attempts', 0)} failed attempts)"
+    return kind
+
+
+def event_row(event: Event) -> dict[str, Any]:
+    """An event with the run and task it is about, the run that blocked it, and a readable summary."""
+    ref = _event_run(event)
+    task_id = event.detail.get("task_id")
+    task = None
+    if ref is not None and task_id:
+        task = {"task_id": str(task_id), "map_index": ref.map_index,
+                "path": task_path(ref.dag_id, ref.run_id, str(task_id), ref.map_index)}
+    blocker = parse_owner(event.detail.get("holder_owner")) if event.kind in (
+        EventKind.SKIPPED_OVERLAP, EventKind.OVERLAP_FAILED, EventKind.WAITING) else None
+    return {
+        **event.to_dict(),
+        "run": run_link(ref),
+        "task": task,
+        "blocked_by": run_link(blocker),
+        "summary": summarize(event),
+    }
+
+
+def events(
+    store: LeaseStore,
+    *,
+    key: str | None = None,
+    kind: str | None = None,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 100,
+) -> dict[str, Any]:
+    found = store.events.query(key=key, kind=kind, since=since, until=until, limit=limit)
+    return {"events": [event_row(e) for e in found], "limit": limit}
+
+
+def task_instance_events(
+    store: LeaseStore, dag_id: str, run_id: str, task_id: str, map_index: int = -1, *, limit: int = 500
+) -> dict[str, Any]:
+    """The events one task instance caused, and why it was skipped if it was.
+
+    The ledger is keyed by lease key, not by task, so this reads the newest events and keeps the ones
+    whose detail names this task instance (or, for catch-up skips, this run).
+    """
+    rows = []
+    for event in store.events.query(limit=limit):
+        d = event.detail
+        if d.get("dag_id") != dag_id or d.get("run_id") != run_id:
+            continue
+        if d.get("task_id") not in (None, task_id):
+            continue
+        if d.get("task_id") is not None and _int(d.get("map_index")) not in (map_index, -1):
+            continue
+        rows.append(event_row(event))
+    skip = next((r for r in rows if r["kind"] in (EventKind.SKIPPED_OVERLAP, EventKind.OVERLAP_FAILED)), None)
+    return {
+        "dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": map_index,
+        "skip_reason": skip["detail"].get("reason") if skip else None,
+        "events": rows,
+    }
+
+
+# -- counts -----------------------------------------------------------------------------------------
+
+
+def counts(store: LeaseStore) -> dict[str, Any]:
+    """Per key: events by kind in the last 24 hours and 7 days (database clock)."""
+    by_key: dict[str, dict[str, dict[str, int]]] = {}
+    for c in store.events.counts():
+        by_key.setdefault(c.key, {})[c.kind] = {"last_24h": c.last_24h, "last_7d": c.last_7d}
+    return {
+        "kinds": [k.value for k in EventKind],
+        "counts": [{"key": key, "kinds": kinds} for key, kinds in sorted(by_key.items())],
+    }
+
+
+# -- TTL advice -------------------------------------------------------------------------------------
+
+
+def advise(ttl: timedelta | None, stats: HoldStats | None, *, lost: int = 0, late: int = 0) -> dict[str, Any]:
+    """Compare a configured TTL with 1.5-2x the worst observed hold.
+
+    Verdicts: ``too_short`` (a normal run can outlive its lease when renewals stall: a zombie window),
+    ``too_long`` (a crashed holder blocks the job for far longer than needed), ``ok``, ``no_data``.
+    """
+    advice: dict[str, Any] = {
+        "ttl_seconds": _seconds(ttl) if ttl is not None else None,
+        "holds": stats.holds if stats else 0,
+        "worst_hold_seconds": round(stats.worst_seconds, 3) if stats else None,
+        "p95_hold_seconds": round(stats.p95_seconds, 3) if stats else None,
+        "recommended_min_seconds": None,
+        "recommended_max_seconds": None,
+        "lost_7d": lost,
+        "renewed_late_7d": late,
+    }
+    if stats is None or stats.holds == 0:
+        return {**advice, "verdict": "no_data",
+                "message": "no completed holds recorded yet: the advice needs released leases in the ledger"}
+    worst = stats.worst_seconds
+    floor = MIN_TTL.total_seconds()
+    low = max(math.ceil(worst * ADVICE_LOW), floor)
+    high = max(math.ceil(worst * ADVICE_HIGH), floor)
+    advice.update(recommended_min_seconds=low, recommended_max_seconds=high)
+    span = format_duration(low) if low == high else f"{format_duration(low)}-{format_duration(high)}"
+    rule = f"1.5-2x the worst hold of {format_duration(worst)}"
+    rule += f" is {span}" if low > floor else f", at least {format_duration(floor)}, is {span}"
+    few = f" (only {stats.holds} hold(s) observed: treat as a first estimate)" if stats.holds < FEW_HOLDS else ""
+    if ttl is None:
+        return {**advice, "verdict": "no_data", "message": f"no TTL known for this key; {rule}{few}"}
+    seconds = ttl.total_seconds()
+    if seconds < low:
+        if seconds < worst * ADVICE_LOW:
+            severity = "shorter than the worst hold itself" if seconds < worst else "less than 1.5x the worst hold"
+            why = "if renewals stall, a normal run outlives its lease and another run can take it (a zombie window)"
+        else:
+            severity = f"under the {format_duration(floor)} minimum"
+            why = "renewals every TTL/3 must fit the store's 5 s timeouts, or one slow round trip loses the lease"
+        return {**advice, "verdict": "too_short",
+                "message": f"TTL {format_duration(seconds)} is {severity}: {why}; {rule}{few}"}
+    extra = timedelta(seconds=seconds - high)
+    if seconds > max(worst * FAR_TOO_LONG, high * 2) and extra > NEGLIGIBLE_EXTRA:
+        return {**advice, "verdict": "too_long", "message": (
+            f"TTL {format_duration(seconds)} is far above the advised range: after a crash the "
+            f"job stays blocked up to {format_duration(extra.total_seconds())} longer than needed; {rule}{few}")}
+    fits = "fits" if seconds <= high else "is above the advised range, but a crash costs little extra wait"
+    return {**advice, "verdict": "ok", "message": f"TTL {format_duration(seconds)} {fits}: {rule}{few}"}
+
+
+def ttl_advice(store: LeaseStore, *, window: timedelta = DEFAULT_RETENTION, key: str | None = None) -> dict[str, Any]:
+    """TTL advice for every key with a lease or with holds in the ledger."""
+    stats = {s.key: s for s in store.events.hold_stats(window)}
+    ttls = {lease.key: lease.ttl for lease in store.leases()}
+    troubles = {(c.key, c.kind): c.last_7d for c in store.events.counts()}
+    keys: Iterable[str] = sorted(set(stats) | set(ttls))
+    rows = []
+    for k in keys:
+        if key is not None and k != key:
+            continue
+        rows.append({"key": k, **advise(
+            ttls.get(k), stats.get(k),
+            lost=troubles.get((k, EventKind.LOST.value), 0),
+            late=troubles.get((k, EventKind.RENEWED_LATE.value), 0),
+        )})
+    return {"window_seconds": _seconds(window), "low": ADVICE_LOW, "high": ADVICE_HIGH, "advice": rows}
+
+
+def format_duration(seconds: float) -> str:
+    """``45s``, ``12m30s``, ``3h05m``, ``2d04h``: short and unambiguous."""
+    total = int(round(seconds))
+    if total < 60:
+        return f"{total}s"
+    minutes, secs = divmod(total, 60)
+    if minutes < 60:
+        return f"{minutes}m{secs:02d}s" if secs else f"{minutes}m"
+    hours, minutes = divmod(minutes, 60)
+    if hours < 48:
+        return f"{hours}h{minutes:02d}m" if minutes else f"{hours}h"
+    days, hours = divmod(hours, 24)
+    return f"{days}d{hours:02d}h" if hours else f"{days}d"

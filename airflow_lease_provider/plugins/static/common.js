@@ -1,0 +1,131 @@
+// Shared by the Leases page and the task instance's Lease tab. Plain JS, no build step.
+"use strict";
+
+const Lease = (() => {
+  const meta = (name) => document.querySelector(`meta[name="${name}"]`).content;
+  const AIRFLOW_BASE = meta("airflow-base");
+  const PLUGIN_BASE = meta("plugin-base");
+
+  // Follow Airflow's light/dark mode when the page sits in Airflow's iframe (same origin).
+  try {
+    const parentRoot = window.parent !== window ? window.parent.document.documentElement : null;
+    if (parentRoot && parentRoot.classList.contains("dark")) document.documentElement.classList.add("dark");
+  } catch (e) { /* not framed by Airflow */ }
+
+  async function api(path, options = {}) {
+    const response = await fetch(PLUGIN_BASE + "api/" + path, {
+      credentials: "same-origin",
+      headers: { Accept: "application/json", ...(options.body ? { "Content-Type": "application/json" } : {}) },
+      ...options,
+    });
+    let body = null;
+    try { body = await response.json(); } catch (e) { body = null; }
+    if (!response.ok) {
+      const detail = body && body.detail ? (typeof body.detail === "string" ? body.detail : JSON.stringify(body.detail)) : response.statusText;
+      const error = new Error(`${response.status}: ${detail}`);
+      error.status = response.status;
+      throw error;
+    }
+    return body;
+  }
+
+  // Build DOM nodes without innerHTML: every value from the store is text, never markup.
+  function el(tag, attrs = {}, ...children) {
+    const node = document.createElement(tag);
+    for (const [name, value] of Object.entries(attrs)) {
+      if (value === null || value === undefined || value === false) continue;
+      if (name === "class") node.className = value;
+      else if (name.startsWith("on")) node.addEventListener(name.slice(2), value);
+      else node.setAttribute(name, value === true ? "" : value);
+    }
+    for (const child of children.flat()) {
+      if (child === null || child === undefined || child === false) continue;
+      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+    }
+    return node;
+  }
+
+  // One wrapper per cell, so the narrow layout's label/value grid sees a single value.
+  function cell(label, ...children) {
+    return el("td", { "data-label": label }, el("div", { class: "v" }, ...children));
+  }
+
+  // Links into the Airflow UI. Inside Airflow's sandboxed iframe a plain link would open the page inside
+  // the frame; the sandbox forbids navigating the top window, but the frame is same-origin, so it can
+  // ask Airflow's router to navigate (history entry + popstate), as the UI's own links do.
+  function airflowLink(path, text, title) {
+    const href = AIRFLOW_BASE + path;
+    return el("a", {
+      href, title: title || null,
+      onclick: (event) => {
+        if (event.button !== 0 || event.metaKey || event.ctrlKey || event.shiftKey || event.altKey) return;
+        try {
+          const top = window.top;
+          if (top === window || top.location.origin !== window.location.origin) return;
+          event.preventDefault();
+          const state = top.history.state || {};
+          const idx = typeof state.idx === "number" ? state.idx + 1 : 0;
+          top.history.pushState({ usr: null, key: Math.random().toString(36).slice(2, 10), idx }, "", href);
+          top.dispatchEvent(new PopStateEvent("popstate", { state: top.history.state }));
+        } catch (e) { /* fall back to the plain link */ }
+      },
+    }, text);
+  }
+
+  function runLink(run) {
+    if (!run) return null;
+    return airflowLink(run.path, run.run_id, `DAG ${run.dag_id}, run ${run.run_id}`);
+  }
+
+  function runBlock(run, task) {
+    if (!run) return [];
+    return [
+      el("span", { class: "mono" }, run.dag_id), " / ", runLink(run),
+      run.map_index >= 0 ? ` [${run.map_index}]` : null,
+      task ? el("span", { class: "small" }, "task ", airflowLink(task.path, task.task_id)) : null,
+    ];
+  }
+
+  const pad = (n) => String(n).padStart(2, "0");
+  // Times are shown in UTC, like Airflow's run ids; the full ISO value is in the tooltip.
+  function time(iso, withDate = true) {
+    if (!iso) return el("span", { class: "muted" }, "—");
+    const d = new Date(iso);
+    // Month-day is enough to place an event within the ledger's retention; the year is in the tooltip.
+    const text = (withDate ? `${pad(d.getUTCMonth() + 1)}-${pad(d.getUTCDate())} ` : "") +
+      `${pad(d.getUTCHours())}:${pad(d.getUTCMinutes())}:${pad(d.getUTCSeconds())}`;
+    return el("time", { datetime: iso, title: `${iso} (UTC)` }, text);
+  }
+
+  function duration(seconds) {
+    if (seconds === null || seconds === undefined) return "—";
+    let s = Math.max(0, Math.round(seconds));
+    if (s < 60) return `${s}s`;
+    let m = Math.floor(s / 60); s %= 60;
+    if (m < 60) return s ? `${m}m${pad(s)}s` : `${m}m`;
+    let h = Math.floor(m / 60); m %= 60;
+    if (h < 48) return m ? `${h}h${pad(m)}m` : `${h}h`;
+    const d = Math.floor(h / 24); h %= 24;
+    return h ? `${d}d${pad(h)}h` : `${d}d`;
+  }
+
+  function badge(kind, text) {
+    return el("span", { class: `badge ${kind}` }, text || kind.replace(/_/g, " "));
+  }
+
+  function flash(message, isError = false) {
+    const box = document.getElementById("flash");
+    if (!box) return;
+    box.textContent = message;
+    box.className = isError ? "flash error" : "flash";
+    box.hidden = !message;
+  }
+
+  function fill(tbody, rows, emptyText, columns) {
+    tbody.replaceChildren(...(rows.length ? rows : [
+      el("tr", {}, el("td", { colspan: columns, class: "muted full" }, emptyText)),
+    ]));
+  }
+
+  return { api, el, cell, airflowLink, runLink, runBlock, time, duration, badge, flash, fill, AIRFLOW_BASE };
+})();

@@ -1,0 +1,58 @@
+// A task instance's Lease tab: why it was skipped (the run that held the lease), and its lease events.
+"use strict";
+
+(() => {
+  const { api, el, cell, runBlock, time, badge, flash, fill, airflowLink } = Lease;
+  const params = new URLSearchParams(window.location.search);
+  const query = new URLSearchParams();
+  for (const name of ["dag_id", "run_id", "task_id", "map_index"]) {
+    if (params.get(name) !== null) query.set(name, params.get(name));
+  }
+
+  function explain(data) {
+    const box = document.getElementById("explain");
+    const skip = data.events.find((e) => e.kind === "skipped_overlap" || e.kind === "overlap_failed");
+    const catchup = data.events.find((e) => e.kind === "skipped_catchup");
+    const parts = [];
+    if (skip) {
+      box.className = "explain skipped";
+      const verb = skip.kind === "skipped_overlap" ? "was skipped" : "failed (on_overlap=fail)";
+      parts.push(el("h2", {}, `This task ${verb}: lease "${skip.key}" was held by another run`));
+      parts.push(el("p", {}, skip.blocked_by ? ["Holder: ", runBlock(skip.blocked_by)] : `Holder: ${skip.detail.holder_owner || "unknown"}`,
+        skip.detail.holder_token ? ` with token ${skip.detail.holder_token}` : "",
+        skip.detail.holder_expires_at ? [" until ", time(skip.detail.holder_expires_at)] : ""));
+      if (skip.detail.reason) parts.push(el("p", { class: "muted wrap" }, skip.detail.reason));
+      parts.push(el("p", { class: "muted" }, "A skip is not a failure: the two runs never overlapped, and no failure alert fired."));
+    } else if (catchup) {
+      box.className = "explain";
+      parts.push(el("h2", {}, "This run came after a gap: older slots were skipped"), el("p", {}, catchup.summary));
+    } else if (data.events.length) {
+      box.className = "explain";
+      parts.push(el("h2", {}, "This task instance ran under a lease"), el("p", { class: "muted" }, "Its lease events are below."));
+    } else {
+      box.className = "explain";
+      parts.push(el("h2", {}, "No lease events for this task instance"),
+        el("p", { class: "muted" }, "It is not a leased task, or its events are older than the ledger's retention."));
+    }
+    box.replaceChildren(...parts);
+  }
+
+  function render(data) {
+    explain(data);
+    const rows = data.events.map((e) => el("tr", {},
+      cell("When", time(e.at)),
+      cell("Kind", badge(e.kind)),
+      cell("Key", e.key),
+      cell("Token", e.token === null ? "—" : e.token),
+      cell("What happened", el("span", { class: "wrap" }, e.summary)),
+    ));
+    fill(document.querySelector("#events tbody"), rows, "None.", 5);
+  }
+
+  const all = document.getElementById("all-leases");
+  all.replaceWith(airflowLink("plugin/leases", "All leases"));
+  api("task-instance?" + query.toString()).then(render).catch((error) => {
+    document.getElementById("explain").replaceChildren(el("p", { class: "error" }, error.message));
+    flash("");
+  });
+})();
