@@ -10,7 +10,7 @@ committed (the audit triggers and the publish target):
                         still valid (database time); ``overlap-db``: the same, in the committed rows
 ``fence-order``         for one resource, the target accepted a token not larger than one it accepted before
 ``publish-not-holder``  an accepted publish carried a token that was never granted to its owner
-``duplicate-publish``   one idempotency key was published twice
+``duplicate-publish``   one idempotency key, or one token, was published twice to a resource
 ``lost-ack``            an acknowledged acquire, renewal, release or publish is missing from what the
                         database committed (after a SIGKILL of the server: a durability bug)
 ``unexpected-error``    an operation failed with an error other than the documented ones
@@ -35,8 +35,11 @@ from typing import Any
 
 from chaos import history
 
-#: Every fault kind a full run must have injected at least once.
-FAULT_KINDS = ("sigstop", "terminate", "kill9", "stmt_timeout", "clock_skew")
+#: Fault kinds and the profile field that schedules them (plus ``clock_skew``, set by ``skewed``).
+FAULT_SCHEDULE = {
+    "sigstop": "zombie_every", "terminate": "terminate_every", "kill9": "kill_every", "stmt_timeout": "lock_every",
+}
+FAULT_KINDS = (*FAULT_SCHEDULE, "clock_skew")
 #: How many violations of each kind are printed (all are counted).
 SHOWN = 5
 
@@ -320,13 +323,18 @@ class Checker:
                 top = max(top, int(row["token"]))
         targets: dict[str, list[dict[str, Any]]] = defaultdict(list)
         idems: Counter[tuple[str, str]] = Counter()
+        tokens: Counter[tuple[str, int]] = Counter()
         for row in self.by_type["target"]:
             targets[row["resource"]].append(row)
+            tokens[(row["resource"], int(row["token"]))] += 1
             if row.get("idem"):
                 idems[(row["resource"], row["idem"])] += 1
         for (resource, idem), n in idems.items():
             if n > 1:
                 self.report.violate("duplicate-publish", f"{resource}: idempotency key {idem!r} published {n} times")
+        for (resource, token), n in tokens.items():
+            if n > 1:
+                self.report.violate("duplicate-publish", f"{resource}: token {token} published {n} times")
         for resource, rows in targets.items():
             rows.sort(key=lambda row: (when(row["at"]), row["id"]))
             top: dict[str, Any] | None = None
@@ -463,11 +471,14 @@ class Checker:
         total = sum(r.operations.values())
         if total < need:
             r.coverage.append(f"{total} operations, fewer than the {need} this profile requires")
-        expected = list(FAULT_KINDS)
-        if float(profile.get("kill_every", 0) or 0) > float(profile.get("duration", 0) or 0):
-            expected.remove("kill9")
-        if not int(profile.get("skewed", 0) or 0):
-            expected.remove("clock_skew")
+        # A fault kind is expected when the profile schedules it at least once in its duration.
+        duration = float(profile.get("duration", 0) or 0)
+        expected = [
+            kind for kind, every in FAULT_SCHEDULE.items()
+            if every in profile and float(profile[every]) <= duration
+        ]
+        if int(profile.get("skewed", 0) or 0):
+            expected.append("clock_skew")
         for kind in expected:
             if not r.faults.get(kind):
                 r.coverage.append(f"no {kind} fault was injected")

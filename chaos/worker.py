@@ -201,10 +201,11 @@ class Worker:
                 self.rec.op("publish", t0=t0, outcome="stale", current=exc.current, **fields)
             except LeaseStoreUnavailable as exc:
                 self.rec.op("publish", t0=t0, outcome="unknown", error=str(exc), **fields)
-                if idem is not None and attempt == 1:
-                    # The commit may or may not have happened: the same idempotency key makes the
-                    # retry safe (a duplicate if it did), which the checker verifies.
-                    self.nap.wait(self.rng.uniform(0.1, 0.3))
+                if attempt == 1:
+                    # The commit may or may not have happened. Resending is safe either way: the fence
+                    # refuses the same token twice (and the idempotency key, when there is one, makes
+                    # it a duplicate); the checker verifies that no token or key was published twice.
+                    self.nap.wait(self.rng.uniform(0.05, 0.2))
                     continue
             except Exception as exc:  # recorded and reported by the checker
                 self.rec.op("publish", t0=t0, outcome="error", error=repr(exc), **fields)

@@ -1,0 +1,215 @@
+"""The checker on hand-made histories: it passes a clean one and names every kind of violation.
+
+A checker that cannot fail proves nothing; these run in milliseconds, while the harness runs in
+``test_chaos.py`` show it failing the deliberately broken stores too.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos import checker, history
+
+T0 = datetime(2026, 11, 29, 10, 0, tzinfo=timezone.utc)
+TTL = 2.0
+
+
+def at(seconds: float) -> str:
+    return (T0 + timedelta(seconds=seconds)).isoformat()
+
+
+class Story:
+    """Builds a history the way a run records it: worker ops plus the committed ground truth."""
+
+    def __init__(self, **profile: Any) -> None:
+        self.records: list[dict[str, Any]] = [{
+            "type": "meta", "ttl": TTL, "keys": ["job-0"], "resources": {"target-0": "job-0"},
+            "profile": {"duration": 10, **profile},
+        }]
+        self.rows: dict[str, dict[str, Any]] = {}
+        self.ids = 0
+
+    def _id(self) -> int:
+        self.ids += 1
+        return self.ids
+
+    def op(self, op: str, w: int, t: float, **fields: Any) -> None:
+        self.records.append({"type": "op", "op": op, "w": w, "t0": t, "t1": t + 0.01, **fields})
+
+    def audit(self, key: str, when: float, **new: Any) -> None:
+        old = self.rows.get(key)
+        row = {**(old or {}), **new}
+        self.records.append({
+            "type": "audit_lease", "id": self._id(), "at": at(when), "op": "UPDATE" if old else "INSERT",
+            "key": key, "owner": row["owner"], "token": row["token"], "acquired_at": row["acquired_at"],
+            "renewed_at": row["renewed_at"], "expires_at": row["expires_at"], "released_at": row.get("released_at"),
+            "old_owner": old and old["owner"], "old_token": old and old["token"],
+            "old_expires_at": old and old["expires_at"], "old_released_at": old and old.get("released_at"),
+        })
+        self.rows[key] = row
+
+    def acquire(self, key: str, token: int, owner: str, t: float, w: int = 0, *, committed: bool = True) -> None:
+        fields = {"acquired_at": at(t), "renewed_at": at(t), "expires_at": at(t + TTL), "observed_at": at(t)}
+        self.op("acquire", w, t, outcome="ok", key=key, token=token, owner=owner, **fields)
+        if committed:
+            self.audit(key, t, owner=owner, token=token, released_at=None, **{k: v for k, v in fields.items() if k != "observed_at"})
+
+    def release(self, key: str, token: int, owner: str, t: float, w: int = 0) -> None:
+        self.op("release", w, t, outcome="ok", key=key, token=token, owner=owner)
+        self.audit(key, t, released_at=at(t), expires_at=at(t))
+
+    def publish(self, resource: str, token: int, owner: str, t: float, w: int = 0, idem: str | None = None) -> None:
+        self.op("publish", w, t, outcome="accepted", resource=resource, token=token, owner=owner, at=at(t), idem=idem)
+        self.records.append({
+            "type": "target", "id": self._id(), "resource": resource, "token": token, "owner": owner,
+            "worker": w, "idem": idem, "at": at(t),
+        })
+
+    def crash_and_probe(self, delay: float = 1.0, publish: str = "accepted") -> None:
+        self.records.append({"type": "crash_all", "t": 50.0, "db_time": at(50)})
+        self.records.append({"type": "probe", "t": 51.0, "key": "job-0", "token": 99,
+                             "acquired_at": at(50 + delay), "publish": publish})
+
+    def check(self) -> checker.Report:
+        return checker.check_records(self.records)
+
+
+def clean() -> Story:
+    s = Story()
+    s.acquire("job-0", 1, "w0-1", 0.0, w=0)
+    s.publish("target-0", 1, "w0-1", 0.3, w=0, idem="slot-1")
+    s.release("job-0", 1, "w0-1", 0.5, w=0)
+    s.acquire("job-0", 2, "w1-1", 1.0, w=1)
+    s.publish("target-0", 2, "w1-1", 1.2, w=1, idem="slot-2")
+    # token 2 is never released: it lapses at 3.0, then token 3 comes.
+    s.acquire("job-0", 3, "w0-2", 3.5, w=0)
+    s.crash_and_probe()
+    return s
+
+
+def test_a_clean_history_passes() -> None:
+    report = clean().check()
+    assert report.violations == [], report.format()
+    assert report.status == 0
+    assert sum(report.operations.values()) == 6
+    assert "max 1.00s" in report.recovery["new holder after all holders crashed"]
+
+
+def kinds(report: checker.Report) -> set[str]:
+    return {v.kind for v in report.violations}
+
+
+def test_overlap_by_a_lease_taken_while_valid() -> None:
+    s = Story()
+    s.acquire("job-0", 1, "w0-1", 0.0)
+    s.acquire("job-0", 2, "w1-1", 1.0, w=1)  # token 1 is valid until 2.0
+    s.crash_and_probe()
+    assert kinds(s.check()) == {"overlap", "overlap-db"}
+
+
+def test_a_same_owner_reentry_is_no_overlap() -> None:
+    s = Story()
+    s.acquire("job-0", 1, "w0-1", 0.0)
+    s.acquire("job-0", 2, "w0-1", 0.5)  # the same owner retrying: decision 5 says it may
+    s.crash_and_probe()
+    assert s.check().violations == []
+
+
+def test_a_released_lease_ends_when_the_database_last_confirmed_it() -> None:
+    s = Story()
+    s.acquire("job-0", 1, "w0-1", 0.0)
+    s.op("release", 0, 0.4, outcome="unknown", key="job-0", token=1, owner="w0-1")
+    s.audit("job-0", 0.4, released_at=at(0.4), expires_at=at(0.4))
+    s.acquire("job-0", 2, "w1-1", 0.6, w=1)  # fine: the release (outcome unknown) did happen
+    s.crash_and_probe()
+    assert s.check().violations == []
+
+
+def test_token_issued_twice() -> None:
+    s = Story()
+    s.acquire("job-0", 1, "w0-1", 0.0)
+    s.op("acquire", 1, 3.0, outcome="ok", key="job-0", token=1, owner="w1-1", acquired_at=at(3),
+         renewed_at=at(3), expires_at=at(5), observed_at=at(3))
+    s.crash_and_probe()
+    assert "token-reissued" in kinds(s.check())
+
+
+def test_tokens_out_of_time_order() -> None:
+    s = Story()
+    s.acquire("job-0", 2, "w0-1", 0.0)
+    s.acquire("job-0", 1, "w1-1", 3.0, w=1)
+    s.crash_and_probe()
+    assert {"token-order", "token-regressed"} <= kinds(s.check())
+
+
+def test_a_stale_publish_accepted_by_the_target() -> None:
+    s = clean()
+    s.publish("target-0", 1, "w0-1", 2.0, w=0)  # the zombie writes after token 2 did
+    assert kinds(s.check()) == {"fence-order", "duplicate-publish"}
+
+
+def test_a_publish_with_someone_elses_token() -> None:
+    s = clean()
+    s.publish("target-0", 3, "w1-1", 4.0, w=1)  # token 3 belongs to w0-2
+    assert kinds(s.check()) == {"publish-not-holder"}
+
+
+def test_an_idempotency_key_used_twice() -> None:
+    s = clean()
+    s.publish("target-0", 3, "w0-2", 4.0, w=0, idem="slot-2")
+    assert kinds(s.check()) == {"duplicate-publish"}
+
+
+def test_an_acknowledged_acquire_that_the_database_lost() -> None:
+    s = clean()
+    s.acquire("job-0", 4, "w1-2", 6.0, w=1, committed=False)
+    assert kinds(s.check()) == {"lost-ack"}
+
+
+def test_an_acknowledged_publish_that_the_database_lost() -> None:
+    s = clean()
+    s.op("publish", 0, 4.0, outcome="accepted", resource="target-0", token=3, owner="w0-2", at=at(4))
+    assert kinds(s.check()) == {"lost-ack"}
+
+
+def test_an_undocumented_error() -> None:
+    s = clean()
+    s.op("acquire", 0, 9.0, outcome="error", key="job-0", owner="w0-9", error="KeyError('x')")
+    assert kinds(s.check()) == {"unexpected-error"}
+
+
+@pytest.mark.parametrize(("delay", "publish"), [(TTL + 1.5, "accepted"), (0.5, "rejected: stale")])
+def test_slow_or_blocked_recovery(delay: float, publish: str) -> None:
+    s = Story()
+    s.acquire("job-0", 1, "w0-1", 0.0)
+    s.crash_and_probe(delay=delay, publish=publish)
+    assert kinds(s.check()) == {"recovery"}
+
+
+def test_too_small_a_run_is_inconclusive_not_passed() -> None:
+    s = Story(min_operations=1000, zombie_every=5.0, kill_every=60.0)
+    s.acquire("job-0", 1, "w0-1", 0.0)
+    s.crash_and_probe()
+    report = s.check()
+    assert report.violations == [] and report.status == 2
+    assert any("fewer than the 1000" in problem for problem in report.coverage)
+    assert any("no sigstop fault" in problem for problem in report.coverage)
+    assert not any("kill9" in problem for problem in report.coverage)  # not scheduled in 10 s
+
+
+def test_the_command_line_reads_a_file_and_exits_non_zero(tmp_path: Path) -> None:
+    bad = Story()
+    bad.acquire("job-0", 1, "w0-1", 0.0)
+    bad.acquire("job-0", 2, "w1-1", 1.0, w=1)
+    bad.crash_and_probe()
+    path = tmp_path / "history.jsonl"
+    path.write_text("".join(history.dumps(r) + "\n" for r in bad.records) + '{"type": "op", "cut sh')
+    assert checker.main([str(path), "--json", str(tmp_path / "report.json")]) == 1
+    assert '"overlap"' in (tmp_path / "report.json").read_text()
+    good = tmp_path / "good.jsonl"
+    good.write_text("".join(history.dumps(r) + "\n" for r in clean().records))
+    assert checker.main([str(good)]) == 0
