@@ -36,6 +36,8 @@ def ttl(parameter: str, value: object) -> timedelta:
     """A lease TTL: a ``timedelta`` between :data:`MIN_TTL` and :data:`MAX_TTL`."""
     if not isinstance(value, timedelta):
         raise InvalidArgument(parameter, value, f"must be a datetime.timedelta, not {type(value).__name__}")
+    if value <= timedelta(0):
+        raise InvalidArgument(parameter, value, "must be positive")
     if value < MIN_TTL:
         raise InvalidArgument(parameter, value, f"must be at least {MIN_TTL.total_seconds():g} s")
     if value > MAX_TTL:

@@ -51,8 +51,10 @@ class FencedSQLOperator(BaseOperator):
     """Run SQL on a PostgreSQL target in the same transaction as the fence advance: exactly once.
 
     :param resource: the fence's name for the write target (e.g. ``"blog.articles"``). Templated.
-    :param sql: the statement(s) to run (templated); parameters go in ``parameters``, never into the SQL.
-    :param parameters: query parameters for psycopg2 (``%(name)s`` placeholders).
+    :param sql: the statement, or a list of statements, to run (templated); values go in ``parameters``,
+        never into the SQL text.
+    :param parameters: query parameters for psycopg2 (``%(name)s`` placeholders). With a dict, the lease's
+        token is added as ``%(fencing_token)s`` so the row can carry it.
     :param fence_conn_id: the target database's connection (default: the lease store's).
     :param idempotency_key: optional per-slot key (templated, e.g. ``"{{ data_interval_start }}"``): a
         slot already published is refused whatever the token, so retries and re-runs publish once.
@@ -69,7 +71,7 @@ class FencedSQLOperator(BaseOperator):
         self,
         *,
         resource: str,
-        sql: str,
+        sql: str | Sequence[str],
         parameters: dict[str, Any] | Sequence[Any] | None = None,
         fence_conn_id: str | None = None,
         idempotency_key: str | None = None,
@@ -78,9 +80,12 @@ class FencedSQLOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        for name, value in (("resource", resource), ("sql", sql), ("lease_key", lease_key)):
+        for name, value in (("resource", resource), ("lease_key", lease_key)):
             if not isinstance(value, str) or not value.strip():
                 raise validation.InvalidArgument(name, value, "must be a non-empty string")
+        statements = [sql] if isinstance(sql, str) else list(sql) if isinstance(sql, Sequence) else [None]
+        if not statements or not all(isinstance(q, str) and q.strip() for q in statements):
+            raise validation.InvalidArgument("sql", sql, "must be a non-empty string or list of non-empty strings")
         if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key.strip()):
             raise validation.InvalidArgument("idempotency_key", idempotency_key, "must be a non-empty string or None")
         self.resource = resource
@@ -96,7 +101,12 @@ class FencedSQLOperator(BaseOperator):
         with lease.fenced_transaction(
             self.resource, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key
         ) as cur:
-            cur.execute(self.sql, self.parameters)
-            rows = cur.rowcount
+            parameters = self.parameters
+            if isinstance(parameters, dict) or parameters is None:
+                parameters = {**(parameters or {}), "fencing_token": lease.token}
+            rows = 0
+            for statement in [self.sql] if isinstance(self.sql, str) else self.sql:
+                cur.execute(statement, parameters)
+                rows += max(cur.rowcount, 0)
         self.log.info("fence: published to %r with token %s (%s rows)", self.resource, lease.token, rows)
         return lease.token

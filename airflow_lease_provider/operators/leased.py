@@ -277,6 +277,7 @@ class LeasedOperator(BaseOperator):
     def execute(self, context: Any) -> Any:
         key = self._key()
         store = self._store()
+        self._record_catchup(context, store, key)
         if self.lease_scope == "run":
             return self._run_joined(context, store, key)
         owner = owner_for(context, per_map_index=self._owner_per_map_index)
@@ -284,6 +285,15 @@ class LeasedOperator(BaseOperator):
         if outcome.lease is None:
             return self._on_held(context, store, key, owner, outcome.holder, waited=None)
         return self._run_holding(context, store, outcome.lease, release=True)
+
+    def _record_catchup(self, context: Any, store: LeaseStore, key: str) -> None:
+        """The first run after a gap in a capped catch-up schedule records the skipped slots, once."""
+        from airflow_lease_provider.timetables.catchup_record import record_skipped_catchup
+
+        try:
+            record_skipped_catchup(context, ledger=store.events, key=key, logger=self.log)
+        except Exception:  # informational only: it must never fail or skip the task
+            self.log.warning("catch-up: could not record skipped slots", exc_info=True)
 
     def execute_after_wait(self, context: Any, event: dict[str, Any] | None = None, deadline: str = "") -> Any:
         """Resumed after the deferred wait: take the lease if it is free now, or wait again."""

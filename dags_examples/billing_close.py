@@ -1,0 +1,64 @@
+"""Billing close: an irreversible job. Every hour, close the hour's invoices, exactly once per slot.
+
+Unlike an article, a missed billing hour still has to be closed, so after downtime the newest
+``max_backfill=24`` slots run (older ones are skipped, recorded and counted, for a person to look at).
+Each slot's publish carries an idempotency key derived from its data interval, so a retried or re-run
+slot is never billed twice, whatever its token.
+
+The whole run holds one **run-scoped lease**: ``acquire_run_lease`` (a setup task) takes it,
+``release_run_lease`` (a teardown task) always gives it back, and the tasks in between renew it while
+they run. An overlapping run is skipped as a whole: its setup task is skipped, and so is everything
+after it.
+"""
+
+from __future__ import annotations
+
+import time
+from datetime import timedelta
+
+import pendulum
+from airflow.sdk import DAG, Param, task
+
+from airflow_lease_provider.operators import FencedSQLOperator, run_lease
+from airflow_lease_provider.timetables import CappedCatchupTimetable
+
+# [START billing_close]
+with DAG(
+    dag_id="billing_close",
+    schedule=CappedCatchupTimetable("0 * * * *", max_backfill=24, catchup_window=timedelta(days=2)),
+    start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
+    catchup=True,
+    max_active_runs=1,
+    params={"work_seconds": Param(1, type="integer", minimum=0)},
+    tags=["lease-example"],
+):
+    acquire, release = run_lease(lease_key="billing-close", lease_ttl=timedelta(minutes=30))
+
+    @task.leased(lease_key="billing-close", lease_scope="run")  # renews the run's lease while it runs
+    def collect_usage(data_interval_start=None, params=None):
+        time.sleep(params["work_seconds"])
+        return {"hour": str(data_interval_start), "units": 42}
+
+    @task.leased(lease_key="billing-close", lease_scope="run")
+    def price(usage):
+        return {**usage, "amount_cents": usage["units"] * 25}
+
+    publish = FencedSQLOperator(
+        task_id="publish_invoices",
+        resource="billing.invoices",
+        lease_key="billing-close",
+        idempotency_key="{{ data_interval_start }}/{{ data_interval_end }}",
+        sql=[
+            "CREATE TABLE IF NOT EXISTS public.example_invoices "
+            "(slot text PRIMARY KEY, amount_cents bigint NOT NULL, token bigint NOT NULL)",
+            "INSERT INTO public.example_invoices (slot, amount_cents, token) "
+            "VALUES (%(slot)s, %(amount)s, %(fencing_token)s)",
+        ],
+        parameters={
+            "slot": "{{ data_interval_start }}",
+            "amount": "{{ ti.xcom_pull(task_ids='price')['amount_cents'] }}",
+        },
+    )
+
+    acquire >> price(collect_usage()) >> publish >> release
+# [END billing_close]

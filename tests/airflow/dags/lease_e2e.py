@@ -1,0 +1,102 @@
+"""DAGs for the end-to-end tests of leased tasks."""
+
+from __future__ import annotations
+
+import os
+import time
+from datetime import datetime, timedelta
+
+from airflow.providers.standard.operators.bash import BashOperator
+from airflow.sdk import DAG, task
+from psycopg2 import sql
+
+from airflow_lease_provider.operators import LeasedOperator, run_lease
+
+from _util import mark, wait_for  # type: ignore[import-not-found]
+
+START = datetime(2026, 1, 1)
+HOLD = float(os.environ.get("LEASE_TEST_HOLD_SECONDS", "0"))
+
+with DAG("overlap", schedule=None, start_date=START):
+
+    @task.leased(lease_key="overlap-key", lease_ttl=timedelta(seconds=30))
+    def hold():
+        mark("hold-started")
+        time.sleep(HOLD)
+        mark("hold-finished")
+
+    @task
+    def after():
+        mark("after-ran")
+
+    hold() >> after()
+
+
+with DAG("zombie", schedule=None, start_date=START):
+
+    @task.leased(lease_key="zombie-key", lease_ttl=timedelta(seconds=4))
+    def publish(lease=None):
+        mark("zombie-pid", str(os.getpid()))
+        mark(f"token-{lease.token}")
+        wait_for("go")  # the test freezes this process here, past the TTL, then writes "go"
+        with lease.fenced_transaction("zombie.target") as cur:
+            table = sql.Identifier(os.environ["AIRFLOW__LEASE__SCHEMA"], "zombie_target")
+            cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (writer text, token bigint)").format(table))
+            cur.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s)").format(table), (lease.owner, lease.token))
+        mark(f"published-{lease.token}")
+
+    publish()
+
+
+with DAG("unreachable", schedule=None, start_date=START):
+
+    @task.leased(lease_key="unreachable-key", lease_ttl=timedelta(seconds=30))
+    def body():
+        mark("body-ran")
+
+    body()
+
+
+with DAG("waiter", schedule=None, start_date=START):
+
+    @task.leased(
+        lease_key="wait-key",
+        lease_ttl=timedelta(seconds=30),
+        on_overlap="wait",
+        lease_wait_timeout=timedelta(seconds=90),
+        lease_poll_interval=timedelta(seconds=1),
+    )
+    def waited():
+        mark("waited-ran")
+
+    waited()
+
+
+with DAG("mapped_and_bash", schedule=None, start_date=START):
+
+    @task.leased(lease_key="shard-{{ ti.map_index }}", lease_ttl=timedelta(seconds=30))
+    def shard(x, lease=None):
+        return {"x": x, "key": lease.key, "token": lease.token, "owner": lease.owner}
+
+    LeasedBash = LeasedOperator.wrap(BashOperator)
+    bash = LeasedBash(
+        task_id="bash",
+        bash_command='echo "bash ran under $LEASE_NOTE"',
+        env={"LEASE_NOTE": "a lease"},
+        lease_key="bash-{{ dag.dag_id }}",
+        lease_ttl=timedelta(seconds=30),
+    )
+    shard.expand(x=[1, 2, 3]) >> bash
+
+
+with DAG("run_scoped", schedule=None, start_date=START):
+    acquire, release = run_lease(lease_key="run-key", lease_ttl=timedelta(seconds=6))
+
+    @task.leased(lease_key="run-key", lease_scope="run", lease_renew_every=timedelta(seconds=1))
+    def step(n, lease=None):
+        time.sleep(3)  # three of these outlast the 6 s TTL: only their renewals keep the lease
+        return {"n": n, "token": lease.token}
+
+    acquire >> step.override(task_id="one")(1) >> step.override(task_id="two")(2) >> step.override(
+        task_id="three"
+    )(3) >> release

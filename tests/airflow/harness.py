@@ -1,0 +1,160 @@
+"""Real Airflow for end-to-end tests: an AIRFLOW_HOME per test, ``airflow dags test`` as a subprocess.
+
+The metadata database is SQLite, migrated once per session and copied for each home; the lease store
+is the test PostgreSQL (``pg_dsn``) in the test's own schema. Two homes sharing one lease store are
+two Airflow deployments sharing leases, which is what makes overlapping runs possible here.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import socket
+import sqlite3
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+VENV_BIN = Path(sys.executable).parent
+DAGS = Path(__file__).parent / "dags"
+EXAMPLES = Path(__file__).parents[2] / "dags_examples"
+
+
+def base_env(home: Path, dags: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "PATH": f"{VENV_BIN}:{env.get('PATH', '')}",
+            "PYTHONPATH": str(Path(__file__).parents[2]),
+        }
+    )
+    return env
+
+
+def migrate_template(root: Path) -> Path:
+    """An AIRFLOW_HOME with a migrated SQLite metadata database, to copy from."""
+    home = root / "template"
+    home.mkdir(parents=True)
+    result = subprocess.run(
+        ["airflow", "db", "migrate"], env=base_env(home, DAGS), capture_output=True, text=True, timeout=300
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return home
+
+
+class StatsdListener:
+    """A UDP socket collecting statsd packets, to check the metrics a task emitted."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.packets: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65535)
+            except OSError:
+                continue
+            self.packets.extend(data.decode(errors="replace").splitlines())
+
+    def count(self, metric: str) -> int:
+        """Sum of a counter's increments (``prefix.metric:1|c``)."""
+        total = 0
+        for line in self.packets:
+            name, _, rest = line.partition(":")
+            if name.endswith(metric) and rest.endswith("|c"):
+                total += int(rest.split("|")[0])
+        return total
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sock.close()
+
+
+@dataclass
+class AirflowHome:
+    """One Airflow deployment for a test."""
+
+    path: Path
+    env: dict[str, str]
+    statsd: StatsdListener | None = None
+    procs: list[subprocess.Popen] = field(default_factory=list)
+
+    def dags_test(self, dag_id: str, logical_date: str | None = None, timeout: int = 240, **kw) -> subprocess.CompletedProcess:
+        args = ["airflow", "dags", "test", dag_id] + ([logical_date] if logical_date else [])
+        return subprocess.run(args, env={**self.env, **kw}, capture_output=True, text=True, timeout=timeout)
+
+    def dags_test_background(self, dag_id: str, logical_date: str | None = None) -> subprocess.Popen:
+        args = ["airflow", "dags", "test", dag_id] + ([logical_date] if logical_date else [])
+        log = open(self.path / f"{dag_id}.log", "w")  # noqa: SIM115 - closed with the process
+        proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT, text=True)
+        self.procs.append(proc)
+        return proc
+
+    def task_states(self) -> dict[tuple[str, int], str]:
+        """(task_id, map_index) -> state, over every run in this home's metadata database."""
+        conn = sqlite3.connect(self.path / "airflow.db")
+        try:
+            rows = conn.execute("SELECT task_id, map_index, state FROM task_instance").fetchall()
+        finally:
+            conn.close()
+        return {(t, m): s for t, m, s in rows}
+
+    def xcom(self, task_id: str, key: str) -> object:
+        conn = sqlite3.connect(self.path / "airflow.db")
+        try:
+            row = conn.execute(
+                "SELECT value FROM xcom WHERE task_id = ? AND key = ? ORDER BY timestamp DESC", (task_id, key)
+            ).fetchone()
+        finally:
+            conn.close()
+        if row is None:
+            return None
+        value = row[0]
+        return json.loads(value) if isinstance(value, str | bytes) else value
+
+    def close(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=30)
+        if self.statsd:
+            self.statsd.close()
+
+
+def make_home(template: Path, root: Path, name: str, *, dsn: str, schema: str, dags: Path = DAGS,
+              statsd: bool = True, extra_env: dict[str, str] | None = None) -> AirflowHome:
+    path = root / name
+    path.mkdir(parents=True)
+    shutil.copy(template / "airflow.db", path / "airflow.db")
+    env = base_env(path, dags)
+    env["AIRFLOW_CONN_LEASE_DEFAULT"] = dsn
+    env["AIRFLOW__LEASE__SCHEMA"] = schema
+    listener = None
+    if statsd:
+        listener = StatsdListener()
+        env.update(
+            {
+                "AIRFLOW__METRICS__STATSD_ON": "True",
+                "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                "AIRFLOW__METRICS__STATSD_PORT": str(listener.port),
+                "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+            }
+        )
+    env.update(extra_env or {})
+    return AirflowHome(path, env, listener)

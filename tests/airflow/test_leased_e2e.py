@@ -1,0 +1,202 @@
+"""End to end with real Airflow 3 (``airflow dags test``) and a real PostgreSQL lease store."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from datetime import timedelta
+from pathlib import Path
+
+import pytest
+
+from airflow_lease_provider.core import EventKind, LeaseStore
+from tests.airflow.harness import EXAMPLES
+from tests.pg import execute
+
+pytestmark = pytest.mark.airflow
+
+
+def wait_until(predicate, timeout: float = 120, what: str = "condition") -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > end:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.2)
+
+
+def import_errors(home) -> dict[str, str]:
+    """File name -> error of every DAG file that failed to import (the CLI's JSON, after its log lines)."""
+    result = subprocess.run(
+        ["airflow", "dags", "list-import-errors", "--local", "-o", "json"], env=home.env, capture_output=True, text=True, timeout=180
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    payload = next(line for line in reversed(result.stdout.splitlines()) if line.startswith("["))
+    return {Path(e["filepath"]).name: e["error"] for e in json.loads(payload)}
+
+
+def markers(tmp_path: Path, name: str) -> Path:
+    path = tmp_path / f"markers-{name}"
+    path.mkdir()
+    return path
+
+
+def test_overlapping_run_is_skipped_with_the_reason_and_counted(airflow_home, store: LeaseStore, tmp_path) -> None:
+    first_markers, second_markers = markers(tmp_path, "a"), markers(tmp_path, "b")
+    first = airflow_home("first", extra_env={"LEASE_TEST_MARKERS": str(first_markers), "LEASE_TEST_HOLD_SECONDS": "15"})
+    second = airflow_home("second", extra_env={"LEASE_TEST_MARKERS": str(second_markers)})
+    running = first.dags_test_background("overlap")
+    wait_until(lambda: (first_markers / "hold-started").exists(), what="the first run to take the lease")
+    holder = store.holder("overlap-key")
+    assert holder is not None and holder.owner.startswith("overlap/")
+
+    result = second.dags_test("overlap")
+    assert not (second_markers / "hold-started").exists(), "the overlapping run's body ran"
+    states = second.task_states()
+    assert states[("hold", -1)] == "skipped"
+    assert states[("after", -1)] == "skipped", "downstream of a skipped leased task must skip too"
+    # The reason names the holding DAG run, its token and when the lease expires.
+    reason = second.xcom("hold", "lease_skip_reason")
+    assert reason is not None and holder.owner in reason["reason"] and f"token {holder.token}" in reason["reason"]
+    assert reason["holder_token"] == holder.token
+    assert reason["holder_expires_at"][:19] in reason["reason"]  # "until <expiry>" (renewals move it)
+    assert holder.owner in result.stdout + result.stderr
+    # The ledger has it once, and the skip counter (not a failure) went up.
+    skips = store.events.query(key="overlap-key", kind=EventKind.SKIPPED_OVERLAP)
+    assert len(skips) == 1 and skips[0].detail["holder_owner"] == holder.owner
+    wait_until(lambda: second.statsd.count("scheduled.skipped_overlap") == 1, timeout=10, what="the skip metric")
+    assert second.statsd.count("ti_failures") == 0
+
+    running.wait(timeout=120)
+    assert first.task_states() == {("hold", -1): "success", ("after", -1): "success"}
+    assert first.statsd.count("lease.acquired") == 1
+    assert store.holder("overlap-key") is None  # released on success
+
+
+def test_zombie_attempt_cannot_publish_after_a_newer_run(airflow_home, store: LeaseStore, pg_dsn, schema, tmp_path) -> None:
+    zombie_markers, fresh_markers = markers(tmp_path, "zombie"), markers(tmp_path, "fresh")
+    (fresh_markers / "go").write_text("now")
+    zombie = airflow_home("zombie", extra_env={"LEASE_TEST_MARKERS": str(zombie_markers)})
+    fresh = airflow_home("fresh", extra_env={"LEASE_TEST_MARKERS": str(fresh_markers)})
+    running = zombie.dags_test_background("zombie")
+    wait_until(lambda: (zombie_markers / "zombie-pid").exists(), what="the zombie to take the lease")
+    pid = int((zombie_markers / "zombie-pid").read_text())
+    old = store.holder("zombie-key")
+    assert old is not None
+    os.kill(pid, signal.SIGSTOP)  # frozen past its 4 s TTL: a lost VM, a GC pause
+    try:
+        time.sleep(5)
+        result = fresh.dags_test("zombie")
+        assert fresh.task_states()[("publish", -1)] == "success", result.stdout[-3000:]
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    (zombie_markers / "go").write_text("now")
+    running.wait(timeout=120)
+
+    assert zombie.task_states()[("publish", -1)] == "failed"
+    rows = execute(pg_dsn, f'SELECT writer, token FROM "{schema}".zombie_target')
+    assert len(rows) == 1 and rows[0][1] == old.token + 1, f"only the newer write may land: {rows}"
+    assert not (zombie_markers / f"published-{old.token}").exists()
+    # The ledger says why the old attempt stopped: its lease was lost, or the fence refused it.
+    lost = store.events.query(key="zombie-key", kind=EventKind.LOST)
+    rejected = store.events.query(key="zombie.target", kind=EventKind.FENCE_REJECTED)
+    assert any(e.token == old.token for e in lost + rejected)
+    log = (zombie.path / "zombie.log").read_text()
+    assert "LeaseLost" in log or "StaleFencingToken" in log
+
+
+def test_unreachable_store_fails_the_task_and_the_body_never_runs(airflow_home, tmp_path) -> None:
+    task_markers = markers(tmp_path, "u")
+    home = airflow_home(
+        "unreachable",
+        extra_env={
+            "LEASE_TEST_MARKERS": str(task_markers),
+            "AIRFLOW_CONN_LEASE_DEFAULT": "postgresql://postgres:pw@127.0.0.1:1/nothing",
+        },
+    )
+    started = time.monotonic()
+    result = home.dags_test("unreachable")
+    assert home.task_states()[("body", -1)] == "failed"
+    assert not (task_markers / "body-ran").exists(), "the body ran without a lease"
+    assert "LeaseStoreUnavailable" in result.stdout + result.stderr
+    assert time.monotonic() - started < 120
+
+
+def test_wait_defers_until_the_lease_is_released(airflow_home, store: LeaseStore, tmp_path) -> None:
+    task_markers = markers(tmp_path, "w")
+    home = airflow_home("waiter", extra_env={"LEASE_TEST_MARKERS": str(task_markers)})
+    blocker = store.acquire("wait-key", owner="someone-else", ttl=timedelta(minutes=5))
+    assert blocker is not None
+    running = home.dags_test_background("waiter")
+    wait_until(lambda: store.events.query(key="wait-key", kind=EventKind.WAITING), what="the task to defer")
+    time.sleep(3)
+    assert not (task_markers / "waited-ran").exists(), "the body ran while the lease was held"
+    released_at = time.time()
+    assert store.release(blocker)
+    running.wait(timeout=180)
+    assert home.task_states()[("waited", -1)] == "success"
+    ran_at = float((task_markers / "waited-ran").read_text())
+    assert ran_at >= released_at
+    log = (home.path / "waiter.log").read_text()
+    assert "deferring until it frees" in log
+
+
+def test_mapped_leased_task_with_per_map_keys_and_a_leased_bash_operator(airflow_home, store: LeaseStore, tmp_path) -> None:
+    home = airflow_home("mapped", extra_env={"LEASE_TEST_MARKERS": str(markers(tmp_path, "m"))})
+    result = home.dags_test("mapped_and_bash")
+    states = home.task_states()
+    assert [states[("shard", i)] for i in range(3)] == ["success"] * 3, result.stdout[-3000:]
+    assert states[("bash", -1)] == "success"
+    assert "bash ran under a lease" in result.stdout + result.stderr
+    keys = {lease.key: lease for lease in store.leases()}
+    assert {"shard-0", "shard-1", "shard-2", "bash-mapped_and_bash"} <= set(keys)
+    assert all(not lease.held for lease in keys.values())  # all released
+    owners = [e.owner for e in store.events.query(kind="acquired") if e.key.startswith("shard-")]
+    assert sorted(o.rsplit("/", 1)[1] for o in owners) == ["0", "1", "2"]  # owner = run + map index
+
+
+def test_run_scoped_lease_spans_three_tasks_and_an_overlapping_run_is_skipped_whole(airflow_home, store: LeaseStore, tmp_path) -> None:
+    home = airflow_home("run", extra_env={"LEASE_TEST_MARKERS": str(markers(tmp_path, "r"))})
+    result = home.dags_test("run_scoped")
+    states = home.task_states()
+    assert {t: s for (t, _), s in states.items()} == {
+        "acquire_run_lease": "success", "one": "success", "two": "success", "three": "success",
+        "release_run_lease": "success",
+    }, result.stdout[-3000:]
+    acquired = store.events.query(key="run-key", kind="acquired")
+    released = store.events.query(key="run-key", kind="released")
+    assert len(acquired) == 1 and len(released) == 1 and acquired[0].token == released[0].token
+    # 9 s of work under a 6 s TTL: the tasks in between renewed the run's lease.
+    assert released[0].detail["held_seconds"] > 6
+    assert store.events.query(key="run-key", kind="lost") == []
+
+    other = airflow_home("other", extra_env={"LEASE_TEST_MARKERS": str(markers(tmp_path, "o"))})
+    squatter = store.acquire("run-key", owner="someone-else", ttl=timedelta(minutes=5))
+    assert squatter is not None
+    other.dags_test("run_scoped")
+    states = {t: s for (t, _), s in other.task_states().items()}
+    assert states["acquire_run_lease"] == "skipped"
+    assert states["one"] == states["two"] == states["three"] == "skipped"
+    assert states["release_run_lease"] == "skipped"
+    assert store.holder("run-key").owner == "someone-else"  # the skipped run released nothing
+
+
+def test_example_dags_load_and_pass_airflow_dags_test(airflow_home, store: LeaseStore, tmp_path) -> None:
+    home = airflow_home("examples", dags=EXAMPLES)
+    assert import_errors(home) == {}
+    for dag_id in ("article_publisher", "billing_close"):
+        result = home.dags_test(dag_id, "2026-11-29T10:00:00+00:00")
+        states = {t: s for (t, _), s in home.task_states().items()}
+        assert states and set(states.values()) == {"success"}, result.stdout[-4000:]
+    assert {lease.key for lease in store.leases()} == {"article-publisher", "billing-close"}
+
+
+def test_bad_dag_arguments_fail_at_parse_time_naming_the_parameter(airflow_home) -> None:
+    home = airflow_home("bad", dags=Path(__file__).parent / "bad_dags")
+    errors = import_errors(home)
+    assert "lease_ttl=datetime.timedelta(days=-1, seconds=86395)" in errors["bad_negative_ttl.py"]
+    assert "lease_key=''" in errors["bad_empty_key.py"]
+    assert "on_overlap='queue'" in errors["bad_unknown_policy.py"]
+    assert "lease_ttl=datetime.timedelta(days=30)" in errors["bad_operator_ttl.py"]
