@@ -1,0 +1,178 @@
+"""Task overhead: a no-op ``@task.leased`` against a no-op ``@task`` in the same DAG run.
+
+One DAG holds ``pairs`` plain and ``pairs`` leased no-op tasks in one chain, alternating which of each
+pair runs first, so both kinds see the same drift. A throwaway ``AIRFLOW_HOME`` (SQLite metadata) is
+migrated, then one subprocess runs ``dag.test()`` once to warm up (imports, the first connection) and
+``repeats`` more times; each task's duration is read from the metadata database. Per run, the overhead
+is the median leased task's duration minus the median plain task's. Each leased task resolves its
+connection, opens a new store connection, checks the schema, acquires (durable), records the event,
+starts the keeper, releases (durable) and records that: what a real task pays.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import psycopg2.extensions
+
+from bench.figures import spread
+
+DAG_ID = "lease_bench_overhead"
+
+DAG_FILE = textwrap.dedent(
+    '''
+    """The task-overhead DAG of the benchmark (written by bench/overhead.py)."""
+
+    from __future__ import annotations
+
+    import datetime
+    import os
+
+    import pendulum
+    from airflow.sdk import DAG, task
+
+    PAIRS = int(os.environ["LEASE_BENCH_PAIRS"])
+
+    with DAG(
+        dag_id="lease_bench_overhead",
+        schedule=None,
+        start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+        catchup=False,
+    ) as dag:
+        previous = None
+        for i in range(PAIRS):
+
+            @task(task_id=f"plain_{i}")
+            def plain():
+                return None
+
+            @task.leased(
+                task_id=f"leased_{i}", lease_key=f"bench-overhead-{i}", lease_ttl=datetime.timedelta(minutes=5)
+            )
+            def leased():
+                return None
+
+            a, b = plain(), leased()
+            first, second = (a, b) if i % 2 == 0 else (b, a)
+            if previous is not None:
+                previous >> first
+            first >> second
+            previous = second
+    '''
+)
+
+RUNNER = textwrap.dedent(
+    """
+    import importlib.util, json, sys, time
+    from sqlalchemy import select
+    from airflow.models.taskinstance import TaskInstance
+    from airflow.utils.session import create_session
+
+    spec = importlib.util.spec_from_file_location("lease_bench_overhead", sys.argv[1])
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    runs = []
+    for _ in range(int(sys.argv[2])):
+        started = time.monotonic()
+        run = module.dag.test()
+        wall = time.monotonic() - started
+        with create_session() as session:
+            tis = session.scalars(select(TaskInstance).where(
+                TaskInstance.dag_id == module.dag.dag_id, TaskInstance.run_id == run.run_id)).all()
+            runs.append({"wall_s": wall, "state": str(run.state),
+                         "tasks": {ti.task_id: [ti.duration, str(ti.state)] for ti in tis}})
+    print("LEASE_BENCH_JSON " + json.dumps(runs))
+    """
+)
+
+
+def _lease_connection(dsn: str) -> str:
+    """The lease connection as Airflow JSON (a Unix-socket host does not survive URI parsing)."""
+    info = psycopg2.extensions.parse_dsn(dsn)
+    conn: dict[str, Any] = {"conn_type": "postgres", "host": info.get("host", "localhost")}
+    for ours, theirs in (("port", "port"), ("user", "login"), ("password", "password"), ("dbname", "schema")):
+        if info.get(ours):
+            conn[theirs] = int(info[ours]) if ours == "port" else info[ours]
+    return json.dumps(conn)
+
+
+def run_overhead(dsn: str, schema: str, repeats: int, pairs: int, timeout: float = 300.0) -> dict[str, Any]:
+    """Measure; returns the figures or a ``not measured`` record that says why."""
+    home = Path(tempfile.mkdtemp(prefix="lease-bench-airflow-"))
+    try:
+        dags = home / "dags"
+        dags.mkdir()
+        dag_file = dags / f"{DAG_ID}.py"
+        dag_file.write_text(DAG_FILE)
+        env = dict(os.environ)
+        env.update(
+            {
+                "AIRFLOW_HOME": str(home),
+                "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "AIRFLOW_CONN_LEASE_DEFAULT": _lease_connection(dsn),
+                "AIRFLOW__LEASE__SCHEMA": schema,
+                "LEASE_BENCH_PAIRS": str(pairs),
+            }
+        )
+        airflow = str(Path(sys.executable).parent / "airflow")
+        migrate = subprocess.run(
+            [airflow, "db", "migrate"], env=env, capture_output=True, text=True, timeout=timeout, check=False
+        )
+        if migrate.returncode != 0:
+            return {"status": "not measured: airflow db migrate failed", "stderr": migrate.stderr[-2000:]}
+        proc = subprocess.run(
+            [sys.executable, "-c", RUNNER, str(dag_file), str(repeats + 1)],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+        )
+        line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("LEASE_BENCH_JSON ")), None)
+        if line is None:
+            tail = (proc.stdout + proc.stderr)[-3000:]
+            return {"status": "not measured: the DAG runs failed", "output": tail}
+        runs = json.loads(line.split(" ", 1)[1])
+    finally:
+        shutil.rmtree(home, ignore_errors=True)
+    return _figures(runs[1:], warmup=runs[0], pairs=pairs)
+
+
+def _figures(runs: list[dict[str, Any]], *, warmup: dict[str, Any], pairs: int) -> dict[str, Any]:
+    per_run = []
+    for run in runs:
+        tasks = run["tasks"]
+        failed = [t for t, (_, state) in tasks.items() if not state.endswith("success")]
+        plain = [d * 1000 for t, (d, _) in tasks.items() if t.startswith("plain_") and d is not None]
+        leased = [d * 1000 for t, (d, _) in tasks.items() if t.startswith("leased_") and d is not None]
+        per_run.append(
+            {
+                "plain_median_ms": statistics.median(plain) if plain else None,
+                "leased_median_ms": statistics.median(leased) if leased else None,
+                "overhead_ms": statistics.median(leased) - statistics.median(plain)
+                if plain and leased
+                else None,
+                "failed_tasks": failed,
+                "wall_s": run["wall_s"],
+            }
+        )
+    return {
+        "status": "measured",
+        "method": "dag.test() in one process, SQLite metadata; TaskInstance.duration",
+        "pairs_per_run": pairs,
+        "runs": per_run,
+        "warmup_run_wall_s": warmup["wall_s"],
+        "overhead_ms": spread(r["overhead_ms"] for r in per_run),
+        "plain_ms": spread(r["plain_median_ms"] for r in per_run),
+        "leased_ms": spread(r["leased_median_ms"] for r in per_run),
+    }

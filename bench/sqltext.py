@@ -1,0 +1,161 @@
+"""SQL of the baseline arms and of the per-cell table setup.
+
+Every statement names its schema through ``psycopg2.sql.Identifier``; values are always parameters.
+The baselines live in the run's own schema next to the store's tables, so dropping the schema at the
+end removes everything.
+"""
+
+from __future__ import annotations
+
+from psycopg2 import sql
+
+# -- baseline tables -----------------------------------------------------------------------------------
+
+# ShedLock's documented table (name/lock_until/locked_at/locked_by, TIMESTAMP columns, default fillfactor).
+CREATE_SHEDLOCK = """
+CREATE TABLE {schema}.shedlock (
+    name        varchar(64)  NOT NULL,
+    lock_until  timestamp    NOT NULL,
+    locked_at   timestamp    NOT NULL,
+    locked_by   varchar(255) NOT NULL,
+    PRIMARY KEY (name)
+)"""
+
+# The naive read-then-CAS arm uses a copy of the store's lease table (same columns, same fillfactor),
+# so the only difference from the project's arm is the protocol: two round trips instead of one.
+CREATE_NAIVE = """
+CREATE TABLE {schema}.naive_lease (
+    key          text        PRIMARY KEY,
+    owner        text        NOT NULL,
+    token        bigint      NOT NULL CHECK (token > 0),
+    ttl          interval    NOT NULL,
+    acquired_at  timestamptz NOT NULL,
+    renewed_at   timestamptz NOT NULL,
+    expires_at   timestamptz NOT NULL,
+    released_at  timestamptz
+) WITH (fillfactor = 50)"""
+
+# The fence statement of DESIGN decision 8 without the plpgsql wrapper, on a copy of the fence table.
+CREATE_RAW_FENCE = """
+CREATE TABLE {schema}.raw_fence (
+    resource     text        PRIMARY KEY,
+    token        bigint      NOT NULL CHECK (token > 0),
+    owner        text,
+    accepted_at  timestamptz NOT NULL
+) WITH (fillfactor = 50)"""
+
+BASELINE_TABLES = (CREATE_SHEDLOCK, CREATE_NAIVE, CREATE_RAW_FENCE)
+
+# -- ShedLock-style statements (the shape of ShedLock's PostgreSQL provider with usingDbTime()) ---------
+
+# One statement: insert the row, or take it over when it has expired. When the WHERE is false,
+# PostgreSQL still locks the conflicting row (a LOCK record and a transaction id): the cost measured here.
+SHEDLOCK_UPSERT = (
+    "INSERT INTO {schema}.shedlock AS s (name, lock_until, locked_at, locked_by) "
+    "VALUES (%(name)s, timezone('utc', CURRENT_TIMESTAMP) + make_interval(secs => %(secs)s), timezone('utc', CURRENT_TIMESTAMP), %(by)s) "
+    "ON CONFLICT (name) DO UPDATE SET lock_until = timezone('utc', CURRENT_TIMESTAMP) + make_interval(secs => %(secs)s), "
+    "locked_at = timezone('utc', CURRENT_TIMESTAMP), locked_by = %(by)s "
+    "WHERE s.name = %(name)s AND s.lock_until <= timezone('utc', CURRENT_TIMESTAMP)"
+)
+# ShedLock's own steady state: once a process has seen the row, it only sends this conditional UPDATE.
+SHEDLOCK_UPDATE = (
+    "UPDATE {schema}.shedlock SET lock_until = timezone('utc', CURRENT_TIMESTAMP) + make_interval(secs => %(secs)s), "
+    "locked_at = timezone('utc', CURRENT_TIMESTAMP), locked_by = %(by)s "
+    "WHERE name = %(name)s AND lock_until <= timezone('utc', CURRENT_TIMESTAMP)"
+)
+SHEDLOCK_EXTEND = (
+    "UPDATE {schema}.shedlock SET lock_until = timezone('utc', CURRENT_TIMESTAMP) + make_interval(secs => %(secs)s) "
+    "WHERE name = %(name)s AND locked_by = %(by)s AND lock_until > timezone('utc', CURRENT_TIMESTAMP)"
+)
+# lockAtLeastFor = 0: the CASE of ShedLock's unlock always picks "now".
+SHEDLOCK_UNLOCK = (
+    "UPDATE {schema}.shedlock SET lock_until = timezone('utc', CURRENT_TIMESTAMP) "
+    "WHERE name = %(name)s AND locked_by = %(by)s"
+)
+
+# -- naive read-then-compare-and-set (the shape most articles show) --------------------------------------
+
+NAIVE_READ = (
+    "SELECT token, owner, expires_at <= clock_timestamp() FROM {schema}.naive_lease WHERE key = %(key)s"
+)
+NAIVE_CAS = (
+    "UPDATE {schema}.naive_lease SET owner = %(owner)s, token = token + 1, ttl = %(ttl)s, "
+    "acquired_at = clock_timestamp(), renewed_at = clock_timestamp(), "
+    "expires_at = clock_timestamp() + %(ttl)s, released_at = NULL "
+    "WHERE key = %(key)s AND token = %(token)s RETURNING token"
+)
+NAIVE_INSERT = (
+    "INSERT INTO {schema}.naive_lease (key, owner, token, ttl, acquired_at, renewed_at, expires_at) "
+    "VALUES (%(key)s, %(owner)s, 1, %(ttl)s, clock_timestamp(), clock_timestamp(), "
+    "clock_timestamp() + %(ttl)s) ON CONFLICT (key) DO NOTHING RETURNING token"
+)
+NAIVE_RENEW_READ = (
+    "SELECT owner = %(owner)s AND token = %(token)s AND expires_at > clock_timestamp() "
+    "FROM {schema}.naive_lease WHERE key = %(key)s"
+)
+NAIVE_RENEW = (
+    "UPDATE {schema}.naive_lease SET renewed_at = clock_timestamp(), "
+    "expires_at = clock_timestamp() + %(ttl)s WHERE key = %(key)s AND owner = %(owner)s "
+    "AND token = %(token)s"
+)
+NAIVE_RELEASE = (
+    "UPDATE {schema}.naive_lease SET expires_at = LEAST(expires_at, clock_timestamp()), "
+    "released_at = clock_timestamp() WHERE key = %(key)s AND owner = %(owner)s AND token = %(token)s"
+)
+
+# -- fence baseline: decision 8's single statement --------------------------------------------------------
+
+RAW_FENCE = (
+    "INSERT INTO {schema}.raw_fence AS f (resource, token, owner, accepted_at) "
+    "VALUES (%(resource)s, %(token)s, %(owner)s, clock_timestamp()) "
+    "ON CONFLICT (resource) DO UPDATE SET token = EXCLUDED.token, owner = EXCLUDED.owner, "
+    "accepted_at = EXCLUDED.accepted_at WHERE f.token < EXCLUDED.token RETURNING f.token"
+)
+
+# -- floors ------------------------------------------------------------------------------------------------
+
+SELECT_ONE = "SELECT 1"
+ADVISORY_TRY_XACT = "SELECT pg_try_advisory_xact_lock(%(lock)s)"
+
+# -- per-cell setup (coordinator) ----------------------------------------------------------------------------
+
+# The keys to seed, generated in the server: a success-path pool of tens of thousands of keys is then
+# one short statement. The names match arms.pool_key() and arms.many_key().
+POOL_KEYS = (
+    "SELECT 's' || w || '-' || n FROM generate_series(0, %(clients)s - 1) AS w, "
+    "generate_series(0, %(pool)s - 1) AS n"
+)
+MANY_KEYS = "SELECT 'k' || n FROM generate_series(0, %(count)s - 1) AS n"
+ONE_KEY = "SELECT %(key)s::text"
+
+# Free (expired and released) leases: what the success path, hand-off and 10k-key scenarios take.
+SEED_LEASE_ROWS = """
+INSERT INTO {schema}.{table} (key, owner, token, ttl, acquired_at, renewed_at, expires_at, released_at)
+SELECT k, 'seed', 1, interval '60 seconds', clock_timestamp() - interval '2 hours',
+       clock_timestamp() - interval '2 hours', clock_timestamp() - interval '1 hour',
+       clock_timestamp() - interval '1 hour'
+  FROM ({keys}) AS keys (k)"""
+SEED_HELD_LEASE = """
+INSERT INTO {schema}.{table} (key, owner, token, ttl, acquired_at, renewed_at, expires_at)
+VALUES (%(key)s, 'holder', 1, interval '1 hour', clock_timestamp(), clock_timestamp(),
+        clock_timestamp() + interval '1 hour')"""
+SEED_SHEDLOCK_ROWS = """
+INSERT INTO {schema}.shedlock (name, lock_until, locked_at, locked_by)
+SELECT k, timezone('utc', CURRENT_TIMESTAMP) - interval '1 hour',
+       timezone('utc', CURRENT_TIMESTAMP) - interval '2 hours', 'seed'
+  FROM ({keys}) AS keys (k)"""
+SEED_HELD_SHEDLOCK = """
+INSERT INTO {schema}.shedlock (name, lock_until, locked_at, locked_by)
+VALUES (%(key)s, timezone('utc', CURRENT_TIMESTAMP) + interval '1 hour',
+        timezone('utc', CURRENT_TIMESTAMP), 'holder')"""
+
+
+def compose(text: str, schema: str, *, keys: str | None = None, **names: str) -> sql.Composed:
+    """``text`` with ``{schema}`` (and any other ``{name}``) filled in as quoted identifiers.
+
+    :param keys: one of the constant key queries above, for ``{keys}`` (never built from input).
+    """
+    parts: dict[str, sql.Composable] = {key: sql.Identifier(value) for key, value in names.items()}
+    if keys is not None:
+        parts["keys"] = sql.SQL(keys)
+    return sql.SQL(text).format(schema=sql.Identifier(schema), **parts)
