@@ -26,7 +26,7 @@ import psycopg2
 
 from airflow_lease_provider.core.db import describe_dsn
 from bench import arms
-from bench.cells import SCENARIOS, IdleInTransaction, pool_size, run_cell
+from bench.cells import ARM_TABLES, SCENARIOS, IdleInTransaction, pool_size, run_cell
 from bench.figures import summarize
 from bench.pool import CellSpec, ClientPool
 from bench.report import render, targets
@@ -71,9 +71,9 @@ PROFILES = {
         clients=(1, 8),
         repeats=3,
         warmup=0.1,
-        duration=0.3,
+        duration=0.2,
         pressure_clients=8,
-        pressure_duration=2.0,
+        pressure_duration=1.5,
         enumerate_days=1,
         catchup_min_seconds=0.05,
         overhead_pairs=3,
@@ -135,16 +135,10 @@ def run_grid(
             with ClientPool(clients, dsn, schema) as pool:
                 for scenario in rotate(scenarios, repeat):
                     for arm in rotate(SCENARIOS[scenario], repeat):
-                        spec = CellSpec(
-                            scenario,
-                            arm,
-                            clients,
-                            profile.warmup,
-                            profile.duration,
-                            pool=pool_size(clients, profile.warmup, profile.duration)
-                            if scenario == "success"
-                            else 0,
-                        )
+                        # Only the success path's table arms take keys from a seeded pool.
+                        uses_pool = scenario == "success" and bool(ARM_TABLES[arm])
+                        keys = pool_size(clients, profile.warmup, profile.duration) if uses_pool else 0
+                        spec = CellSpec(scenario, arm, clients, profile.warmup, profile.duration, pool=keys)
                         cells.append(run_cell(pool, server, schema, spec, attributor, repeat=repeat))
                         _progress(cells, total, started)
                 if pressure and clients == profile.pressure_clients:

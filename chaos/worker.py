@@ -7,9 +7,11 @@ every pause is ``threading.Event().wait``. It runs until the harness kills it.
 
 from __future__ import annotations
 
+import ctypes
 import json
 import os
 import random
+import signal
 import sys
 import threading
 import time
@@ -214,7 +216,17 @@ class Worker:
             return
 
 
+def _die_with_parent() -> None:
+    """Ask the kernel to SIGKILL us if the harness dies first, so no worker outlives a killed run."""
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        pass
+
+
 def main(argv: list[str]) -> int:
+    _die_with_parent()
     Worker(WorkerConfig.from_json(argv[1])).run()
     return 0
 
