@@ -1,0 +1,71 @@
+"""Snapshots of what a store has written, and of the catalog, to prove "nothing changed"."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg2
+from psycopg2 import sql
+
+#: The store's tables, compared row by row.
+STORE_TABLES = ("lease", "fence", "fence_publish", "event")
+
+
+def rows(dsn: str, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+    """Every row of the store's tables (an absent schema reads as empty)."""
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    out: dict[str, list[tuple[Any, ...]]] = {}
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+            exists = cur.fetchone() is not None
+            for table in STORE_TABLES:
+                if not exists:
+                    out[table] = []
+                    continue
+                cur.execute(sql.SQL("SELECT * FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(table)))
+                out[table] = sorted(cur.fetchall(), key=repr)
+    finally:
+        conn.close()
+    return out
+
+
+_CATALOG = {
+    "relations": "SELECT c.relname, c.relkind, c.relpersistence, c.reloptions::text FROM pg_class c "
+                 "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %(schema)s",
+    "columns": "SELECT c.relname, a.attname, format_type(a.atttypid, a.atttypmod), a.attnotnull FROM pg_attribute a "
+               "JOIN pg_class c ON c.oid = a.attrelid JOIN pg_namespace n ON n.oid = c.relnamespace "
+               "WHERE n.nspname = %(schema)s AND a.attnum > 0 AND NOT a.attisdropped",
+    "constraints": "SELECT conname, contype, pg_get_constraintdef(k.oid) FROM pg_constraint k "
+                   "JOIN pg_namespace n ON n.oid = k.connamespace WHERE n.nspname = %(schema)s",
+    "functions": "SELECT p.proname, md5(p.prosrc), p.proconfig::text FROM pg_proc p "
+                 "JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %(schema)s",
+    "triggers": "SELECT t.tgname, c.relname FROM pg_trigger t JOIN pg_class c ON c.oid = t.tgrelid "
+                "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %(schema)s",
+    "privileges": "SELECT c.relname, c.relacl::text FROM pg_class c "
+                  "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %(schema)s",
+    "schema": "SELECT nspname, nspacl::text FROM pg_namespace WHERE nspname = %(schema)s",
+    "roles": "SELECT rolname, rolsuper, rolcanlogin FROM pg_roles",
+    "databases": "SELECT datname FROM pg_database",
+    "settings": "SELECT name, setting FROM pg_settings WHERE source NOT IN ('default', 'session', 'client') "
+                "AND name NOT LIKE 'application_name'",
+}
+
+
+def catalog(dsn: str, schema: str) -> dict[str, list[tuple[Any, ...]]]:
+    """The catalog of one schema, plus the server-wide objects an injection would go for.
+
+    Other schemas are left out: a shared test server has other suites creating and dropping theirs.
+    """
+    conn = psycopg2.connect(dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            out = {}
+            for name, query in _CATALOG.items():
+                cur.execute(query, {"schema": schema})
+                out[name] = sorted(cur.fetchall(), key=repr)
+            return out
+    finally:
+        conn.close()

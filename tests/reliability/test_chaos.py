@@ -1,0 +1,97 @@
+"""The fault-injection harness in CI: the short profile passes, the broken variants fail.
+
+Each run is ``python -m chaos`` in a subprocess, exactly the command a person runs, on a private
+embedded PostgreSQL that the harness starts and kills itself (never ``LEASE_TEST_DSN``'s server).
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from chaos.checker import FAULT_KINDS
+from chaos.harness import LIBFAKETIME
+
+REPO = Path(__file__).resolve().parents[2]
+
+pytestmark = [
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        LIBFAKETIME is None,
+        reason="libfaketime is not installed (apt-get install faketime): the skewed-clock workers need it",
+    ),
+]
+
+
+def start(out: Path, *args: str) -> subprocess.Popen[str]:
+    return subprocess.Popen(
+        [sys.executable, "-m", "chaos", *args, "--out", str(out)],
+        cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+
+
+def finish(proc: subprocess.Popen[str], out: Path, timeout: float) -> tuple[int, dict[str, Any], str]:
+    try:
+        output, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGTERM)  # the harness cleans up its workers and server on SIGTERM
+        output, _ = proc.communicate(timeout=60)
+        pytest.fail(f"python -m chaos did not finish within {timeout:.0f}s:\n{output[-6000:]}")
+    report_path = out / "report.json"
+    assert report_path.exists(), f"no report (exit {proc.returncode}):\n{output[-6000:]}"
+    return proc.returncode, json.loads(report_path.read_text()), output
+
+
+def test_short_profile_zero_violations_over_5000_operations_and_every_fault(tmp_path: Path) -> None:
+    code, report, output = finish(start(tmp_path, "--profile", "short", "--seed", "6"), tmp_path, timeout=240)
+    assert code == 0, output[-6000:]
+    assert report["violations"] == {}, output[-6000:]
+    assert report["operations"] >= 5000, output[-6000:]
+    for kind in FAULT_KINDS:
+        assert report["faults"].get(kind, 0) >= 1, f"no {kind} fault:\n{output[-6000:]}"
+    assert report["faults"]["kill9"] >= 2 and report["faults"]["sigstop"] >= 5
+    assert report["outcomes"].get("publish:stale", 0) >= 1, "the fence never had to refuse anybody"
+    # The history holds database timestamps for every answered operation.
+    first_op = next(
+        json.loads(line) for line in (tmp_path / "history.jsonl").open()
+        if '"op": "acquire"' in line and '"outcome": "ok"' in line
+    )
+    assert first_op["acquired_at"] and first_op["expires_at"] and first_op["observed_at"]
+
+
+@pytest.fixture(scope="module")
+def broken_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, dict[str, Any], str]]]:
+    """Both broken variants, run side by side to halve the wall time."""
+    outs = {variant: tmp_path_factory.mktemp(variant) for variant in ("fence-off", "client-clock")}
+    procs = {v: start(out, "--profile", "smoke", "--variant", v, "--seed", "7") for v, out in outs.items()}
+    try:
+        yield {v: finish(proc, outs[v], timeout=180) for v, proc in procs.items()}
+    finally:
+        for proc in procs.values():
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+                proc.wait(timeout=60)
+
+
+def test_checker_catches_the_store_with_its_fence_disabled(broken_runs: dict[str, Any]) -> None:
+    code, report, output = broken_runs["fence-off"]
+    assert code == 1, output[-4000:]
+    # Zombies and late workers published over newer work: the target saw tokens go back.
+    assert report["violations"].get("fence-order", 0) >= 1, output[-4000:]
+    assert "RESULT: VIOLATIONS" in output
+
+
+def test_checker_catches_expiry_judged_by_the_client_clock(broken_runs: dict[str, Any]) -> None:
+    code, report, output = broken_runs["client-clock"]
+    assert code == 1, output[-4000:]
+    # Workers 10 minutes ahead took leases that were still valid by the database clock: both the
+    # workers' own view and the committed rows show two owners at once.
+    assert report["violations"].get("overlap", 0) >= 1, output[-4000:]
+    assert report["violations"].get("overlap-db", 0) >= 1, output[-4000:]
