@@ -1,0 +1,332 @@
+"""``airflow-lease``: the operator's command line for leases, events and TTL advice.
+
+::
+
+    airflow-lease status                      # every key: holder, token, expires in, last renewal
+    airflow-lease events --kind skipped_overlap --since 24h
+    airflow-lease counts                      # per key and kind: last 24 h / 7 days
+    airflow-lease advise-ttl                  # TTL vs 1.5-2x the worst observed hold
+    airflow-lease release --force daily-article --reason "worker host lost"
+
+The store is found like the hooks find it (``[lease] conn_id``, default ``lease_default``, or the
+embedded PostgreSQL of a single-host Airflow); ``--dsn``/``--schema`` bypass Airflow's configuration
+entirely (and Airflow is then not even imported). Tables by default, ``--json`` for scripts: the same
+shapes as the Leases page's JSON endpoints (docs/ui.md).
+
+Exit codes: 0 done, 1 the store failed or the key is unknown, 2 bad usage, 3 ``advise-ttl --check``
+found a TTL to fix, 4 ``release`` was not confirmed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import getpass
+import json
+import re
+import socket
+import sys
+from collections.abc import Callable, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any, TextIO
+
+from airflow_lease_provider.core import DEFAULT_SCHEMA, EventKind, LeaseError, LeaseStore
+from airflow_lease_provider.core.db import describe_dsn
+from airflow_lease_provider.plugins import report
+
+EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_ADVICE, EXIT_NOT_CONFIRMED = 0, 1, 2, 3, 4
+_RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
+_UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+#: Cells longer than this are cut in tables (``--wide`` shows them whole; ``--json`` always does).
+MAX_CELL = 64
+
+
+# -- arguments --------------------------------------------------------------------------------------
+
+
+def when(value: str) -> datetime:
+    """``30m``, ``24h``, ``7d`` (that long ago) or an ISO timestamp (UTC unless it says otherwise)."""
+    match = _RELATIVE.match(value.strip())
+    if match:
+        return datetime.now(timezone.utc) - timedelta(**{_UNITS[match[2]]: float(match[1])})
+    try:
+        moment = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: use 30m, 24h, 7d or an ISO timestamp") from None
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _positive_int(value: str) -> int:
+    number = int(value)
+    if number < 1:
+        raise argparse.ArgumentTypeError(f"{value!r}: must be at least 1")
+    return number
+
+
+def _kind(value: str) -> str:
+    kinds = [k.value for k in EventKind]
+    if value not in kinds:
+        raise argparse.ArgumentTypeError(f"{value!r}: one of {', '.join(kinds)}")
+    return value
+
+
+def build_parser() -> argparse.ArgumentParser:
+    # The store and output options work before or after the command (airflow-lease --json status, or
+    # airflow-lease status --json): SUPPRESS keeps a subcommand from resetting what was given before it.
+    def common(suppress: bool) -> argparse.ArgumentParser:
+        default: Any = argparse.SUPPRESS if suppress else None
+        parser = argparse.ArgumentParser(add_help=False)
+        group = parser.add_argument_group("lease store")
+        group.add_argument("--conn-id", default=default,
+                           help="Airflow connection of the store (default: [lease] conn_id, lease_default)")
+        group.add_argument("--dsn", default=default,
+                           help="a libpq DSN or postgresql:// URI; bypasses Airflow's configuration")
+        group.add_argument("--schema", default=default,
+                           help=f"the store's PostgreSQL schema (default: [lease] schema, or {DEFAULT_SCHEMA})")
+        out = parser.add_argument_group("output")
+        out.add_argument("--json", action="store_true", default=argparse.SUPPRESS if suppress else False,
+                         help="print JSON (the Leases page's API shapes) instead of a table")
+        out.add_argument("--wide", action="store_true", default=argparse.SUPPRESS if suppress else False,
+                         help="never cut long cells in tables")
+        return parser
+
+    parser = argparse.ArgumentParser(
+        prog="airflow-lease", parents=[common(False)],
+        description="Leases, skips and TTL advice of the Airflow lease provider. Times are UTC.",
+    )
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    sub = [common(True)]
+
+    status = commands.add_parser("status", parents=sub, help="current leases: holder, token, expires in")
+    status.add_argument("--held", action="store_true", help="only keys held right now")
+    status.add_argument("--key", help="only this key")
+
+    events = commands.add_parser("events", parents=sub, help="recent events, newest first")
+    events.add_argument("--key", help="only this key (for fence rejections: the fence resource)")
+    events.add_argument("--kind", type=_kind, help="only this kind, e.g. skipped_overlap")
+    events.add_argument("--since", type=when, help="30m, 24h, 7d or an ISO timestamp")
+    events.add_argument("--until", type=when, help="30m, 24h, 7d or an ISO timestamp")
+    events.add_argument("--limit", type=_positive_int, default=50, help="at most this many (default 50)")
+
+    commands.add_parser("counts", parents=sub, help="per key and kind: events in the last 24 hours / 7 days")
+
+    release = commands.add_parser(
+        "release", parents=sub, help="force-release a lease (admin): frees it now and bumps its token"
+    )
+    release.add_argument("key", help="the lease key")
+    release.add_argument("--force", action="store_true",
+                         help="required: a normal release belongs to the holder; this frees it for anyone")
+    release.add_argument("--reason", default="", help="why, for the event ledger")
+    release.add_argument("--by", default=None, help="who, for the event ledger (default: user@host)")
+    release.add_argument("--expected-token", type=int, default=None,
+                         help="release only if the lease still has this token")
+    release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation on a terminal")
+
+    advise = commands.add_parser("advise-ttl", parents=sub, help="TTL vs 1.5-2x the worst observed hold")
+    advise.add_argument("--key", help="only this key")
+    advise.add_argument("--days", type=float, default=30.0, help="look at holds of the last N days (default 30)")
+    advise.add_argument("--check", action="store_true",
+                        help=f"exit {EXIT_ADVICE} when a TTL is too short or far too long (for monitoring)")
+    return parser
+
+
+# -- the store --------------------------------------------------------------------------------------
+
+
+def open_store(args: argparse.Namespace) -> tuple[LeaseStore, str]:
+    """The store and a description of where it is (never with a password)."""
+    if args.dsn:
+        schema = args.schema or DEFAULT_SCHEMA
+        return LeaseStore(args.dsn, schema=schema), f"{describe_dsn(args.dsn)} schema {schema}"
+    # Only now is Airflow imported: its configuration names the connection and the schema.
+    from airflow_lease_provider.hooks import LeaseHook
+
+    hook = LeaseHook(args.conn_id, schema=args.schema)
+    return hook.get_store(), hook.location.where
+
+
+# -- tables -----------------------------------------------------------------------------------------
+
+
+def _clip(text: str, wide: bool) -> str:
+    text = " ".join(text.split())
+    return text if wide or len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
+
+
+def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO, *, wide: bool = False) -> None:
+    """A plain aligned table; empty cells show as ``-``. The last column is never cut: it aligns nothing."""
+    last = len(headers) - 1
+    cells = [[_clip("-" if v is None or v == "" else str(v), wide or i == last) for i, v in enumerate(row)]
+             for row in rows]
+    widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
+    line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()
+    out.write(line + "\n")
+    for row in cells:
+        out.write("  ".join(v.ljust(w) for v, w in zip(row, widths, strict=True)).rstrip() + "\n")
+
+
+def _t(iso: str | None) -> str | None:
+    return report.short_time(iso).removesuffix(" UTC") if iso else None
+
+
+def _d(seconds: float | None) -> str | None:
+    return report.format_duration(seconds) if seconds is not None else None
+
+
+def _run(run: dict[str, Any] | None, fallback: str | None = None) -> str | None:
+    if not run:
+        return fallback
+    suffix = f"[{run['map_index']}]" if run.get("map_index", -1) >= 0 else ""
+    return f"{run['dag_id']}/{run['run_id']}{suffix}"
+
+
+# -- commands ---------------------------------------------------------------------------------------
+
+
+def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
+    data = report.leases(store, held_only=args.held)
+    if args.key:
+        data["leases"] = [row for row in data["leases"] if row["key"] == args.key]
+        if not data["leases"]:
+            return _fail(f"no lease {args.key!r} in the store")
+    if args.json:
+        return _json(data, out)
+    table(
+        ["KEY", "STATE", "HOLDER", "TOKEN", "ACQUIRED", "EXPIRES IN", "LAST RENEWAL", "TTL"],
+        [[r["key"], "held" if r["held"] else "free", _run(r["holder_run"], r["owner"]), r["token"],
+          _t(r["acquired_at"]), _d(r["expires_in_seconds"]) if r["held"] else None, _t(r["renewed_at"]),
+          _d(r["ttl_seconds"])] for r in data["leases"]],
+        out, wide=args.wide,
+    )
+    return EXIT_OK
+
+
+def cmd_events(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
+    data = report.events(store, key=args.key, kind=args.kind, since=args.since, until=args.until, limit=args.limit)
+    if args.json:
+        return _json(data, out)
+    table(
+        ["AT", "KIND", "KEY", "RUN", "TASK", "WHAT HAPPENED"],
+        [[_t(e["at"]), e["kind"], e["key"], _run(e["run"], e["owner"]), (e["task"] or {}).get("task_id"),
+          e["summary"]] for e in data["events"]],
+        out, wide=args.wide,
+    )
+    return EXIT_OK
+
+
+def cmd_counts(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
+    data = report.counts(store)
+    if args.json:
+        return _json(data, out)
+    kinds = [k for k in data["kinds"] if any(k in row["kinds"] for row in data["counts"])]
+    table(
+        ["KEY", *[k.upper() for k in kinds]],
+        [[row["key"], *[_pair(row["kinds"].get(k)) for k in kinds]] for row in data["counts"]],
+        out, wide=args.wide,
+    )
+    out.write("(each cell: last 24 hours / last 7 days)\n")
+    return EXIT_OK
+
+
+def _range(low: float | None, high: float | None) -> str | None:
+    if low is None or high is None:
+        return None
+    return _d(low) if low == high else f"{_d(low)}-{_d(high)}"
+
+
+def _pair(counts: dict[str, int] | None) -> str:
+    counts = counts or {"last_24h": 0, "last_7d": 0}
+    return f"{counts['last_24h']} / {counts['last_7d']}"
+
+
+def cmd_advise(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
+    if args.days <= 0:
+        return _fail("--days must be positive", EXIT_USAGE)
+    data = report.ttl_advice(store, window=timedelta(days=args.days), key=args.key)
+    flagged = [a for a in data["advice"] if a["verdict"] in ("too_short", "too_long")]
+    if args.json:
+        _json(data, out)
+    else:
+        table(
+            ["KEY", "VERDICT", "TTL", "WORST HOLD", "HOLDS", "RECOMMENDED", "WHY"],
+            [[a["key"], a["verdict"], _d(a["ttl_seconds"]), _d(a["worst_hold_seconds"]), a["holds"],
+              _range(a["recommended_min_seconds"], a["recommended_max_seconds"]), a["message"]]
+             for a in data["advice"]],
+            out, wide=args.wide,
+        )
+    return EXIT_ADVICE if args.check and flagged else EXIT_OK
+
+
+def cmd_release(store: LeaseStore, args: argparse.Namespace, out: TextIO, confirm: Callable[[str], str]) -> int:
+    if not args.force:
+        return _fail(
+            "release needs --force: a normal release belongs to the holder; a forced one frees the lease for "
+            "anyone and bumps its token, so the holder can no longer renew or publish", EXIT_USAGE,
+        )
+    current = next((lease for lease in store.leases() if lease.key == args.key), None)
+    if current is None:
+        return _fail(f"no lease {args.key!r} in the store")
+    if args.expected_token is not None and current.token != args.expected_token:
+        return _fail(f"lease {args.key!r} has token {current.token}, not {args.expected_token}: nothing released")
+    if not args.yes and sys.stdin.isatty():
+        state = f"held by {current.owner} with token {current.token}" if current.held else "not held right now"
+        answer = confirm(f"Force-release {args.key!r} ({state})? Type the key to confirm: ")
+        if answer.strip() != args.key:
+            print("airflow-lease: not confirmed; nothing released", file=sys.stderr)
+            return EXIT_NOT_CONFIRMED
+    by = args.by or f"{getpass.getuser()}@{socket.gethostname()} (airflow-lease)"
+    previous = store.force_release(args.key, by=by, reason=args.reason or "force-released with airflow-lease")
+    if previous is None:
+        return _fail(f"no lease {args.key!r} in the store")
+    after = next((lease for lease in store.leases() if lease.key == args.key), None)
+    result = {"key": args.key, "by": by, "previous": report.lease_row(previous),
+              "new_token": after.token if after else None}
+    if args.json:
+        return _json(result, out)
+    was = f"held by {previous.owner}" if previous.held else f"not held (last holder {previous.owner})"
+    out.write(f"force-released {args.key!r}: it was {was} with token {previous.token}; "
+              f"the token is now {result['new_token']}. Recorded as by {by!r}.\n")
+    return EXIT_OK
+
+
+def _json(data: Any, out: TextIO) -> int:
+    json.dump(data, out, indent=2, sort_keys=False, default=str)
+    out.write("\n")
+    return EXIT_OK
+
+
+def _fail(message: str, code: int = EXIT_ERROR) -> int:
+    print(f"airflow-lease: {message}", file=sys.stderr)
+    return code
+
+
+def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
+         confirm: Callable[[str], str] = input) -> int:
+    try:
+        args = build_parser().parse_args(argv)
+    except SystemExit as exc:  # usage errors and --help: argparse has printed them; return its code
+        return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
+    out = out or sys.stdout
+    try:
+        store, where = open_store(args)
+    except LeaseError as exc:
+        return _fail(str(exc))
+    try:
+        if args.command == "status":
+            code = cmd_status(store, args, out)
+        elif args.command == "events":
+            code = cmd_events(store, args, out)
+        elif args.command == "counts":
+            code = cmd_counts(store, args, out)
+        elif args.command == "advise-ttl":
+            code = cmd_advise(store, args, out)
+        else:
+            code = cmd_release(store, args, out, confirm)
+    except LeaseError as exc:
+        return _fail(f"{exc} (store: {where})")
+    finally:
+        store.close()
+    return code
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())
