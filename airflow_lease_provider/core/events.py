@@ -10,6 +10,7 @@ import enum
 import json
 import logging
 import random
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -101,9 +102,17 @@ class EventLedger:
     :param retention: events older than this are deleted, a batch at a time, as new ones are written.
     """
 
-    def __init__(self, db: Database, *, retention: timedelta = DEFAULT_RETENTION) -> None:
+    def __init__(
+        self,
+        db: Database,
+        *,
+        retention: timedelta = DEFAULT_RETENTION,
+        prepare: Callable[[], object] | None = None,
+    ) -> None:
         self.db = db
         self.retention = validation.positive_timedelta("retention", retention)
+        # The owning store's "create the schema on first use", so the ledger can be the first user.
+        self._prepare = prepare or (lambda: None)
 
     def record(
         self,
@@ -126,6 +135,7 @@ class EventLedger:
         if len(payload.encode()) > MAX_DETAIL_BYTES:
             raise InvalidArgument("detail", detail, f"is larger than {MAX_DETAIL_BYTES} bytes as JSON")
         try:
+            self._prepare()
             self.db.run(
                 "record_event",
                 {"kind": kind_value, "key": key, "owner": owner, "token": token, "detail": payload},
@@ -140,6 +150,7 @@ class EventLedger:
     def prune(self) -> int:
         """Delete events past the retention. Best effort; returns how many went."""
         try:
+            self._prepare()
             self.db.run("prune_events", {"retention": self.retention})
         except LeaseError as exc:
             log.warning("event ledger: pruning failed: %s", exc)
@@ -162,6 +173,7 @@ class EventLedger:
             validation.name("key", key)
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidArgument("limit", limit, "must be an integer from 1 to 10000")
+        self._prepare()
         rows = self.db.run(
             "query_events", {"key": key, "kind": kind, "since": since, "until": until, "limit": limit}
         )
@@ -169,6 +181,7 @@ class EventLedger:
 
     def counts(self) -> list[EventCount]:
         """Per key and kind: how many events in the last 24 hours and the last 7 days."""
+        self._prepare()
         return [EventCount(r[0], r[1], int(r[2]), int(r[3])) for r in self.db.run("count_events", {})]
 
     def hold_stats(self, window: timedelta = DEFAULT_RETENTION) -> list[HoldStats]:

@@ -145,7 +145,7 @@ class LeaseStore:
         self.db = Database(
             dsn, schema=schema, connect_timeout=connect_timeout, statement_timeout=statement_timeout
         )
-        self.events = EventLedger(self.db, retention=event_retention)
+        self.events = EventLedger(self.db, retention=event_retention, prepare=self._ready)
         self.record_events = record_events
         self._schema_ready = False
 

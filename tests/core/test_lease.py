@@ -169,3 +169,10 @@ def test_error_messages_never_show_the_password() -> None:
     with pytest.raises(LeaseStoreUnavailable) as info:
         dead.holder("job")
     assert "s3cret-pw" not in str(info.value)
+
+
+def test_the_ledger_can_be_the_first_thing_used(pg_dsn: str, schema: str) -> None:
+    fresh = LeaseStore(pg_dsn, schema=schema)
+    assert fresh.events.query() == []
+    assert fresh.events.record("skipped_catchup", "job", detail={"count": 3}) is True
+    assert fresh.events.query(kind="skipped_catchup")[0].detail == {"count": 3}
