@@ -11,24 +11,29 @@ from psycopg2 import sql
 STORE_TABLES = ("lease", "fence", "fence_publish", "event")
 
 
-def rows(dsn: str, schema: str) -> dict[str, list[tuple[Any, ...]]]:
-    """Every row of the store's tables (an absent schema reads as empty)."""
-    conn = psycopg2.connect(dsn)
-    conn.autocommit = True
-    out: dict[str, list[tuple[Any, ...]]] = {}
-    try:
-        with conn.cursor() as cur:
-            cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+class Rows:
+    """Reads every row of a store's tables over one connection of its own (an absent schema reads empty)."""
+
+    def __init__(self, dsn: str, schema: str) -> None:
+        self.schema = schema
+        self.conn = psycopg2.connect(dsn)
+        self.conn.autocommit = True
+
+    def __call__(self) -> dict[str, list[tuple[Any, ...]]]:
+        out: dict[str, list[tuple[Any, ...]]] = {}
+        with self.conn.cursor() as cur:
+            cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,))
             exists = cur.fetchone() is not None
             for table in STORE_TABLES:
                 if not exists:
                     out[table] = []
                     continue
-                cur.execute(sql.SQL("SELECT * FROM {}.{}").format(sql.Identifier(schema), sql.Identifier(table)))
+                cur.execute(sql.SQL("SELECT * FROM {}.{}").format(sql.Identifier(self.schema), sql.Identifier(table)))
                 out[table] = sorted(cur.fetchall(), key=repr)
-    finally:
-        conn.close()
-    return out
+        return out
+
+    def close(self) -> None:
+        self.conn.close()
 
 
 _CATALOG = {
