@@ -1,0 +1,204 @@
+"""Everything works behind pgbouncer in transaction pooling mode: the store keeps no session state.
+
+Debian's ``pgbouncer``, started on a free port in front of the test server (``LEASE_TEST_DSN``'s PostgreSQL
+or the embedded one), with a pool of three server sessions so that consecutive transactions of one client
+land on different sessions. The outage tests put it in front of a private server they can stop.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+
+import psycopg2
+import pytest
+
+from airflow_lease_provider.core import (
+    DuplicatePublish,
+    FenceStore,
+    LeaseStore,
+    LeaseStoreUnavailable,
+    StaleFencingToken,
+)
+from tests.pg import EmbeddedServer, drop_schema, new_schema_name
+from tests.reliability.outage import Call, start, stop
+from tests.reliability.pgbouncer import PGBOUNCER, PgBouncer
+
+pytestmark = pytest.mark.skipif(
+    PGBOUNCER is None, reason="pgbouncer is not installed (apt-get install pgbouncer); .ci/run installs it"
+)
+
+#: What a deployment in front of the lease store should set (docs/reliability.md): a query waiting for a
+#: server session fails after 5 s instead of 120 s, and a server that comes back is retried after 1 s.
+RECOMMENDED = {"query_wait_timeout": "5", "server_login_retry": "1"}
+
+
+@pytest.fixture
+def bouncer(pg_dsn: str) -> Iterator[PgBouncer]:
+    pgb = PgBouncer(pg_dsn, RECOMMENDED)
+    yield pgb
+    pgb.stop()
+
+
+def test_acquire_renew_release_keeper_and_fence_through_transaction_pooling(bouncer: PgBouncer, schema: str) -> None:
+    store = LeaseStore(bouncer.dsn, schema=schema)
+    fences = FenceStore(bouncer.dsn, schema=schema)
+    assert store.ensure_schema() >= 1  # migrations under a transaction-scoped advisory lock
+    lease = store.acquire("job", owner="run-1", ttl=timedelta(seconds=2))
+    assert lease is not None
+    assert store.acquire("job", owner="run-2", ttl=timedelta(seconds=2)) is None
+    with store.keep(lease) as keeper:
+        for _ in range(8):  # 4 s of work on a 2 s lease: only renewals keep it
+            time.sleep(0.5)
+            keeper.check()
+            assert store.acquire("job", owner="run-2", ttl=timedelta(seconds=2)) is None
+        assert keeper.renewals >= 4 and not keeper.lost
+        current = keeper.lease
+        assert fences.accept("blog", current.token, owner="run-1")
+        with pytest.raises(StaleFencingToken):
+            fences.guard("blog", current.token)
+        with fences.transaction("articles", current.token, owner="run-1", idempotency_key="slot-1") as cur:
+            cur.execute("SELECT 1")
+        with pytest.raises(DuplicatePublish):
+            with fences.transaction("articles", current.token + 1, idempotency_key="slot-1"):
+                pass
+    assert store.holder("job") is None  # released on exit
+    nxt = store.acquire("job", owner="run-2", ttl=timedelta(seconds=2))
+    assert nxt is not None and nxt.token == lease.token + 1
+    assert store.renew(nxt) is not None
+    assert store.force_release("job", by="admin").token == nxt.token
+    assert store.release(nxt) is False  # its token was bumped
+    assert fences.current("articles") == current.token
+    kinds = {e.kind for e in store.events.query(key="job")}
+    assert {"acquired", "released", "force_released"} <= kinds
+    # The caller's own transaction, through the pooler.
+    conn = psycopg2.connect(bouncer.dsn)
+    try:
+        with conn, conn.cursor() as cur:
+            fences.advance_in(cur, "blog", current.token + 5)
+    finally:
+        conn.close()
+    assert fences.current("blog") == current.token + 5
+
+
+def test_no_session_state_is_left_on_pooled_sessions(bouncer: PgBouncer, schema: str) -> None:
+    store = LeaseStore(bouncer.dsn, schema=schema, statement_timeout=timedelta(milliseconds=1234))
+    fences = FenceStore(bouncer.dsn, schema=schema, statement_timeout=timedelta(milliseconds=1234))
+    for i in range(20):
+        lease = store.acquire(f"job-{i % 3}", owner=f"run-{i}", ttl=timedelta(seconds=5))
+        if lease is not None:
+            fences.accept(f"blog-{i % 3}", lease.token)
+            store.release(lease)
+    # Every pooled server session, as another client of the pooler sees it.
+    conns = [psycopg2.connect(bouncer.dsn) for _ in range(3)]
+    try:
+        for conn in conns:
+            with conn.cursor() as cur:
+                cur.execute("SHOW statement_timeout")
+                assert cur.fetchone()[0] in ("0", "0ms"), "the store's timeout leaked into a pooled session"
+                cur.execute("SHOW search_path")
+                assert schema not in cur.fetchone()[0]
+            conn.rollback()
+    finally:
+        for conn in conns:
+            conn.close()
+
+
+def test_contenders_through_the_pooler_get_one_holder_at_a_time(bouncer: PgBouncer, schema: str) -> None:
+    LeaseStore(bouncer.dsn, schema=schema).ensure_schema()
+    grants: list[tuple[int, str]] = []
+    problems: list[str] = []
+    lock = threading.Lock()
+
+    def contend(worker: int) -> None:
+        store = LeaseStore(bouncer.dsn, schema=schema, record_events=False)
+        end = time.monotonic() + 3
+        while time.monotonic() < end:
+            lease = store.acquire("hot", owner=f"w{worker}", ttl=timedelta(seconds=5))
+            if lease is None:
+                time.sleep(0.005)
+                continue
+            held = store.holder("hot")
+            if held is None or held.owner != f"w{worker}":
+                problems.append(f"w{worker} holds token {lease.token} but the store says {held}")
+            with lock:
+                grants.append((lease.token, lease.owner))
+            store.release(lease)
+        store.close()
+
+    threads = [threading.Thread(target=contend, args=(w,)) for w in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    tokens = [t for t, _ in grants]
+    assert problems == []
+    assert len(tokens) >= 20 and len(tokens) == len(set(tokens))
+
+
+# -- the server behind the pooler goes away ---------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[EmbeddedServer]:
+    srv = EmbeddedServer()
+    yield srv
+    srv.stop()
+
+
+@pytest.fixture
+def private(server: EmbeddedServer) -> Iterator[str]:
+    start(server)
+    name = new_schema_name()
+    yield name
+    start(server)
+    drop_schema(server.dsn, name)
+
+
+def test_server_down_behind_the_pooler_fails_closed_and_the_next_acquire_proceeds(
+    server: EmbeddedServer, private: str
+) -> None:
+    pgb = PgBouncer(server.dsn, RECOMMENDED)
+    try:
+        store = LeaseStore(pgb.dsn, schema=private)
+        lease = store.acquire("job", owner="run-1", ttl=timedelta(seconds=30))
+        assert lease is not None and store.release(lease)
+        stop(server)
+        started = time.monotonic()
+        with pytest.raises(LeaseStoreUnavailable):
+            store.acquire("job", owner="run-2", ttl=timedelta(seconds=30))
+        assert time.monotonic() - started < 10
+        start(server)
+        deadline = time.monotonic() + 10
+        nxt = None
+        while nxt is None:
+            try:
+                nxt = store.acquire("job", owner="run-2", ttl=timedelta(seconds=30))
+            except LeaseStoreUnavailable:
+                assert time.monotonic() < deadline, "the pooler did not reconnect to the server"
+                time.sleep(0.2)
+        assert nxt.token == lease.token + 1
+    finally:
+        pgb.stop()
+
+
+def test_server_down_behind_a_default_pooler_still_fails_closed_within_10s(
+    server: EmbeddedServer, private: str
+) -> None:
+    """With pgbouncer's defaults a query waits up to query_wait_timeout (120 s) for a server session, and
+    the store's statement_timeout (enforced by the server it never reaches) does not help: the client
+    needs a deadline of its own for the promise "fails closed within the connect timeout" to hold."""
+    pgb = PgBouncer(server.dsn)
+    try:
+        store = LeaseStore(pgb.dsn, schema=private)
+        store.ensure_schema()
+        stop(server)
+        call = Call(lambda: store.acquire("job", owner="run-1", ttl=timedelta(seconds=30)))
+        finished = call.wait(12)
+    finally:
+        pgb.stop()  # closes the client's connection, so a waiting call returns
+    call.wait(10)
+    assert finished, "acquire was still waiting 12 s after the server behind pgbouncer went down"
+    assert isinstance(call.error, LeaseStoreUnavailable)
