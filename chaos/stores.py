@@ -6,6 +6,10 @@ The broken variants exist to prove the checker can fail. Each breaks exactly one
   lock library does without ShedLock's ``usingDbTime()``): a worker whose clock runs 10 minutes ahead
   believes every lease has expired and takes it from its valid holder.
 * ``fence-off`` publishes without advancing the fence: a zombie that wakes up late writes over newer work.
+
+A third, ``async-commit``, drops the store's ``SET LOCAL synchronous_commit = on`` (decision 4) on a
+server whose default is off: after a SIGKILL of the server, acknowledged tokens and publishes can vanish,
+which the checker's ``lost-ack`` property (and then ``token-reissued``) must catch.
 """
 
 from __future__ import annotations
@@ -28,7 +32,14 @@ from airflow_lease_provider.core import (
     LeaseStoreUnavailable,
     validation,
 )
+from airflow_lease_provider.core.db import Database
 from chaos.history import Recorder
+
+
+def commit_asynchronously(db: Database) -> None:
+    """BROKEN ON PURPOSE: every statement of ``db`` commits without waiting for its WAL to reach disk."""
+    prefix = db._prefix  # the private hook where the store adds SET LOCAL synchronous_commit = on
+    db._prefix = lambda durable: prefix(False) + "SET LOCAL synchronous_commit = off; "  # type: ignore[method-assign]
 
 
 def outcome_of(exc: BaseException) -> str:

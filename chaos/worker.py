@@ -35,7 +35,14 @@ from airflow_lease_provider.core import (
 )
 from chaos import sql as chaos_sql
 from chaos.history import Recorder
-from chaos.stores import ClientClockLeaseStore, NoFenceStore, RecordingLeaseStore, lease_fields, outcome_of
+from chaos.stores import (
+    ClientClockLeaseStore,
+    NoFenceStore,
+    RecordingLeaseStore,
+    commit_asynchronously,
+    lease_fields,
+    outcome_of,
+)
 
 
 @dataclass(frozen=True)
@@ -89,6 +96,9 @@ class Worker:
         self.leases: LeaseStore = lease_cls(cfg.dsn, recorder=self.rec, **timeouts)
         fence_cls = NoFenceStore if cfg.variant == "fence-off" else FenceStore
         self.fences: FenceStore = fence_cls(cfg.dsn, **timeouts)
+        if cfg.variant == "async-commit":
+            commit_asynchronously(self.leases.db)
+            commit_asynchronously(self.fences.db)
         self.insert = chaos_sql.insert_target(cfg.chaos_schema)
 
     # -- the loop ----------------------------------------------------------------------------------

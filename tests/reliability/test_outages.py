@@ -21,6 +21,10 @@ from tests.pg import EmbeddedServer, drop_schema, execute, new_schema_name
 from tests.reliability.outage import Call, frozen, start, stop
 
 FAIL_CLOSED_WITHIN = 10.0
+#: Short timeouts for the hang tests, and how long they wait for a call to give up: the connect timeout
+#: plus the statement timeout, plus slack.
+SHORT_TIMEOUTS = {"connect_timeout": timedelta(seconds=2), "statement_timeout": timedelta(seconds=2)}
+SHORT_WAIT = 7.0
 
 
 @pytest.fixture(scope="module")
@@ -177,17 +181,17 @@ def test_acquire_on_an_open_connection_fails_closed_while_the_store_hangs(
 ) -> None:
     """statement_timeout is enforced by the server; a server that does not answer (frozen, or behind a
     partition that drops packets) leaves the client waiting in recv() for as long as it lasts."""
-    store = LeaseStore(server.dsn, schema=private)
+    store = LeaseStore(server.dsn, schema=private, **SHORT_TIMEOUTS)
     store.ensure_schema()
     with frozen(server):
         call = Call(lambda: store.acquire("job", owner="run-1", ttl=timedelta(seconds=30)))
-        finished = call.wait(FAIL_CLOSED_WITHIN + 2)
+        finished = call.wait(SHORT_WAIT)
     if finished:
         assert isinstance(call.error, LeaseStoreUnavailable), call.error
         assert call.elapsed is not None and call.elapsed < FAIL_CLOSED_WITHIN
     else:
         call.wait(30)  # it returns once the server is thawed
-        pytest.fail(f"acquire was still waiting {FAIL_CLOSED_WITHIN + 2:.0f}s into the hang")
+        pytest.fail(f"acquire was still waiting {SHORT_WAIT:.0f}s into the hang (timeouts: 2 s + 2 s)")
 
 
 # -- a connection that died while idle ------------------------------------------------------------

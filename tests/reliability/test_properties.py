@@ -39,7 +39,7 @@ from tests.reliability.strategies import durations, junk, names, tokens, ttls
 
 # The fixtures are shared by every example on purpose (one schema per test): examples are independent.
 PROPERTY = settings(
-    max_examples=100, deadline=None,
+    max_examples=60, deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 TTL = timedelta(minutes=5)
