@@ -38,6 +38,7 @@ class CellSpec:
 
     :ivar pool: free keys per client for the success path (ignored by other scenarios).
     :ivar timeline: keep each measured attempt's start offset, for per-second figures.
+    :ivar interval: seconds between one client's attempts (open loop); 0 runs them back to back.
     """
 
     scenario: str
@@ -47,6 +48,7 @@ class CellSpec:
     duration: float
     pool: int = 0
     timeline: bool = False
+    interval: float = 0.0
 
 
 @dataclass
@@ -70,8 +72,8 @@ def _run_attempts(client: Client, spec: CellSpec) -> ClientResult:
     result = ClientResult(worker=client.worker)
     attempt = client.build(spec.scenario, spec.arm, spec.pool)
     client.flush_stats()
-    # Client-side garbage collection pauses would land on random arms: collect now, then keep the
-    # collector off until the cell ends.
+    # Client-side garbage collection pauses would land on random arms: collect now (cheap: what was
+    # inherited through fork is frozen), then keep the collector off until the cell ends.
     gc.collect()
     _BARRIER.wait(BARRIER_TIMEOUT)  # prepared
     _BARRIER.wait(BARRIER_TIMEOUT)  # go: the coordinator has read the counters and set the start
@@ -83,7 +85,10 @@ def _run_attempts(client: Client, spec: CellSpec) -> ClientResult:
     try:
         while time.monotonic_ns() < start_ns:
             time.sleep(0.0005)
-        _loop(attempt.attempt, attempt.release, result, spec, measure_from, end)
+        if spec.interval:
+            _paced_loop(attempt.attempt, result, spec, start_ns, measure_from, end, client.worker)
+        else:
+            _loop(attempt.attempt, attempt.release, result, spec, measure_from, end)
     except Exception:
         result.error = traceback.format_exc(limit=5)
     finally:
@@ -128,6 +133,39 @@ def _loop(
         now = t1
 
 
+def _paced_loop(
+    attempt: Callable[[], bool],
+    result: ClientResult,
+    spec: CellSpec,
+    start_ns: int,
+    measure_from: int,
+    end: int,
+    worker: int,
+) -> None:
+    """One attempt every ``spec.interval``, like a keeper's renewals; latency counts from the scheduled
+    time, so an attempt that had to wait for a late predecessor is charged the wait (no coordinated
+    omission)."""
+    clock = time.monotonic_ns
+    step = int(spec.interval * 1e9)
+    # Spread the clients over the interval instead of firing them all at once.
+    due = start_ns + (worker * 7919 % 1000) * step // 1000
+    while due < end:
+        now = clock()
+        if now < due:
+            time.sleep((due - now) / 1e9)
+        ok = attempt()
+        done = clock()
+        result.total_attempts += 1
+        result.total_successes += ok
+        if due >= measure_from:
+            result.latencies_ns.append(done - due)
+            result.attempts += 1
+            result.successes += ok
+            if spec.timeline:
+                result.starts_ns.append(due - measure_from)
+        due += step
+
+
 # Set in each forked client before its loop starts (inherited through fork, never pickled).
 _BARRIER: Any = None
 _GO_AT: Any = None
@@ -136,6 +174,9 @@ _GO_AT: Any = None
 def _client_main(worker: int, dsn: str, schema: str, pipe: Connection, barrier: Any, go_at: Any) -> None:
     global _BARRIER, _GO_AT
     _BARRIER, _GO_AT = barrier, go_at
+    # Everything inherited from the coordinator stays put: collections then only walk this client's own
+    # objects and never touch (and so copy) the shared pages.
+    gc.freeze()
     try:
         client = Client(worker, dsn, schema)
         pipe.send(("ready", client.backend_pid()))

@@ -8,7 +8,7 @@ from datetime import timedelta
 from typing import Any
 
 from bench import arms
-from bench.cells import SCENARIO_TITLES, SCENARIOS
+from bench.cells import PACED_INTERVAL, SCENARIO_TITLES, SCENARIOS, TOP_ONLY
 from bench.figures import paired_ratios, spread
 
 #: The store's smallest accepted TTL. There is no default TTL (``lease_ttl`` is required, or derived
@@ -55,12 +55,15 @@ def _table(header: list[str], rows: list[list[str]], align: str) -> list[str]:
 # -- tables -------------------------------------------------------------------------------------------
 
 
+ALL_SCENARIOS = {**SCENARIOS, **TOP_ONLY}
+
+
 def main_table(summary: list[dict[str, Any]]) -> list[str]:
     rows = []
-    order = {name: i for i, name in enumerate(SCENARIOS)}
+    order = {name: i for i, name in enumerate(ALL_SCENARIOS)}
     for row in sorted(
-        (r for r in summary if r["scenario"] in SCENARIOS),
-        key=lambda r: (order[r["scenario"]], r["clients"], SCENARIOS[r["scenario"]].index(r["arm"])),
+        (r for r in summary if r["scenario"] in ALL_SCENARIOS),
+        key=lambda r: (order[r["scenario"]], r["clients"], ALL_SCENARIOS[r["scenario"]].index(r["arm"])),
     ):
         flag = " (pool ran out)" if row.get("pool_exhausted") else ""
         flag += f" ({row['errors']} errors)" if row.get("errors") else ""
@@ -168,15 +171,15 @@ def catchup_table(catchup: dict[str, Any]) -> list[str]:
     rows = []
     for schedule in catchup.get("schedules", []):
         for name, arm in schedule["arms"].items():
-            what = name
+            what, per = name, cell_text(arm["ms"], "ms")
             if name == "enumerate":
                 what = (
-                    f"enumerate (first {catchup['enumerate_days']} d: {arm['slots_enumerated']:,} of "
-                    f"{schedule['missed_slots']:,} slots; lower bound)"
+                    f"enumerate: {len(arm['segment_slots'])} segments of "
+                    f"{catchup['enumerate_seconds_per_segment']:g} s, {arm['slots_enumerated']:,} of "
+                    f"{schedule['missed_slots']:,} slots in {arm['total_ms'] / 1000:.1f} s (lower bound)"
                 )
-            rows.append(
-                [f"`{schedule['schedule']}`", what, cell_text(arm["ms"], "ms"), f"{arm['croniter_calls']:,}"]
-            )
+                per = f"{_num(arm['total_ms'], 'ms')} for those slots ({cell_text(arm['ms_per_slot'], 'ms')} per slot)"
+            rows.append([f"`{schedule['schedule']}`", what, per, f"{arm['croniter_calls']:,}"])
     return _table(["schedule", "arm", "ms per next-run computation", "croniter calls"], rows, "llrr")
 
 
@@ -219,6 +222,31 @@ def _per_repeat(
         and c.get("variant", "") == variant
         and c["figures"].get(figure) is not None
     ]
+
+
+def _renew_targets(cells: list[dict[str, Any]], top: int) -> list[dict[str, Any]]:
+    p99 = _per_repeat(cells, "renew", arms.LEASE, top, "p99_ms")
+    floor = _per_repeat(cells, "floor", arms.SELECT1, top, "p99_ms")
+    out = [
+        _target(
+            f"renew p99 <= 10 ms at {top} clients (back to back, saturated)",
+            f"{cell_text(spread(p99), 'ms')} ms; SELECT 1 floor at {top} clients {cell_text(spread(floor), 'ms')} ms",
+            bool(p99) and statistics.median(p99) <= 10,
+            p99_ms=p99,
+            floor_p99_ms=floor,
+        )
+    ]
+    paced = _per_repeat(cells, "renew-paced", arms.LEASE, top, "p99_ms")
+    if paced:
+        out.append(
+            _target(
+                f"renew p99 <= 10 ms at {top} clients (paced: each renews every {PACED_INTERVAL * 1000:.0f} ms)",
+                f"{cell_text(spread(paced), 'ms')} ms",
+                statistics.median(paced) <= 10,
+                p99_ms=paced,
+            )
+        )
+    return out
 
 
 def targets(
@@ -268,15 +296,7 @@ def targets(
             )
         )
     if top in clients:
-        p99 = _per_repeat(cells, "renew", arms.LEASE, top, "p99_ms")
-        out.append(
-            _target(
-                "renew p99 <= 10 ms at 64 clients",
-                f"{cell_text(spread(p99), 'ms')} ms",
-                bool(p99) and statistics.median(p99) <= 10,
-                p99_ms=p99,
-            )
-        )
+        out.extend(_renew_targets(cells, top))
     p99 = _per_repeat(cells, "pressure", arms.LEASE, pressure_clients, "p99_ms", "idle-in-transaction")
     limit_ms = STRICTEST_TTL.total_seconds() * 1000 / 3
     if p99:

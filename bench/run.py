@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import functools
 import json
 import os
 import platform
@@ -26,7 +27,15 @@ import psycopg2
 
 from airflow_lease_provider.core.db import describe_dsn
 from bench import arms
-from bench.cells import ARM_TABLES, SCENARIOS, IdleInTransaction, pool_size, run_cell
+from bench.cells import (
+    ARM_TABLES,
+    PACED_INTERVAL,
+    SCENARIOS,
+    TOP_ONLY,
+    IdleInTransaction,
+    pool_size,
+    run_cell,
+)
 from bench.figures import summarize
 from bench.pool import CellSpec, ClientPool
 from bench.report import render, targets
@@ -44,9 +53,8 @@ class Profile:
     repeats: int
     warmup: float
     duration: float
-    pressure_clients: int
     pressure_duration: float
-    enumerate_days: int
+    enumerate_seconds: float
     catchup_min_seconds: float
     overhead_pairs: int
     output: Path
@@ -57,11 +65,10 @@ PROFILES = {
         name="default",
         clients=(1, 8, 64),
         repeats=3,
-        warmup=0.3,
-        duration=1.2,
-        pressure_clients=64,
-        pressure_duration=10.0,
-        enumerate_days=7,
+        warmup=0.25,
+        duration=1.0,
+        pressure_duration=8.0,
+        enumerate_seconds=4.0,
         catchup_min_seconds=0.3,
         overhead_pairs=10,
         output=REPO / "bench" / "results.json",
@@ -70,11 +77,10 @@ PROFILES = {
         name="quick",
         clients=(1, 8),
         repeats=3,
-        warmup=0.1,
-        duration=0.2,
-        pressure_clients=8,
+        warmup=0.05,
+        duration=0.15,
         pressure_duration=1.5,
-        enumerate_days=1,
+        enumerate_seconds=0.5,
         catchup_min_seconds=0.05,
         overhead_pairs=3,
         output=REPO / "bench" / "out" / "results-quick.json",
@@ -125,23 +131,42 @@ def run_grid(
     scenarios: list[str],
     pressure: bool,
 ) -> list[dict[str, Any]]:
-    cells: list[dict[str, Any]] = []
-    per_repeat = sum(len(SCENARIOS[s]) for s in scenarios) * len(profile.clients)
-    per_repeat += 2 if pressure else 0
-    total, started = per_repeat * profile.repeats, time.monotonic()
+    """Every cell, ``profile.repeats`` times: per repeat, each concurrency gets one pool of clients."""
+    top = max(profile.clients)
+    top_only = [s for s in TOP_ONLY if s in scenarios]
+    per_repeat = sum(len(SCENARIOS[s]) for s in scenarios if s in SCENARIOS) * len(profile.clients)
+    per_repeat += sum(len(TOP_ONLY[s]) for s in top_only) + (2 if pressure else 0)
+    progress = _Progress(per_repeat * profile.repeats)
     for repeat in range(profile.repeats):
         for clients in rotate(profile.clients, repeat):
             _wait_for_connections(server, clients + 3)
             with ClientPool(clients, dsn, schema) as pool:
-                for scenario in rotate(scenarios, repeat):
+                run = functools.partial(run_cell, pool, server, schema, attributor=attributor, repeat=repeat)
+
+                def cell(spec: CellSpec, variant: str = "", idle: IdleInTransaction | None = None) -> None:
+                    progress.add(run(spec, variant=variant, idle=idle))  # noqa: B023 - called at once
+
+                for scenario in rotate([s for s in scenarios if s in SCENARIOS], repeat):
                     for arm in rotate(SCENARIOS[scenario], repeat):
                         # Only the success path's table arms take keys from a seeded pool.
                         uses_pool = scenario == "success" and bool(ARM_TABLES[arm])
                         keys = pool_size(clients, profile.warmup, profile.duration) if uses_pool else 0
-                        spec = CellSpec(scenario, arm, clients, profile.warmup, profile.duration, pool=keys)
-                        cells.append(run_cell(pool, server, schema, spec, attributor, repeat=repeat))
-                        _progress(cells, total, started)
-                if pressure and clients == profile.pressure_clients:
+                        cell(CellSpec(scenario, arm, clients, profile.warmup, profile.duration, pool=keys))
+                if clients != top:
+                    continue
+                for scenario in rotate(top_only, repeat):
+                    for arm in rotate(TOP_ONLY[scenario], repeat):
+                        cell(
+                            CellSpec(
+                                scenario,
+                                arm,
+                                clients,
+                                profile.warmup,
+                                profile.duration,
+                                interval=PACED_INTERVAL,
+                            )
+                        )
+                if pressure:
                     for variant in rotate(["idle-in-transaction", "control"], repeat):
                         spec = CellSpec(
                             "pressure",
@@ -151,28 +176,22 @@ def run_grid(
                             profile.pressure_duration,
                             timeline=True,
                         )
-                        idle = IdleInTransaction(dsn, schema) if variant != "control" else None
-                        cells.append(
-                            run_cell(
-                                pool,
-                                server,
-                                schema,
-                                spec,
-                                attributor,
-                                repeat=repeat,
-                                variant=variant,
-                                idle=idle,
-                            )
-                        )
-                        _progress(cells, total, started)
-    return cells
+                        cell(spec, variant, IdleInTransaction(dsn, schema) if variant != "control" else None)
+    return progress.cells
 
 
-def _progress(cells: list[dict[str, Any]], total: int, started: float) -> None:
-    done = len(cells)
-    elapsed = time.monotonic() - started
-    eta = elapsed / done * (total - done)
-    _log(f"[{done}/{total} {elapsed:.0f}s, ~{eta:.0f}s left] {_cell_line(cells[-1])}")
+class _Progress:
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.cells: list[dict[str, Any]] = []
+        self.started = time.monotonic()
+
+    def add(self, cell: dict[str, Any]) -> None:
+        self.cells.append(cell)
+        done = len(self.cells)
+        elapsed = time.monotonic() - self.started
+        eta = elapsed / done * (self.total - done)
+        _log(f"[{done}/{self.total} {elapsed:.0f}s, ~{eta:.0f}s left] {_cell_line(cell)}")
 
 
 def _git_head() -> str | None:
@@ -195,7 +214,7 @@ def _catchup(profile: Profile) -> dict[str, Any]:
     except ImportError as exc:  # pragma: no cover - the timetable package is part of the project
         return {"status": f"not measured: {exc}"}
     _log("catch-up arm ...")
-    return run_catchup(profile.repeats, profile.enumerate_days, profile.catchup_min_seconds)
+    return run_catchup(profile.repeats, profile.enumerate_seconds, profile.catchup_min_seconds)
 
 
 def _overhead(dsn: str, schema: str, profile: Profile) -> dict[str, Any]:
@@ -228,7 +247,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="results JSON (default: bench/results.json, or bench/out/results-quick.json with --quick)",
     )
     parser.add_argument("--repeats", type=int, help="override the profile's repeats (at least 3)")
-    parser.add_argument("--scenarios", help=f"comma-separated subset of {','.join(SCENARIOS)}")
+    parser.add_argument("--scenarios", help=f"comma-separated subset of {','.join([*SCENARIOS, *TOP_ONLY])}")
     parser.add_argument("--no-pressure", action="store_true", help="skip the pressure cell")
     parser.add_argument("--no-catchup", action="store_true", help="skip the catch-up arm")
     parser.add_argument("--no-overhead", action="store_true", help="skip the task-overhead arm")
@@ -246,7 +265,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args.output:
         profile = replace(profile, output=args.output)
     scenarios = [s.strip() for s in args.scenarios.split(",")] if args.scenarios else list(SCENARIOS)
-    unknown = set(scenarios) - set(SCENARIOS)
+    unknown = set(scenarios) - set(SCENARIOS) - set(TOP_ONLY)
     if unknown:
         _log(f"unknown scenarios: {', '.join(sorted(unknown))}")
         return 2
@@ -311,13 +330,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "clients": list(profile.clients),
         "warmup_s": profile.warmup,
         "duration_s": profile.duration,
-        "pressure": {"clients": profile.pressure_clients, "duration_s": profile.pressure_duration},
+        "pressure": {"clients": max(profile.clients), "duration_s": profile.pressure_duration},
+        "paced_interval_s": PACED_INTERVAL,
         "success_pool_rate_ceiling": "see bench/cells.py RATE_CEILING",
     }
     results: dict[str, Any] = {
         "meta": meta,
         "summary": summarize(cells),
-        "targets": targets(cells, profile.clients, catchup, overhead, profile.pressure_clients),
+        "targets": targets(cells, profile.clients, catchup, overhead, max(profile.clients)),
         "catchup": catchup,
         "task_overhead": overhead,
         "cells": cells,
