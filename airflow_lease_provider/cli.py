@@ -76,21 +76,39 @@ def build_parser() -> argparse.ArgumentParser:
         default: Any = argparse.SUPPRESS if suppress else None
         parser = argparse.ArgumentParser(add_help=False)
         group = parser.add_argument_group("lease store")
-        group.add_argument("--conn-id", default=default,
-                           help="Airflow connection of the store (default: [lease] conn_id, lease_default)")
-        group.add_argument("--dsn", default=default,
-                           help="a libpq DSN or postgresql:// URI; bypasses Airflow's configuration")
-        group.add_argument("--schema", default=default,
-                           help=f"the store's PostgreSQL schema (default: [lease] schema, or {DEFAULT_SCHEMA})")
+        group.add_argument(
+            "--conn-id",
+            default=default,
+            help="Airflow connection of the store (default: [lease] conn_id, lease_default)",
+        )
+        group.add_argument(
+            "--dsn",
+            default=default,
+            help="a libpq DSN or postgresql:// URI; bypasses Airflow's configuration",
+        )
+        group.add_argument(
+            "--schema",
+            default=default,
+            help=f"the store's PostgreSQL schema (default: [lease] schema, or {DEFAULT_SCHEMA})",
+        )
         out = parser.add_argument_group("output")
-        out.add_argument("--json", action="store_true", default=argparse.SUPPRESS if suppress else False,
-                         help="print JSON (the Leases page's API shapes) instead of a table")
-        out.add_argument("--wide", action="store_true", default=argparse.SUPPRESS if suppress else False,
-                         help="never cut long cells in tables")
+        out.add_argument(
+            "--json",
+            action="store_true",
+            default=argparse.SUPPRESS if suppress else False,
+            help="print JSON (the Leases page's API shapes) instead of a table",
+        )
+        out.add_argument(
+            "--wide",
+            action="store_true",
+            default=argparse.SUPPRESS if suppress else False,
+            help="never cut long cells in tables",
+        )
         return parser
 
     parser = argparse.ArgumentParser(
-        prog="airflow-lease", parents=[common(False)],
+        prog="airflow-lease",
+        parents=[common(False)],
         description="Leases, skips and TTL advice of the Airflow lease provider. Times are UTC.",
     )
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
@@ -113,19 +131,28 @@ def build_parser() -> argparse.ArgumentParser:
         "release", parents=sub, help="force-release a lease (admin): frees it now and bumps its token"
     )
     release.add_argument("key", help="the lease key")
-    release.add_argument("--force", action="store_true",
-                         help="required: a normal release belongs to the holder; this frees it for anyone")
+    release.add_argument(
+        "--force",
+        action="store_true",
+        help="required: a normal release belongs to the holder; this frees it for anyone",
+    )
     release.add_argument("--reason", default="", help="why, for the event ledger")
     release.add_argument("--by", default=None, help="who, for the event ledger (default: user@host)")
-    release.add_argument("--expected-token", type=int, default=None,
-                         help="release only if the lease still has this token")
+    release.add_argument(
+        "--expected-token", type=int, default=None, help="release only if the lease still has this token"
+    )
     release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation on a terminal")
 
     advise = commands.add_parser("advise-ttl", parents=sub, help="TTL vs 1.5-2x the worst observed hold")
     advise.add_argument("--key", help="only this key")
-    advise.add_argument("--days", type=float, default=30.0, help="look at holds of the last N days (default 30)")
-    advise.add_argument("--check", action="store_true",
-                        help=f"exit {EXIT_ADVICE} when a TTL is too short or far too long (for monitoring)")
+    advise.add_argument(
+        "--days", type=float, default=30.0, help="look at holds of the last N days (default 30)"
+    )
+    advise.add_argument(
+        "--check",
+        action="store_true",
+        help=f"exit {EXIT_ADVICE} when a TTL is too short or far too long (for monitoring)",
+    )
     return parser
 
 
@@ -155,8 +182,10 @@ def _clip(text: str, wide: bool) -> str:
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO, *, wide: bool = False) -> None:
     """A plain aligned table; empty cells show as ``-``. The last column is never cut: it aligns nothing."""
     last = len(headers) - 1
-    cells = [[_clip("-" if v is None or v == "" else str(v), wide or i == last) for i, v in enumerate(row)]
-             for row in rows]
+    cells = [
+        [_clip("-" if v is None or v == "" else str(v), wide or i == last) for i, v in enumerate(row)]
+        for row in rows
+    ]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
     line = "  ".join(h.ljust(w) for h, w in zip(headers, widths, strict=True)).rstrip()
     out.write(line + "\n")
@@ -192,23 +221,46 @@ def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
         return _json(data, out)
     table(
         ["KEY", "STATE", "HOLDER", "TOKEN", "ACQUIRED", "EXPIRES IN", "LAST RENEWAL", "TTL"],
-        [[r["key"], "held" if r["held"] else "free", _run(r["holder_run"], r["owner"]), r["token"],
-          _t(r["acquired_at"]), _d(r["expires_in_seconds"]) if r["held"] else None, _t(r["renewed_at"]),
-          _d(r["ttl_seconds"])] for r in data["leases"]],
-        out, wide=args.wide,
+        [
+            [
+                r["key"],
+                "held" if r["held"] else "free",
+                _run(r["holder_run"], r["owner"]),
+                r["token"],
+                _t(r["acquired_at"]),
+                _d(r["expires_in_seconds"]) if r["held"] else None,
+                _t(r["renewed_at"]),
+                _d(r["ttl_seconds"]),
+            ]
+            for r in data["leases"]
+        ],
+        out,
+        wide=args.wide,
     )
     return EXIT_OK
 
 
 def cmd_events(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
-    data = report.events(store, key=args.key, kind=args.kind, since=args.since, until=args.until, limit=args.limit)
+    data = report.events(
+        store, key=args.key, kind=args.kind, since=args.since, until=args.until, limit=args.limit
+    )
     if args.json:
         return _json(data, out)
     table(
         ["AT", "KIND", "KEY", "RUN", "TASK", "WHAT HAPPENED"],
-        [[_t(e["at"]), e["kind"], e["key"], _run(e["run"], e["owner"]), (e["task"] or {}).get("task_id"),
-          e["summary"]] for e in data["events"]],
-        out, wide=args.wide,
+        [
+            [
+                _t(e["at"]),
+                e["kind"],
+                e["key"],
+                _run(e["run"], e["owner"]),
+                (e["task"] or {}).get("task_id"),
+                e["summary"],
+            ]
+            for e in data["events"]
+        ],
+        out,
+        wide=args.wide,
     )
     return EXIT_OK
 
@@ -221,7 +273,8 @@ def cmd_counts(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
     table(
         ["KEY", *[k.upper() for k in kinds]],
         [[row["key"], *[_pair(row["kinds"].get(k)) for k in kinds]] for row in data["counts"]],
-        out, wide=args.wide,
+        out,
+        wide=args.wide,
     )
     out.write("(each cell: last 24 hours / last 7 days)\n")
     return EXIT_OK
@@ -248,27 +301,44 @@ def cmd_advise(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
     else:
         table(
             ["KEY", "VERDICT", "TTL", "WORST HOLD", "HOLDS", "RECOMMENDED", "WHY"],
-            [[a["key"], a["verdict"], _d(a["ttl_seconds"]), _d(a["worst_hold_seconds"]), a["holds"],
-              _range(a["recommended_min_seconds"], a["recommended_max_seconds"]), a["message"]]
-             for a in data["advice"]],
-            out, wide=args.wide,
+            [
+                [
+                    a["key"],
+                    a["verdict"],
+                    _d(a["ttl_seconds"]),
+                    _d(a["worst_hold_seconds"]),
+                    a["holds"],
+                    _range(a["recommended_min_seconds"], a["recommended_max_seconds"]),
+                    a["message"],
+                ]
+                for a in data["advice"]
+            ],
+            out,
+            wide=args.wide,
         )
     return EXIT_ADVICE if args.check and flagged else EXIT_OK
 
 
-def cmd_release(store: LeaseStore, args: argparse.Namespace, out: TextIO, confirm: Callable[[str], str]) -> int:
+def cmd_release(
+    store: LeaseStore, args: argparse.Namespace, out: TextIO, confirm: Callable[[str], str]
+) -> int:
     if not args.force:
         return _fail(
             "release needs --force: a normal release belongs to the holder; a forced one frees the lease for "
-            "anyone and bumps its token, so the holder can no longer renew or publish", EXIT_USAGE,
+            "anyone and bumps its token, so the holder can no longer renew or publish",
+            EXIT_USAGE,
         )
     current = next((lease for lease in store.leases() if lease.key == args.key), None)
     if current is None:
         return _fail(f"no lease {args.key!r} in the store")
     if args.expected_token is not None and current.token != args.expected_token:
-        return _fail(f"lease {args.key!r} has token {current.token}, not {args.expected_token}: nothing released")
+        return _fail(
+            f"lease {args.key!r} has token {current.token}, not {args.expected_token}: nothing released"
+        )
     if not args.yes and sys.stdin.isatty():
-        state = f"held by {current.owner} with token {current.token}" if current.held else "not held right now"
+        state = (
+            f"held by {current.owner} with token {current.token}" if current.held else "not held right now"
+        )
         answer = confirm(f"Force-release {args.key!r} ({state})? Type the key to confirm: ")
         if answer.strip() != args.key:
             print("airflow-lease: not confirmed; nothing released", file=sys.stderr)
@@ -278,13 +348,19 @@ def cmd_release(store: LeaseStore, args: argparse.Namespace, out: TextIO, confir
     if previous is None:
         return _fail(f"no lease {args.key!r} in the store")
     after = next((lease for lease in store.leases() if lease.key == args.key), None)
-    result = {"key": args.key, "by": by, "previous": report.lease_row(previous),
-              "new_token": after.token if after else None}
+    result = {
+        "key": args.key,
+        "by": by,
+        "previous": report.lease_row(previous),
+        "new_token": after.token if after else None,
+    }
     if args.json:
         return _json(result, out)
     was = f"held by {previous.owner}" if previous.held else f"not held (last holder {previous.owner})"
-    out.write(f"force-released {args.key!r}: it was {was} with token {previous.token}; "
-              f"the token is now {result['new_token']}. Recorded as by {by!r}.\n")
+    out.write(
+        f"force-released {args.key!r}: it was {was} with token {previous.token}; "
+        f"the token is now {result['new_token']}. Recorded as by {by!r}.\n"
+    )
     return EXIT_OK
 
 
@@ -299,8 +375,9 @@ def _fail(message: str, code: int = EXIT_ERROR) -> int:
     return code
 
 
-def main(argv: Sequence[str] | None = None, *, out: TextIO | None = None,
-         confirm: Callable[[str], str] = input) -> int:
+def main(
+    argv: Sequence[str] | None = None, *, out: TextIO | None = None, confirm: Callable[[str], str] = input
+) -> int:
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # usage errors and --help: argparse has printed them; return its code

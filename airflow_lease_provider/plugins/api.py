@@ -189,7 +189,9 @@ class ForceReleaseBody(BaseModel):
     expected_token: int | None = None
 
 
-def force_release(request: Request, body: ForceReleaseBody, user: GetUserDep, store: StoreDep) -> dict[str, Any]:
+def force_release(
+    request: Request, body: ForceReleaseBody, user: GetUserDep, store: StoreDep
+) -> dict[str, Any]:
     if not may_force_release(_auth_manager(), user):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "force-release is for admins only")
     # A JSON body forces a CORS preflight on cross-site requests, on top of the SameSite cookie.
@@ -206,7 +208,9 @@ def force_release(request: Request, body: ForceReleaseBody, user: GetUserDep, st
                 f"{current.token if current else 'none'}); reload and check again",
             )
     by = _user_name(user)
-    previous = store.force_release(body.key, by=by, reason=body.reason or "force-released from the Airflow UI")
+    previous = store.force_release(
+        body.key, by=by, reason=body.reason or "force-released from the Airflow UI"
+    )
     if previous is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no lease {body.key!r} in the store")
     holder = store.leases()

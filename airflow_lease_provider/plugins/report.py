@@ -69,8 +69,12 @@ def task_path(dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> st
 def run_link(ref: RunRef | None) -> dict[str, Any] | None:
     if ref is None:
         return None
-    return {"dag_id": ref.dag_id, "run_id": ref.run_id, "map_index": ref.map_index,
-            "path": run_path(ref.dag_id, ref.run_id)}
+    return {
+        "dag_id": ref.dag_id,
+        "run_id": ref.run_id,
+        "map_index": ref.map_index,
+        "path": run_path(ref.dag_id, ref.run_id),
+    }
 
 
 def _iso(value: datetime | None) -> str | None:
@@ -164,8 +168,10 @@ def summarize(event: Event) -> str:
     if kind == EventKind.FENCE_REJECTED:
         outcome = d.get("outcome", "stale")
         what = "a duplicate publish" if outcome == "duplicate" else "a stale token"
-        return (f"fence {event.key!r} rejected token {event.token} ({what}); "
-                f"it had accepted token {d.get('current_token', '?')}")
+        return (
+            f"fence {event.key!r} rejected token {event.token} ({what}); "
+            f"it had accepted token {d.get('current_token', '?')}"
+        )
     if kind == EventKind.LOST:
         return f"lease lost: {d.get('reason', 'no reason recorded')}"
     if kind == EventKind.FORCE_RELEASED:
@@ -173,7 +179,9 @@ def summarize(event: Event) -> str:
         return f"force-released by {d.get('by', '?')}{reason}; new token {d.get('new_token', '?')}"
     if kind == EventKind.RELEASED:
         held = d.get("held_seconds")
-        return f"released after {format_duration(float(held))}" if isinstance(held, int | float) else "released"
+        return (
+            f"released after {format_duration(float(held))}" if isinstance(held, int | float) else "released"
+        )
     if kind == EventKind.ACQUIRED:
         ttl = d.get("ttl_seconds")
         return f"acquired for {format_duration(float(ttl))}" if isinstance(ttl, int | float) else "acquired"
@@ -188,10 +196,16 @@ def event_row(event: Event) -> dict[str, Any]:
     task_id = event.detail.get("task_id")
     task = None
     if ref is not None and task_id:
-        task = {"task_id": str(task_id), "map_index": ref.map_index,
-                "path": task_path(ref.dag_id, ref.run_id, str(task_id), ref.map_index)}
-    blocker = parse_owner(event.detail.get("holder_owner")) if event.kind in (
-        EventKind.SKIPPED_OVERLAP, EventKind.OVERLAP_FAILED, EventKind.WAITING) else None
+        task = {
+            "task_id": str(task_id),
+            "map_index": ref.map_index,
+            "path": task_path(ref.dag_id, ref.run_id, str(task_id), ref.map_index),
+        }
+    blocker = (
+        parse_owner(event.detail.get("holder_owner"))
+        if event.kind in (EventKind.SKIPPED_OVERLAP, EventKind.OVERLAP_FAILED, EventKind.WAITING)
+        else None
+    )
     return {
         **event.to_dict(),
         "run": run_link(ref),
@@ -234,7 +248,10 @@ def task_instance_events(
         rows.append(event_row(event))
     skip = next((r for r in rows if r["kind"] in (EventKind.SKIPPED_OVERLAP, EventKind.OVERLAP_FAILED)), None)
     return {
-        "dag_id": dag_id, "run_id": run_id, "task_id": task_id, "map_index": map_index,
+        "dag_id": dag_id,
+        "run_id": run_id,
+        "task_id": task_id,
+        "map_index": map_index,
         "skip_reason": skip["detail"].get("reason") if skip else None,
         "events": rows,
     }
@@ -274,8 +291,11 @@ def advise(ttl: timedelta | None, stats: HoldStats | None, *, lost: int = 0, lat
         "renewed_late_7d": late,
     }
     if stats is None or stats.holds == 0:
-        return {**advice, "verdict": "no_data",
-                "message": "no completed holds recorded yet: the advice needs released leases in the ledger"}
+        return {
+            **advice,
+            "verdict": "no_data",
+            "message": "no completed holds recorded yet: the advice needs released leases in the ledger",
+        }
     worst = stats.worst_seconds
     floor = MIN_TTL.total_seconds()
     low = max(math.ceil(worst * ADVICE_LOW), floor)
@@ -284,29 +304,45 @@ def advise(ttl: timedelta | None, stats: HoldStats | None, *, lost: int = 0, lat
     span = format_duration(low) if low == high else f"{format_duration(low)}-{format_duration(high)}"
     rule = f"1.5-2x the worst hold of {format_duration(worst)}"
     rule += f" is {span}" if low > floor else f", at least {format_duration(floor)}, is {span}"
-    few = f" (only {stats.holds} hold(s) observed: treat as a first estimate)" if stats.holds < FEW_HOLDS else ""
+    few = (
+        f" (only {stats.holds} hold(s) observed: treat as a first estimate)"
+        if stats.holds < FEW_HOLDS
+        else ""
+    )
     if ttl is None:
         return {**advice, "verdict": "no_data", "message": f"no TTL known for this key; {rule}{few}"}
     seconds = ttl.total_seconds()
     if seconds < low:
         if seconds < worst * ADVICE_LOW:
-            severity = "shorter than the worst hold itself" if seconds < worst else "less than 1.5x the worst hold"
+            severity = (
+                "shorter than the worst hold itself" if seconds < worst else "less than 1.5x the worst hold"
+            )
             why = "if renewals stall, a normal run outlives its lease and another run can take it (a zombie window)"
         else:
             severity = f"under the {format_duration(floor)} minimum"
             why = "renewals every TTL/3 must fit the store's 5 s timeouts, or one slow round trip loses the lease"
-        return {**advice, "verdict": "too_short",
-                "message": f"TTL {format_duration(seconds)} is {severity}: {why}; {rule}{few}"}
+        return {
+            **advice,
+            "verdict": "too_short",
+            "message": f"TTL {format_duration(seconds)} is {severity}: {why}; {rule}{few}",
+        }
     extra = timedelta(seconds=seconds - high)
     if seconds > max(worst * FAR_TOO_LONG, high * 2) and extra > NEGLIGIBLE_EXTRA:
-        return {**advice, "verdict": "too_long", "message": (
-            f"TTL {format_duration(seconds)} is far above the advised range: after a crash the "
-            f"job stays blocked up to {format_duration(extra.total_seconds())} longer than needed; {rule}{few}")}
+        return {
+            **advice,
+            "verdict": "too_long",
+            "message": (
+                f"TTL {format_duration(seconds)} is far above the advised range: after a crash the "
+                f"job stays blocked up to {format_duration(extra.total_seconds())} longer than needed; {rule}{few}"
+            ),
+        }
     fits = "fits" if seconds <= high else "is above the advised range, but a crash costs little extra wait"
     return {**advice, "verdict": "ok", "message": f"TTL {format_duration(seconds)} {fits}: {rule}{few}"}
 
 
-def ttl_advice(store: LeaseStore, *, window: timedelta = DEFAULT_RETENTION, key: str | None = None) -> dict[str, Any]:
+def ttl_advice(
+    store: LeaseStore, *, window: timedelta = DEFAULT_RETENTION, key: str | None = None
+) -> dict[str, Any]:
     """TTL advice for every key with a lease or with holds in the ledger."""
     stats = {s.key: s for s in store.events.hold_stats(window)}
     ttls = {lease.key: lease.ttl for lease in store.leases()}
@@ -316,11 +352,17 @@ def ttl_advice(store: LeaseStore, *, window: timedelta = DEFAULT_RETENTION, key:
     for k in keys:
         if key is not None and k != key:
             continue
-        rows.append({"key": k, **advise(
-            ttls.get(k), stats.get(k),
-            lost=troubles.get((k, EventKind.LOST.value), 0),
-            late=troubles.get((k, EventKind.RENEWED_LATE.value), 0),
-        )})
+        rows.append(
+            {
+                "key": k,
+                **advise(
+                    ttls.get(k),
+                    stats.get(k),
+                    lost=troubles.get((k, EventKind.LOST.value), 0),
+                    late=troubles.get((k, EventKind.RENEWED_LATE.value), 0),
+                ),
+            }
+        )
     return {"window_seconds": _seconds(window), "low": ADVICE_LOW, "high": ADVICE_HIGH, "advice": rows}
 
 

@@ -46,11 +46,18 @@ def skip(store: LeaseStore) -> int:
     lease = store.acquire("daily-article", HOLDER, timedelta(minutes=10))
     assert lease is not None
     store.events.record(
-        EventKind.SKIPPED_OVERLAP, "daily-article", owner=SKIPPED,
+        EventKind.SKIPPED_OVERLAP,
+        "daily-article",
+        owner=SKIPPED,
         detail={
-            "dag_id": "daily_article", "run_id": SKIPPED.split("/")[1], "task_id": "write", "map_index": -1,
-            "reason": f"lease 'daily-article' is {lease.describe()}", "holder_owner": HOLDER,
-            "holder_token": lease.token, "holder_expires_at": lease.expires_at.isoformat(),
+            "dag_id": "daily_article",
+            "run_id": SKIPPED.split("/")[1],
+            "task_id": "write",
+            "map_index": -1,
+            "reason": f"lease 'daily-article' is {lease.describe()}",
+            "holder_owner": HOLDER,
+            "holder_token": lease.token,
+            "holder_expires_at": lease.expires_at.isoformat(),
         },
     )
     return lease.token
@@ -67,7 +74,9 @@ def test_status_table_and_json(run: Callable[..., tuple[int, str]], skip: int) -
     (lease,) = data["leases"]
     assert lease["held"] is True and lease["token"] == skip
     assert lease["holder_run"] == {
-        "dag_id": "daily_article", "run_id": "scheduled__2026-11-29T10:00:00+00:00", "map_index": -1,
+        "dag_id": "daily_article",
+        "run_id": "scheduled__2026-11-29T10:00:00+00:00",
+        "map_index": -1,
         "path": "dags/daily_article/runs/scheduled__2026-11-29T10%3A00%3A00%2B00%3A00",
     }
     assert 0 < lease["expires_in_seconds"] <= 600
@@ -108,12 +117,14 @@ def _holds(store: LeaseStore, key: str, ttl: timedelta, held_seconds: list[float
     """A key whose lease has ``ttl`` and whose ledger shows these hold times (as release() records them)."""
     store.ensure_schema()  # the ledger writes without creating the schema; the lease operations create it
     for seconds in held_seconds:
-        store.events.record(EventKind.RELEASED, key, owner="dag/run", token=1, detail={"held_seconds": seconds})
+        store.events.record(
+            EventKind.RELEASED, key, owner="dag/run", token=1, detail={"held_seconds": seconds}
+        )
     assert store.acquire(key, "dag/run", ttl) is not None
 
 
 def test_advise_ttl(run: Callable[..., tuple[int, str]], store: LeaseStore) -> None:
-    _holds(store, "too-short", timedelta(minutes=2), [60, 100, 120])        # advice 3m-4m
+    _holds(store, "too-short", timedelta(minutes=2), [60, 100, 120])  # advice 3m-4m
     _holds(store, "fits", timedelta(minutes=3, seconds=30), [60, 100, 120])
     _holds(store, "too-long", timedelta(hours=2), [60, 100, 120])
     assert store.acquire("fresh", "dag/run", timedelta(minutes=5)) is not None
@@ -121,7 +132,10 @@ def test_advise_ttl(run: Callable[..., tuple[int, str]], store: LeaseStore) -> N
     data = run_json(run, "advise-ttl")
     verdicts = {a["key"]: a for a in data["advice"]}
     assert {k: a["verdict"] for k, a in verdicts.items()} == {
-        "fits": "ok", "fresh": "no_data", "too-long": "too_long", "too-short": "too_short",
+        "fits": "ok",
+        "fresh": "no_data",
+        "too-long": "too_long",
+        "too-short": "too_short",
     }
     assert verdicts["too-short"]["worst_hold_seconds"] == 120
     assert verdicts["too-short"]["recommended_min_seconds"] == 180
@@ -149,7 +163,9 @@ def test_release_force_bumps_token_and_records_who(
     assert code == cli.EXIT_ERROR
     assert store.holder("daily-article") is not None
 
-    result = run_json(run, "release", "--force", "daily-article", "--by", "alice", "--reason", "host lost", "--yes")
+    result = run_json(
+        run, "release", "--force", "daily-article", "--by", "alice", "--reason", "host lost", "--yes"
+    )
     assert result["previous"]["owner"] == HOLDER and result["previous"]["token"] == skip
     assert result["new_token"] == skip + 1
     assert store.holder("daily-article") is None
@@ -172,7 +188,9 @@ def test_release_on_a_terminal_asks_for_the_key(
 
 
 def test_unreachable_store_fails_without_showing_the_password(capsys: pytest.CaptureFixture[str]) -> None:
-    code = cli.main(["--dsn", "postgresql://lease:s3cret-pw@127.0.0.1:9/nowhere", "status"], out=io.StringIO())
+    code = cli.main(
+        ["--dsn", "postgresql://lease:s3cret-pw@127.0.0.1:9/nowhere", "status"], out=io.StringIO()
+    )
     assert code == cli.EXIT_ERROR
     err = capsys.readouterr().err
     assert "unreachable" in err and "s3cret-pw" not in err
@@ -182,7 +200,10 @@ def test_console_script(pg_dsn: str, schema: str, skip: int) -> None:
     """The installed ``airflow-lease`` entry point, as a script would call it."""
     result = subprocess.run(
         [str(VENV_BIN / "airflow-lease"), "--dsn", pg_dsn, "--schema", schema, "--json", "status"],
-        capture_output=True, text=True, timeout=120, check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
     )
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["leases"][0]["token"] == skip
@@ -193,12 +214,19 @@ def test_airflow_connection_settings(pg_dsn: str, schema: str, skip: int, tmp_pa
     """Without --dsn the store comes from the same settings as the hooks: [lease] conn_id and schema."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
     env.update(
-        AIRFLOW_HOME=str(tmp_path), AIRFLOW_CONN_MY_LEASES=pg_dsn, AIRFLOW__LEASE__CONN_ID="my_leases",
-        AIRFLOW__LEASE__SCHEMA=schema, AIRFLOW__CORE__LOAD_EXAMPLES="False",
+        AIRFLOW_HOME=str(tmp_path),
+        AIRFLOW_CONN_MY_LEASES=pg_dsn,
+        AIRFLOW__LEASE__CONN_ID="my_leases",
+        AIRFLOW__LEASE__SCHEMA=schema,
+        AIRFLOW__CORE__LOAD_EXAMPLES="False",
     )
     result = subprocess.run(
         [str(VENV_BIN / "airflow-lease"), "status", "--json"],
-        capture_output=True, text=True, timeout=300, check=False, env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=False,
+        env=env,
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout)["leases"][0]["owner"] == HOLDER

@@ -152,7 +152,7 @@
       renderAdvice(advice);
       fillKeys(leases, counts);
       await loadEvents();
-      if (!$("flash").classList.contains("error")) flash("");
+      if ($("flash").classList.contains("error")) flash("");  // recovered; keep any notice
     } catch (error) {
       flash(`Could not load leases: ${error.message}`, true);
     }

@@ -1,0 +1,103 @@
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from datetime import timedelta
+
+import pytest
+
+from airflow_lease_provider.core import EventKind, FenceStore, Lease, LeaseStore
+from tests.pg import drop_schema, new_schema_name
+from tests.ui.server import DAG_ID, LEASE_KEY, AirflowServer, make_server
+
+#: Seeded through the core beside the real DAG runs, so every part of the page has something to show.
+API_KEY = "api-key"  # force-released by the API tests
+BROWSER_KEY = "browser-key"  # force-released through the page's confirmation dialog
+
+
+@dataclass
+class World:
+    """A running api-server whose lease store holds a real overlap skip, and the runs involved."""
+
+    server: AirflowServer
+    store: LeaseStore
+    holder_run: str  # the run that crashed holding the lease
+    skipped_run: str  # the run that found it held and was skipped
+
+
+def _seed(store: LeaseStore) -> None:
+    """What the other event kinds look like, written the way the provider writes them."""
+    for key, ttl, holds in (
+        (API_KEY, timedelta(minutes=5), [40, 75, 90]),
+        (BROWSER_KEY, timedelta(hours=3), [300, 420, 610]),
+    ):
+        for seconds in holds:
+            store.events.record(
+                EventKind.RELEASED,
+                key,
+                owner="billing_close/scheduled__2026-11-28T00:00:00+00:00",
+                token=1,
+                detail={"held_seconds": seconds},
+            )
+        assert store.acquire(key, "billing_close/scheduled__2026-11-29T00:00:00+00:00", ttl) is not None
+    store.events.record(
+        EventKind.SKIPPED_CATCHUP,
+        LEASE_KEY,
+        owner=f"{DAG_ID}/scheduled__2026-11-29T06:00:00+00:00",
+        detail={
+            "count": 14,
+            "first_start": "2026-11-28T08:00:00+00:00",
+            "first_end": "2026-11-28T09:00:00+00:00",
+            "last_start": "2026-11-29T04:00:00+00:00",
+            "last_end": "2026-11-29T05:00:00+00:00",
+            "dag_id": DAG_ID,
+            "run_id": "scheduled__2026-11-29T06:00:00+00:00",
+            "max_backfill": 1,
+        },
+    )
+
+
+def _zombie_publish(store: LeaseStore, holder: Lease) -> None:
+    """The crashed holder wakes up after a newer token reached the fence: its publish is rejected."""
+    fences = FenceStore(store.db.dsn, schema=store.schema)
+    try:
+        assert fences.accept("blog", holder.token + 1)
+        assert not fences.accept("blog", holder.token, owner=holder.owner)
+    finally:
+        fences.close()
+
+
+@pytest.fixture(scope="session")
+def world(pg_dsn: str) -> Iterator[World]:
+    schema = new_schema_name()
+    server = make_server(pg_dsn, schema)
+    store = LeaseStore(pg_dsn, schema=schema)
+    try:
+        store.ensure_schema()
+        _seed(store)
+        # The server boots (tens of seconds) while the DAG runs go; they share only the SQLite file.
+        server.start()
+        # The DAG runs get the connection from the environment, as workers usually do.
+        dag_env = {"AIRFLOW_CONN_LEASE_DEFAULT": pg_dsn}
+        crashed = server.airflow(
+            "dags",
+            "test",
+            DAG_ID,
+            "2026-11-01T00:00:00+00:00",
+            check=False,
+            extra_env={**dag_env, "LEASE_UI_CRASH": "1"},
+        )
+        holder = store.holder(LEASE_KEY)
+        assert holder is not None, (
+            f"the crashing run left no lease ({crashed.returncode}):\n{crashed.stdout[-3000:]}"
+        )
+        server.airflow("dags", "test", DAG_ID, "2026-11-02T00:00:00+00:00", extra_env=dag_env)
+        (skip,) = store.events.query(key=LEASE_KEY, kind=EventKind.SKIPPED_OVERLAP)
+        assert skip.detail["holder_owner"] == holder.owner
+        _zombie_publish(store, holder)
+        server.wait_healthy()
+        yield World(server, store, holder.owner.split("/", 1)[1], skip.detail["run_id"])
+    finally:
+        server.cleanup()
+        store.close()
+        drop_schema(pg_dsn, schema)

@@ -1,0 +1,182 @@
+"""The plugin's routes on a real ``airflow api-server``: login required everywhere, viewers read,
+only admins force-release (checked through Airflow's auth manager), and a force-release is recorded."""
+
+from __future__ import annotations
+
+from urllib.parse import quote
+
+import pytest
+
+from airflow_lease_provider.core import EventKind
+from tests.ui.conftest import API_KEY, World
+from tests.ui.server import DAG_ID, LEASE_KEY
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
+
+JSON_ROUTES = [
+    "/lease/api/me",
+    "/lease/api/leases",
+    "/lease/api/events",
+    "/lease/api/counts",
+    "/lease/api/ttl-advice",
+    f"/lease/api/task-instance?dag_id={DAG_ID}&run_id=r&task_id=publish",
+    "/lease/static/leases.js",
+]
+
+
+@pytest.mark.parametrize("path", JSON_ROUTES)
+def test_no_login_is_401(world: World, path: str) -> None:
+    response = world.server.request("GET", path)
+    assert response.status_code == 401, response.text
+
+
+def test_no_login_force_release_is_401_and_changes_nothing(world: World) -> None:
+    before = world.store.holder(API_KEY)
+    response = world.server.request(
+        "POST", "/lease/api/force-release", json={"key": API_KEY, "confirm": API_KEY}
+    )
+    assert response.status_code == 401
+    after = world.store.holder(API_KEY)
+    assert before is not None and after is not None and after.token == before.token
+
+
+def test_no_login_page_redirects_to_login(world: World) -> None:
+    response = world.server.request("GET", "/lease/ui/")
+    assert response.status_code == 303
+    assert response.headers["location"].startswith("/auth/login?next=")
+
+
+def test_bad_token_is_refused(world: World) -> None:
+    response = world.server.request("GET", "/lease/api/leases", headers={"Authorization": "Bearer not-a-jwt"})
+    assert response.status_code in (401, 403)
+
+
+def test_viewer_sees_the_overlap_skip(world: World) -> None:
+    server = world.server
+    assert server.request("GET", "/lease/api/me", "viewer").json() == {
+        "user": "viewer",
+        "can_force_release": False,
+    }
+
+    leases = {
+        row["key"]: row for row in server.request("GET", "/lease/api/leases", "viewer").json()["leases"]
+    }
+    held = leases[LEASE_KEY]
+    assert held["held"] and held["holder_run"]["dag_id"] == DAG_ID
+    assert held["holder_run"]["run_id"] == world.holder_run
+    assert held["holder_run"]["path"] == f"dags/{DAG_ID}/runs/{quote(world.holder_run, safe='')}"
+
+    events = server.request(
+        "GET", "/lease/api/events", "viewer", params={"key": LEASE_KEY, "kind": "skipped_overlap"}
+    ).json()["events"]
+    (skip,) = events
+    assert skip["run"]["run_id"] == world.skipped_run
+    assert skip["task"]["task_id"] == "publish"
+    assert skip["blocked_by"]["run_id"] == world.holder_run
+
+    kinds = {e["kind"] for e in server.request("GET", "/lease/api/events", "viewer").json()["events"]}
+    assert {"acquired", "skipped_overlap", "skipped_catchup", "fence_rejected", "released"} <= kinds
+
+    counts = {
+        c["key"]: c["kinds"] for c in server.request("GET", "/lease/api/counts", "viewer").json()["counts"]
+    }
+    assert counts[LEASE_KEY]["skipped_overlap"] == {"last_24h": 1, "last_7d": 1}
+
+    advice = {a["key"]: a for a in server.request("GET", "/lease/api/ttl-advice", "viewer").json()["advice"]}
+    assert advice[API_KEY]["verdict"] == "ok"  # TTL 5m, worst hold 90 s
+    assert advice["browser-key"]["verdict"] == "too_long"  # TTL 3h, worst hold ~10 min
+
+    ti = server.request(
+        "GET",
+        "/lease/api/task-instance",
+        "viewer",
+        params={
+            "dag_id": DAG_ID,
+            "run_id": world.skipped_run,
+            "task_id": "publish",
+            "map_index": "{MAP_INDEX}",
+        },
+    ).json()
+    assert world.holder_run in ti["skip_reason"]
+
+    page = server.request("GET", "/lease/ui/", "viewer")
+    assert page.status_code == 200 and "<h1>Leases</h1>" in page.text
+    assert page.headers["cache-control"] == "no-store"
+
+
+def test_store_details_are_not_shown(world: World) -> None:
+    body = world.server.request("GET", "/lease/api/leases", "viewer").json()
+    assert set(body["store"]) == {"schema", "embedded"}
+
+
+def test_plugin_registers_the_views(world: World) -> None:
+    plugins = world.server.request("GET", "/api/v2/plugins", "admin").json()["plugins"]
+    (lease,) = [p for p in plugins if p["name"] == "lease"]
+    views = {v["url_route"]: v for v in lease["external_views"]}
+    assert views["leases"]["destination"] == "nav" and views["leases"]["href"] == "/lease/ui/"
+    assert views["lease"]["destination"] == "task_instance"
+
+
+@pytest.mark.parametrize("user", ["viewer", "user", "op"])
+def test_non_admin_force_release_is_403(world: World, user: str) -> None:
+    before = world.store.holder(API_KEY)
+    assert before is not None
+    response = world.server.request(
+        "POST",
+        "/lease/api/force-release",
+        user,
+        json={"key": API_KEY, "confirm": API_KEY, "expected_token": before.token},
+    )
+    assert response.status_code == 403, response.text
+    after = world.store.holder(API_KEY)
+    assert after is not None and after.token == before.token
+
+
+def test_admin_force_release_bumps_the_token_and_is_recorded(world: World) -> None:
+    server, store = world.server, world.store
+    before = store.holder(API_KEY)
+    assert before is not None
+    assert server.request("GET", "/lease/api/me", "admin").json()["can_force_release"] is True
+
+    wrong = server.request(
+        "POST", "/lease/api/force-release", "admin", json={"key": API_KEY, "confirm": "api"}
+    )
+    assert wrong.status_code == 400
+    stale = server.request(
+        "POST",
+        "/lease/api/force-release",
+        "admin",
+        json={"key": API_KEY, "confirm": API_KEY, "expected_token": before.token - 1},
+    )
+    assert stale.status_code == 409
+    missing = server.request(
+        "POST", "/lease/api/force-release", "admin", json={"key": "nope", "confirm": "nope"}
+    )
+    assert missing.status_code == 404
+    unchanged = store.holder(API_KEY)
+    assert unchanged is not None and unchanged.token == before.token
+
+    done = server.request(
+        "POST",
+        "/lease/api/force-release",
+        "admin",
+        json={
+            "key": API_KEY,
+            "confirm": API_KEY,
+            "reason": "test: host lost",
+            "expected_token": before.token,
+        },
+    )
+    assert done.status_code == 200, done.text
+    body = done.json()
+    assert body["by"] == "admin" and body["new_token"] == before.token + 1
+    assert body["previous"]["owner"] == before.owner and body["previous"]["token"] == before.token
+    assert store.holder(API_KEY) is None
+
+    (event,) = store.events.query(key=API_KEY, kind=EventKind.FORCE_RELEASED)
+    assert event.owner == before.owner and event.token == before.token
+    assert event.detail["by"] == "admin" and event.detail["reason"] == "test: host lost"
+    assert event.detail["new_token"] == before.token + 1
+    # and a viewer sees it in the ledger
+    events = server.request("GET", "/lease/api/events", "viewer", params={"kind": "force_released"}).json()
+    assert any(e["key"] == API_KEY and "force-released by admin" in e["summary"] for e in events["events"])

@@ -1,0 +1,190 @@
+"""Headless Chromium in the real Airflow UI: log in, open Leases from the navigation, find the overlap
+skip a real DAG run left, force-release through the confirmation dialog, follow a run link, open a task
+instance's Lease tab; screenshots at 1280 and 390 px into tests/_artifacts/.
+
+Uses Debian's ``chromium`` through Playwright's Python API (``executable_path``): no browser download.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+
+from airflow_lease_provider.core import EventKind
+from tests.ui.conftest import BROWSER_KEY, World
+from tests.ui.server import DAG_ID, LEASE_KEY, password
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
+
+ARTIFACTS = Path(__file__).parents[1] / "_artifacts"
+CHROMIUM = os.environ.get("LEASE_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+WIDE, NARROW = (1280, 900), (390, 844)
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    sync_api = pytest.importorskip("playwright.sync_api")
+    if not Path(CHROMIUM).exists():
+        message = f"no Chromium at {CHROMIUM}: apt-get install chromium"
+        if os.environ.get("CI"):
+            pytest.fail(message)
+        pytest.skip(message)
+    with sync_api.sync_playwright() as playwright:
+        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        try:
+            yield chromium
+        finally:
+            chromium.close()
+
+
+def login(browser: Any, world: World, user: str, size: tuple[int, int] = WIDE) -> Any:
+    page = browser.new_page(viewport={"width": size[0], "height": size[1]})
+    page.set_default_timeout(60_000)
+    page.goto(f"{world.server.url}/auth/login")
+    page.fill("input[name=username]", user)
+    page.fill("input[name=password]", password(user))
+    page.click("button[type=submit]")
+    page.wait_for_url(lambda url: "/auth/login" not in url)
+    return page
+
+
+def open_leases_from_nav(page: Any) -> Any:
+    """Browse > Leases, as a person would; returns the page's frame."""
+    page.get_by_role("button", name="Browse").click()
+    page.get_by_role("menuitem", name="Leases").click()
+    page.wait_for_url(re.compile(r".*/plugin/leases.*"))
+    frame = page.frame_locator("iframe[title=Leases]")
+    frame.locator("#leases tbody tr[data-key]").first.wait_for()
+    frame.locator("#events tbody tr[data-kind]").first.wait_for()
+    return frame
+
+
+def shoot(page: Any, name: str, frame_selector: str = "iframe") -> None:
+    """The visible screen, then the whole framed page (the viewport grown to the frame's content)."""
+    shoot_plain(page, name)
+    size = page.viewport_size
+    inner = page.locator(frame_selector).first.content_frame
+    height = inner.locator("body").evaluate("b => document.documentElement.scrollHeight")
+    page.set_viewport_size({"width": size["width"], "height": max(size["height"], int(height) + 120)})
+    page.wait_for_timeout(300)
+    page.screenshot(path=str(ARTIFACTS / f"{name}-full.png"))
+    page.set_viewport_size(size)
+
+
+def shoot_plain(page: Any, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
+
+
+def no_horizontal_scroll(frame: Any) -> None:
+    overflow = frame.locator("body").evaluate(
+        "b => document.documentElement.scrollWidth - document.documentElement.clientWidth"
+    )
+    assert overflow <= 1, f"the page scrolls sideways by {overflow} px"
+
+
+def test_leases_page_in_the_airflow_ui(browser: Any, world: World) -> None:
+    page = login(browser, world, "admin")
+    frame = open_leases_from_nav(page)
+
+    # The overlap skip the second DAG run left, with the run that blocked it, linked.
+    skip = frame.locator("#events tbody tr[data-kind=skipped_overlap]", has_text=LEASE_KEY)
+    skip.wait_for()
+    assert world.skipped_run in skip.inner_text()
+    blocker = skip.locator(".small a", has_text=world.holder_run)
+    assert blocker.get_attribute("href") == f"/dags/{DAG_ID}/runs/{quote(world.holder_run, safe='')}"
+    held = frame.locator(f"#leases tbody tr[data-key='{LEASE_KEY}']")
+    assert "held" in held.inner_text() and world.holder_run in held.inner_text()
+    for kind in ("skipped_catchup", "fence_rejected"):
+        assert frame.locator(f"#events tbody tr[data-kind={kind}]").count() >= 1
+    assert frame.locator("#advice tbody tr[data-verdict=too_long]", has_text=BROWSER_KEY).count() == 1
+    no_horizontal_scroll(frame)
+    shoot(page, "leases-1280")
+
+    # Filters: only overlap skips.
+    frame.locator("select[name=kind]").select_option("skipped_overlap")
+    frame.locator("#filters button[type=submit]").click()
+    frame.locator("#events tbody tr[data-kind=acquired]").first.wait_for(state="detached")
+    assert frame.locator("#events tbody tr").count() == 1
+
+    # Force-release through the confirmation step.
+    frame.locator(f"#leases tbody tr[data-key='{BROWSER_KEY}'] button").click()
+    go = frame.locator("#confirm-go")
+    assert go.is_disabled()
+    frame.locator("#confirm-reason").fill("browser test")
+    frame.locator("#confirm-typed").fill(BROWSER_KEY[:-1])
+    assert go.is_disabled()
+    frame.locator("#confirm-typed").fill(BROWSER_KEY)
+    assert go.is_enabled()
+    shoot_plain(page, "force-release-dialog-1280")
+    before = world.store.leases()
+    token = next(lease.token for lease in before if lease.key == BROWSER_KEY)
+    go.click()
+    frame.locator("#flash", has_text="force-released by admin").wait_for()
+    assert world.store.holder(BROWSER_KEY) is None
+    (event,) = world.store.events.query(key=BROWSER_KEY, kind=EventKind.FORCE_RELEASED)
+    assert event.detail["by"] == "admin" and event.detail["new_token"] == token + 1
+    assert event.detail["reason"] == "browser test"
+
+    # A run link navigates the Airflow UI itself, not the frame.
+    frame.locator("#clear-filters").click()
+    frame.locator(f"#leases tbody tr[data-key='{LEASE_KEY}'] a", has_text=world.holder_run).click()
+    page.wait_for_url(re.compile(rf".*/dags/{DAG_ID}/runs/.*"))
+    page.locator("iframe[title=Leases]").wait_for(state="detached")
+    page.get_by_text(world.holder_run).first.wait_for()
+    page.get_by_role("link", name="publish").first.wait_for()  # the run's task list has loaded
+    shoot_plain(page, "run-page-from-link-1280")
+    page.close()
+
+
+def test_narrow_screen(browser: Any, world: World) -> None:
+    page = login(browser, world, "viewer", NARROW)
+    frame = open_leases_from_nav(page)
+    frame.locator("#events tbody tr[data-kind=skipped_overlap]", has_text=LEASE_KEY).wait_for()
+    no_horizontal_scroll(frame)
+    # A viewer gets no force-release button.
+    assert frame.locator("#leases button").count() == 0
+    row = frame.locator(f"#leases tbody tr[data-key='{LEASE_KEY}']")
+    box = row.bounding_box()
+    assert box is not None and box["width"] <= NARROW[0]
+    shoot(page, "leases-390")
+    page.close()
+
+
+def test_task_instance_lease_tab(browser: Any, world: World) -> None:
+    page = login(browser, world, "viewer")
+    run = quote(world.skipped_run, safe="")
+    page.goto(f"{world.server.url}/dags/{DAG_ID}/runs/{run}/tasks/publish")
+    page.get_by_text("Lease", exact=True).click()  # the tab the plugin adds to every task instance
+    page.wait_for_url(re.compile(r".*/tasks/publish/plugin/lease$"))
+    frame = page.frame_locator("iframe[title=Lease]")
+    frame.locator("#explain h2", has_text="This task was skipped").wait_for()
+    assert world.holder_run in frame.locator("#explain").inner_text()
+    assert frame.locator("#events tbody tr").count() == 1
+    shoot(page, "task-lease-tab-1280", "iframe[title=Lease]")
+
+    # Airflow's own task instance page does not fit 390 px (it scrolls sideways); the tab's page does.
+    page.set_viewport_size({"width": NARROW[0], "height": NARROW[1]})
+    page.goto(f"{world.server.url}/lease/ui/task?dag_id={DAG_ID}&run_id={run}&task_id=publish&map_index=-1")
+    page.locator("#explain h2", has_text="This task was skipped").wait_for()
+    overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
+    assert overflow <= 1
+    page.screenshot(path=str(ARTIFACTS / "task-lease-tab-390.png"), full_page=True)
+    page.close()
