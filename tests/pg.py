@@ -72,3 +72,8 @@ def execute(dsn: str, query: str | sql.Composable, params: tuple[object, ...] = 
             return cur.fetchall() if cur.description else []
     finally:
         conn.close()
+
+
+def q(template: str, schema: str) -> sql.Composed:
+    """SQL text with ``{schema}`` filled in as a quoted identifier (no f-string SQL, even in tests)."""
+    return sql.SQL(template).format(schema=sql.Identifier(schema))

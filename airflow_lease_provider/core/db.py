@@ -10,7 +10,10 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import threading
+import time
+import weakref
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
@@ -34,6 +37,60 @@ DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=5)
 DEFAULT_STATEMENT_TIMEOUT = timedelta(seconds=5)
 
 _NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+
+
+class _Watchdog:
+    """One daemon thread per process that cuts off statements the server never answers.
+
+    ``statement_timeout`` is enforced by the server; a server that is frozen, or a pooler that holds the
+    query while its own server is down, leaves the client waiting in ``recv()`` for as long as that
+    lasts. Each :class:`Database` publishes its one in-flight statement as ``(deadline, fd)`` (a plain
+    attribute write, nothing on the hot path takes a lock); four times a second this thread looks, and
+    past a deadline shuts that socket down, so the blocked call fails at once and the caller fails closed.
+    """
+
+    TICK = 0.25
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._watched: weakref.WeakSet[Database] = weakref.WeakSet()
+        self._pid = 0
+
+    def watch(self, db: Database) -> None:
+        with self._lock:
+            if self._pid != os.getpid():  # first use, or a forked child: it needs a thread of its own
+                self._pid = os.getpid()
+                self._watched = weakref.WeakSet()
+                threading.Thread(target=self._run, name="lease-store-watchdog", daemon=True).start()
+            self._watched.add(db)
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(self.TICK)
+            now = time.monotonic()
+            with self._lock:
+                watched = list(self._watched)
+            for db in watched:
+                inflight = db._inflight
+                if inflight is not None and inflight[0] <= now:
+                    db._inflight = None
+                    _shutdown(inflight[1])
+
+
+def _shutdown(fd: int) -> None:
+    try:
+        sock = socket.socket(fileno=os.dup(fd))
+    except OSError:
+        return  # already closed: nothing is blocked on it
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    finally:
+        sock.close()
+
+
+_watchdog = _Watchdog()
 
 
 class LeaseStoreError(LeaseError):
@@ -102,6 +159,9 @@ class Database:
         self._conn: Any = None
         self._pid = 0
         self._compiled: dict[str, str] = {}
+        # (monotonic deadline, socket fd) of the statement in flight, for the watchdog.
+        self._inflight: tuple[float, int] | None = None
+        self._watched = False
 
     # -- connections -------------------------------------------------------------------------------
 
@@ -183,7 +243,7 @@ class Database:
                 fresh = self._conn is None
                 conn = self._connection()
                 try:
-                    with conn.cursor() as cur:
+                    with self._guarded(conn), conn.cursor() as cur:
                         cur.execute(self._prefix(durable) + self.query_text(name, conn), params)
                         return cur.fetchall() if cur.description is not None else []
                 except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
@@ -199,16 +259,52 @@ class Database:
             raise AssertionError("unreachable")  # pragma: no cover
 
     @contextmanager
-    def transaction(self) -> Iterator[Any]:
-        """A cursor inside one transaction on the shared connection; commits on success."""
-        with self._lock:
+    def _guarded(self, conn: Any) -> Iterator[None]:
+        """Cut the connection off if the server has not answered a little after statement_timeout."""
+        if not self._watched or _watchdog._pid != os.getpid():
+            _watchdog.watch(self)
+            self._watched = True
+        self._inflight = (time.monotonic() + self.statement_timeout.total_seconds() + 1.0, conn.fileno())
+        try:
+            yield
+        finally:
+            self._inflight = None
+
+    def _begin(self) -> Any:
+        """A connection with a transaction begun; reconnects once if a reused connection died idle.
+
+        Retrying is safe here: nothing of the transaction has reached the server yet.
+        """
+        for attempt in (1, 2):
+            fresh = self._conn is None
             conn = self._connection()
             conn.autocommit = False
             try:
-                with conn.cursor() as cur:
+                with self._guarded(conn), conn.cursor() as cur:
                     cur.execute(self._prefix(durable=True))
+                return conn
+            except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
+                self._drop()
+                if not fresh and attempt == 1:
+                    log.info("lease store connection to %s was lost; reconnecting once", self.where)
+                    continue
+                raise translate(exc, self.where) from exc
+        raise AssertionError("unreachable")  # pragma: no cover
+
+    @contextmanager
+    def transaction(self) -> Iterator[Any]:
+        """A cursor inside one transaction on the shared connection; commits on success.
+
+        Each statement through the cursor is bounded by ``statement_timeout`` on the server; the commit
+        is bounded by the watchdog.
+        """
+        with self._lock:
+            conn = self._begin()
+            try:
+                with conn.cursor() as cur:
                     yield cur
-                conn.commit()
+                with self._guarded(conn):
+                    conn.commit()
             except BaseException as exc:
                 try:
                     conn.rollback()

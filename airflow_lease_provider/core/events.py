@@ -187,5 +187,6 @@ class EventLedger:
     def hold_stats(self, window: timedelta = DEFAULT_RETENTION) -> list[HoldStats]:
         """Per key: released holds within ``window`` (by the database clock), the longest and the p95."""
         validation.positive_timedelta("window", window)
+        self._prepare()
         rows = self.db.run("hold_stats", {"window": window})
         return [HoldStats(r[0], int(r[1]), float(r[2]), float(r[3]), r[4]) for r in rows]

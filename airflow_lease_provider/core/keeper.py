@@ -158,9 +158,15 @@ class LeaseKeeper:
         self._stop.set()
         log.error("lease %r (token %s) lost: %s", lease.key, lease.token, reason)
         if self.store.record_events:
-            self.store.events.record(
-                EventKind.LOST, lease.key, owner=lease.owner, token=lease.token, detail={"reason": reason}
-            )
+            # In a thread of its own: when the store hangs, the keeper thread may hold the store's
+            # connection, and the holder's check() must raise LeaseLost now, not after the hang.
+            threading.Thread(
+                target=self.store.events.record,
+                args=(EventKind.LOST, lease.key),
+                kwargs={"owner": lease.owner, "token": lease.token, "detail": {"reason": reason}},
+                name=f"lease-lost-event:{lease.key}",
+                daemon=True,
+            ).start()
         if self.on_lost is not None:
             try:
                 self.on_lost(self._lost)

@@ -14,7 +14,7 @@ import pytest
 
 from airflow_lease_provider.core import EventKind, LeaseStore
 from tests.airflow.harness import EXAMPLES
-from tests.pg import execute
+from tests.pg import execute, q
 
 pytestmark = pytest.mark.airflow
 
@@ -97,7 +97,7 @@ def test_zombie_attempt_cannot_publish_after_a_newer_run(airflow_home, store: Le
     running.wait(timeout=120)
 
     assert zombie.task_states()[("publish", -1)] == "failed"
-    rows = execute(pg_dsn, f'SELECT writer, token FROM "{schema}".zombie_target')
+    rows = execute(pg_dsn, q('SELECT writer, token FROM {schema}.zombie_target', schema))
     assert len(rows) == 1 and rows[0][1] == old.token + 1, f"only the newer write may land: {rows}"
     assert not (zombie_markers / f"published-{old.token}").exists()
     # The ledger says why the old attempt stopped: its lease was lost, or the fence refused it.

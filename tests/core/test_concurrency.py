@@ -11,7 +11,7 @@ import pytest
 
 from airflow_lease_provider.core import LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.schema import latest_version
-from tests.pg import EmbeddedServer, execute, new_schema_name
+from tests.pg import EmbeddedServer, execute, new_schema_name, q
 
 CONTENDERS = 32
 
@@ -61,7 +61,7 @@ def test_32_contenders_exactly_one_valid_holder_at_any_moment(pg_dsn: str, schem
     tokens = [t for t, _, _ in intervals]
     assert len(tokens) == len(set(tokens)), "a token was issued twice"
     # Sorted by token, validity intervals (database time) follow each other without overlap.
-    for (t1, _s1, e1), (t2, s2, _e2) in zip(intervals, intervals[1:]):
+    for (t1, _s1, e1), (t2, s2, _e2) in zip(intervals, intervals[1:], strict=False):
         assert s2 >= e1, f"token {t2} started at {s2} before token {t1} ended at {e1}"
     lapsed = [t for t, _, e in intervals if e == dict((t2, e2) for t2, _, e2 in acquired)[t]]
     assert lapsed, "no lease lapsed by expiry, so expiry was not exercised"
@@ -87,7 +87,7 @@ def test_8_processes_create_the_schema_at_the_same_moment(pg_dsn: str, schema: s
     for p in procs:
         p.join(timeout=30)
     assert results == [("ok", latest_version())] * 8
-    versions = execute(pg_dsn, f'SELECT version FROM "{schema}".schema_version')
+    versions = execute(pg_dsn, q('SELECT version FROM {schema}.schema_version', schema))
     assert versions == [(v,) for v in range(1, latest_version() + 1)]
 
 
@@ -133,7 +133,7 @@ def test_tokens_strictly_increase_over_1000_mixed_operations_and_restarts(privat
                 # Let it expire: acquire with a short TTL later is the expiry path; force it here.
                 execute(
                     private_server.dsn,
-                    f'UPDATE "{schema}".lease SET expires_at = clock_timestamp() WHERE key = %s',
+                    q('UPDATE {schema}.lease SET expires_at = clock_timestamp() WHERE key = %s', schema),
                     (key,),
                 )
                 held.pop(key)

@@ -8,7 +8,7 @@ import psycopg2
 import pytest
 
 from airflow_lease_provider.core import DuplicatePublish, EventKind, FenceStore, StaleFencingToken
-from tests.pg import execute
+from tests.pg import execute, q
 
 
 def test_accepts_only_larger_tokens(fences: FenceStore) -> None:
@@ -72,43 +72,43 @@ def test_concurrent_accepts_end_with_the_largest(fences: FenceStore, pg_dsn: str
 
 
 def test_transaction_writes_exactly_once_with_the_fence(fences: FenceStore, pg_dsn: str, schema: str) -> None:
-    execute(pg_dsn, f'CREATE SCHEMA IF NOT EXISTS "{schema}"')
-    execute(pg_dsn, f'CREATE TABLE "{schema}".article (slot text PRIMARY KEY, body text, token bigint)')
+    execute(pg_dsn, q('CREATE SCHEMA IF NOT EXISTS {schema}', schema))
+    execute(pg_dsn, q('CREATE TABLE {schema}.article (slot text PRIMARY KEY, body text, token bigint)', schema))
     with fences.transaction("articles", 2, owner="run-b", idempotency_key="slot-9") as cur:
-        cur.execute(f'INSERT INTO "{schema}".article VALUES (%s, %s, %s)', ("slot-9", "new", 2))
+        cur.execute(q('INSERT INTO {schema}.article VALUES (%s, %s, %s)', schema), ("slot-9", "new", 2))
     # A zombie with an older token: refused before anything is written.
     with pytest.raises(StaleFencingToken):
         with fences.transaction("articles", 1, owner="run-a") as cur:
-            cur.execute(f'INSERT INTO "{schema}".article VALUES (%s, %s, %s)', ("slot-8", "old", 1))
+            cur.execute(q('INSERT INTO {schema}.article VALUES (%s, %s, %s)', schema), ("slot-8", "old", 1))
     # The same slot again, even with a larger token: refused as a duplicate.
     with pytest.raises(DuplicatePublish):
         with fences.transaction("articles", 3, idempotency_key="slot-9") as cur:
-            cur.execute(f'INSERT INTO "{schema}".article VALUES (%s, %s, %s)', ("slot-9b", "dup", 3))
+            cur.execute(q('INSERT INTO {schema}.article VALUES (%s, %s, %s)', schema), ("slot-9b", "dup", 3))
     # A failure inside the body rolls back the fence advance too.
     with pytest.raises(RuntimeError):
         with fences.transaction("articles", 4) as cur:
-            cur.execute(f'INSERT INTO "{schema}".article VALUES (%s, %s, %s)', ("slot-10", "x", 4))
+            cur.execute(q('INSERT INTO {schema}.article VALUES (%s, %s, %s)', schema), ("slot-10", "x", 4))
             raise RuntimeError("boom")
     assert fences.current("articles") == 2
-    rows = execute(pg_dsn, f'SELECT slot, body, token FROM "{schema}".article')
+    rows = execute(pg_dsn, q('SELECT slot, body, token FROM {schema}.article', schema))
     assert rows == [("slot-9", "new", 2)]
 
 
 def test_advance_in_the_callers_own_transaction(fences: FenceStore, pg_dsn: str, schema: str) -> None:
     fences.ensure_schema()
-    execute(pg_dsn, f'CREATE TABLE "{schema}".target (v int)')
+    execute(pg_dsn, q('CREATE TABLE {schema}.target (v int)', schema))
     conn = psycopg2.connect(pg_dsn)
     try:
         with conn:
             with conn.cursor() as cur:
                 fences.advance_in(cur, "t", 5)
-                cur.execute(f'INSERT INTO "{schema}".target VALUES (1)')
+                cur.execute(q('INSERT INTO {schema}.target VALUES (1)', schema))
         with pytest.raises(StaleFencingToken):
             with conn:
                 with conn.cursor() as cur:
                     fences.advance_in(cur, "t", 5)
-                    cur.execute(f'INSERT INTO "{schema}".target VALUES (2)')
+                    cur.execute(q('INSERT INTO {schema}.target VALUES (2)', schema))
     finally:
         conn.close()
-    assert execute(pg_dsn, f'SELECT v FROM "{schema}".target') == [(1,)]
+    assert execute(pg_dsn, q('SELECT v FROM {schema}.target', schema)) == [(1,)]
     assert fences.current("t") == 5

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 
 from airflow_lease_provider.core import EventKind, LeaseStore
-from tests.pg import execute
+from tests.pg import execute, q
 
 TTL = timedelta(seconds=30)
 
@@ -128,7 +128,7 @@ def test_events_record_acquire_and_release_but_not_failed_attempts(store: LeaseS
 def test_event_write_failure_never_breaks_the_lease_path(store: LeaseStore, pg_dsn: str) -> None:
     store.ensure_schema()
     # Break the ledger on purpose: the lease operations must still work and report truthfully.
-    execute(pg_dsn, f'ALTER TABLE "{store.schema}".event RENAME TO event_gone')
+    execute(pg_dsn, q('ALTER TABLE {schema}.event RENAME TO event_gone', store.schema))
     lease = store.acquire("job", owner="a", ttl=TTL)
     assert lease is not None and lease.token == 1
     assert store.release(lease) is True

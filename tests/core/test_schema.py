@@ -9,7 +9,7 @@ from psycopg2 import sql
 from airflow_lease_provider.core import LeaseStore, SchemaError
 from airflow_lease_provider.core.db import Database
 from airflow_lease_provider.core.schema import current_schema_sql, ensure_schema, latest_version, migrations
-from tests.pg import drop_schema, execute, new_schema_name
+from tests.pg import drop_schema, execute, new_schema_name, q
 
 CATALOG_QUERIES = {
     "columns": """
@@ -78,6 +78,6 @@ def test_store_creates_its_schema_on_first_use_and_is_idempotent(pg_dsn: str, sc
 
 def test_a_newer_schema_is_refused(pg_dsn: str, schema: str) -> None:
     LeaseStore(pg_dsn, schema=schema).ensure_schema()
-    execute(pg_dsn, f'INSERT INTO "{schema}".schema_version (version, name) VALUES (999, %s)', ("future",))
+    execute(pg_dsn, q('INSERT INTO {schema}.schema_version (version, name) VALUES (999, %s)', schema), ("future",))
     with pytest.raises(SchemaError, match="newer"):
         LeaseStore(pg_dsn, schema=schema).holder("x")

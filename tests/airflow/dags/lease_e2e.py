@@ -6,13 +6,12 @@ import os
 import time
 from datetime import datetime, timedelta
 
+from _util import mark, wait_for  # type: ignore[import-not-found]
 from airflow.providers.standard.operators.bash import BashOperator
 from airflow.sdk import DAG, task
 from psycopg2 import sql
 
 from airflow_lease_provider.operators import LeasedOperator, run_lease
-
-from _util import mark, wait_for  # type: ignore[import-not-found]
 
 START = datetime(2026, 1, 1)
 HOLD = float(os.environ.get("LEASE_TEST_HOLD_SECONDS", "0"))
