@@ -18,11 +18,12 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from typing import Any
 
 log = logging.getLogger(__name__)
 
 
-def _stats():  # type: ignore[no-untyped-def]
+def _stats() -> Any:
     from airflow.sdk.observability.stats import Stats
 
     return Stats
