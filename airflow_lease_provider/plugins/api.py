@@ -17,6 +17,7 @@ from datetime import datetime, timedelta
 from importlib import resources
 from typing import Annotated, Any
 
+from airflow.api_fastapi.common.db.common import SessionDep
 from airflow.api_fastapi.core_api.security import GetUserDep, requires_authenticated
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
@@ -172,12 +173,33 @@ def get_ttl_advice(
     return report.ttl_advice(store, window=timedelta(days=days), key=key or None)
 
 
+def run_window(session: Any, dag_id: str, run_id: str) -> tuple[datetime | None, datetime | None]:
+    """When the DAG run was alive, by Airflow's metadata, with a margin; (None, None) if unknown."""
+    from airflow.models.dagrun import DagRun
+    from sqlalchemy import select
+
+    run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
+    if run is None:
+        return None, None
+    starts = [t for t in (run.queued_at, run.start_date, run.run_after) if t is not None]
+    margin = timedelta(minutes=5)  # events are stamped by the store's clock, Airflow's by its own
+    since = min(starts) - margin if starts else None
+    until = run.end_date + margin if run.end_date is not None else None
+    return since, until
+
+
 def get_task_instance(
-    store: StoreDep, dag_id: str, run_id: str, task_id: str, map_index: str | None = None
+    store: StoreDep,
+    session: SessionDep,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    map_index: str | None = None,
 ) -> dict[str, Any]:
     # The UI substitutes {MAP_INDEX} only for mapped instances; anything else means "not mapped".
     index = int(map_index) if map_index and map_index.lstrip("-").isdigit() else -1
-    return report.task_instance_events(store, dag_id, run_id, task_id, index)
+    since, until = run_window(session, dag_id, run_id)
+    return report.task_instance_events(store, dag_id, run_id, task_id, index, since=since, until=until)
 
 
 class ForceReleaseBody(BaseModel):
@@ -213,8 +235,7 @@ def force_release(
     )
     if previous is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no lease {body.key!r} in the store")
-    holder = store.leases()
-    new = next((lease for lease in holder if lease.key == body.key), None)
+    new = next((lease for lease in store.leases() if lease.key == body.key), None)
     log.warning("lease %r force-released by %s from the Airflow UI", body.key, by)
     return {
         "key": body.key,

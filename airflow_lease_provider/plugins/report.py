@@ -228,24 +228,44 @@ def events(
     return {"events": [event_row(e) for e in found], "limit": limit}
 
 
+def _about(event: Event, dag_id: str, run_id: str, task_id: str, map_index: int) -> bool:
+    """Whether ``event`` concerns this task instance.
+
+    Skips, waits and catch-up records name their run (and task) in the detail. The others (acquired,
+    released, lost, fence rejections) carry only the owner, which names the run and, for a mapped
+    instance, its map index; they are this instance's unless another instance of the run is named.
+    """
+    d = event.detail
+    if d.get("dag_id") is not None or d.get("run_id") is not None:
+        if d.get("dag_id") != dag_id or d.get("run_id") != run_id:
+            return False
+        if d.get("task_id") is None:
+            return True
+        return d.get("task_id") == task_id and _int(d.get("map_index")) in (map_index, -1)
+    ref = parse_owner(event.owner)
+    return (
+        ref is not None and (ref.dag_id, ref.run_id) == (dag_id, run_id) and ref.map_index in (map_index, -1)
+    )
+
+
 def task_instance_events(
-    store: LeaseStore, dag_id: str, run_id: str, task_id: str, map_index: int = -1, *, limit: int = 500
+    store: LeaseStore,
+    dag_id: str,
+    run_id: str,
+    task_id: str,
+    map_index: int = -1,
+    *,
+    since: datetime | None = None,
+    until: datetime | None = None,
+    limit: int = 2000,
 ) -> dict[str, Any]:
     """The events one task instance caused, and why it was skipped if it was.
 
-    The ledger is keyed by lease key, not by task, so this reads the newest events and keeps the ones
-    whose detail names this task instance (or, for catch-up skips, this run).
+    The ledger is indexed by time, not by run, so this reads the events of the run's time window
+    (``since``/``until``, from Airflow's metadata) and keeps those about this task instance.
     """
-    rows = []
-    for event in store.events.query(limit=limit):
-        d = event.detail
-        if d.get("dag_id") != dag_id or d.get("run_id") != run_id:
-            continue
-        if d.get("task_id") not in (None, task_id):
-            continue
-        if d.get("task_id") is not None and _int(d.get("map_index")) not in (map_index, -1):
-            continue
-        rows.append(event_row(event))
+    found = store.events.query(since=since, until=until, limit=limit)
+    rows = [event_row(e) for e in found if _about(e, dag_id, run_id, task_id, map_index)]
     skip = next((r for r in rows if r["kind"] in (EventKind.SKIPPED_OVERLAP, EventKind.OVERLAP_FAILED)), None)
     return {
         "dag_id": dag_id,

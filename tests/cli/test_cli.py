@@ -115,7 +115,6 @@ def test_counts(run: Callable[..., tuple[int, str]], skip: int) -> None:
 
 def _holds(store: LeaseStore, key: str, ttl: timedelta, held_seconds: list[float]) -> None:
     """A key whose lease has ``ttl`` and whose ledger shows these hold times (as release() records them)."""
-    store.ensure_schema()  # the ledger writes without creating the schema; the lease operations create it
     for seconds in held_seconds:
         store.events.record(
             EventKind.RELEASED, key, owner="dag/run", token=1, detail={"held_seconds": seconds}

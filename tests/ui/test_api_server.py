@@ -98,6 +98,15 @@ def test_viewer_sees_the_overlap_skip(world: World) -> None:
         },
     ).json()
     assert world.holder_run in ti["skip_reason"]
+    # The crashed holder's own tab: its acquisition, and its late (zombie) publish the fence rejected.
+    held_ti = server.request(
+        "GET",
+        "/lease/api/task-instance",
+        "viewer",
+        params={"dag_id": DAG_ID, "run_id": world.holder_run, "task_id": "publish"},
+    ).json()
+    assert held_ti["skip_reason"] is None
+    assert {e["kind"] for e in held_ti["events"]} == {"acquired", "fence_rejected"}
 
     page = server.request("GET", "/lease/ui/", "viewer")
     assert page.status_code == 200 and "<h1>Leases</h1>" in page.text

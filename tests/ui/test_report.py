@@ -120,3 +120,18 @@ def test_summaries_of_other_kinds() -> None:
 )
 def test_format_duration(seconds: float, text: str) -> None:
     assert report.format_duration(seconds) == text
+
+
+def test_task_instance_matching() -> None:
+    about = report._about
+    skip = event("skipped_overlap", {"dag_id": "d", "run_id": "r", "task_id": "t", "map_index": -1})
+    assert about(skip, "d", "r", "t", -1)
+    assert not about(skip, "d", "r", "other", -1)
+    assert not about(skip, "d", "r2", "t", -1)
+    catchup = event("skipped_catchup", {"dag_id": "d", "run_id": "r", "count": 3})
+    assert about(catchup, "d", "r", "any_task", -1)
+    # acquired/released/lost carry only the owner: the run, and the map index of a mapped instance
+    assert about(event("released", {"held_seconds": 3}, owner="d/r"), "d", "r", "t", -1)
+    assert about(event("released", {"held_seconds": 3}, owner="d/r/2"), "d", "r", "t", 2)
+    assert not about(event("released", {"held_seconds": 3}, owner="d/r/2"), "d", "r", "t", 3)
+    assert not about(event("released", {}, owner="d/r9"), "d", "r", "t", -1)
