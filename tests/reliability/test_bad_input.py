@@ -87,16 +87,18 @@ def test_names_within_the_documented_limit_are_stored_or_refused_up_front(
     LeaseStoreUnavailable ("unreachable: index row size ... exceeds btree"), which callers retry as an outage."""
     rng = random.Random(512)
     cjk = ["".join(chr(rng.randint(0x4E00, 0x9FFF)) for _ in range(MAX_NAME_LENGTH)) for _ in range(2)]
-    lease = store.acquire(cjk[0], owner=cjk[1], ttl=TTL)
-    assert lease is not None and lease.key == cjk[0]
-    before = rows()
-    try:
-        accepted = fences.accept(cjk[0], lease.token, owner=cjk[1], idempotency_key=cjk[1])
-    except InvalidArgument as exc:
-        assert exc.parameter in ("resource", "idempotency_key")
-        assert rows() == before
-    else:
-        assert accepted and fences.current(cjk[0]) == lease.token
+    store.ensure_schema()
+    for call in (
+        lambda: store.acquire(cjk[0], owner=cjk[1], ttl=TTL),
+        lambda: fences.accept(cjk[0], 1, owner=cjk[1], idempotency_key=cjk[1]),
+        lambda: store.events.record("acquired", cjk[0], owner=cjk[1]),
+    ):
+        before = rows()
+        try:
+            call()
+        except InvalidArgument as exc:
+            assert exc.parameter in ("key", "owner", "resource", "idempotency_key")
+            assert rows() == before
 
 
 def test_force_release_with_an_unstorable_reason_changes_nothing(store: LeaseStore, rows: Rows) -> None:
