@@ -96,7 +96,14 @@ class Client:
         if builder is None:
             raise ValueError(f"no arm {arm!r} in scenario {scenario!r}")
         self.leases.record_events = False  # only the +events arms turn it on, for their cell
+        # Only the proposed-acquire arm swaps the statement; everyone else gets the core's own again.
+        self.leases.db._compiled.pop("acquire", None)
         return builder(self, pool)
+
+    def use_proposed_acquire(self) -> None:
+        """Send the proposed function call where the store sends its acquire statement (same code path,
+        same prefix, same parsing of the row into a Lease)."""
+        self.leases.db._compiled["acquire"] = self.q(sqltext.PROPOSED_ACQUIRE_CALL)
 
 
 # -- project arms ----------------------------------------------------------------------------------------
@@ -114,6 +121,16 @@ def _lease_pool(client: Client, pool: int) -> Attempt:
 def _lease_pool_events(client: Client, pool: int) -> Attempt:
     client.leases.record_events = True
     return _lease_pool(client, pool)
+
+
+def _proposed_pool(client: Client, pool: int) -> Attempt:
+    client.use_proposed_acquire()
+    return _lease_pool(client, pool)
+
+
+def _proposed_hot(client: Client, pool: int) -> Attempt:
+    client.use_proposed_acquire()
+    return _lease_hot(client, pool)
 
 
 def _lease_hot(client: Client, pool: int) -> Attempt:
@@ -361,6 +378,7 @@ def _cycled_pool(worker: int, pool: int) -> Any:
 # Arm names as printed. The scenario lists below give the order of the table.
 LEASE = "lease"
 LEASE_EVENTS = "lease+events"
+LEASE_PROPOSED = "lease, acquire in plpgsql (proposed)"
 NAIVE = "read-then-CAS"
 SHEDLOCK = "ShedLock upsert"
 SHEDLOCK_UPDATE = "ShedLock UPDATE"
@@ -374,10 +392,12 @@ _BUILDERS: dict[tuple[str, str], Callable[[Client, int], Attempt]] = {
     ("floor", SELECT1): _select_one,
     ("success", LEASE): _lease_pool,
     ("success", LEASE_EVENTS): _lease_pool_events,
+    ("success", LEASE_PROPOSED): _proposed_pool,
     ("success", NAIVE): _naive_pool,
     ("success", SHEDLOCK): _shed_pool,
     ("success", ADVISORY): _advisory_pool,
     ("hot", LEASE): _lease_hot,
+    ("hot", LEASE_PROPOSED): _proposed_hot,
     ("hot", NAIVE): _naive_hot,
     ("hot", SHEDLOCK): _shed_hot,
     ("hot", SHEDLOCK_UPDATE): _shed_update_hot,

@@ -183,6 +183,29 @@ def catchup_table(catchup: dict[str, Any]) -> list[str]:
     return _table(["schedule", "arm", "ms per next-run computation", "croniter calls"], rows, "llrr")
 
 
+def pgbench_lines(found: dict[str, Any]) -> list[str]:
+    if found.get("status") != "measured":
+        return [f"pgbench: {found.get('status')}"]
+    rows = []
+    for name, arm in found["arms"].items():
+        ratio = found["ratios"].get(f"{name} / ShedLock upsert")
+        rows.append(
+            [
+                name,
+                cell_text(arm["tps"], "rate"),
+                cell_text(arm["latency_avg_ms"], "ms"),
+                cell_text(ratio, "x") if ratio else "1x",
+            ]
+        )
+    header = [
+        f"statement ({found['clients']} clients, pgbench -j 2, {found['seconds']} s)",
+        "attempts/s",
+        "avg latency ms",
+        "vs ShedLock upsert",
+    ]
+    return _table(header, rows, "lrrr")
+
+
 def overhead_lines(overhead: dict[str, Any]) -> list[str]:
     if overhead.get("status") != "measured":
         return [f"Task overhead: {overhead.get('status', PLACEHOLDER_OVERHEAD)}"]
@@ -354,6 +377,29 @@ def targets(
     return out
 
 
+def proposed_lines(cells: list[dict[str, Any]], clients: tuple[int, ...]) -> list[str]:
+    """The targets' ratios again with the proposed acquire in place of today's, from the same run."""
+    rows = []
+    for scenario, baseline in (("hot", arms.SHEDLOCK), ("success", arms.SHEDLOCK), ("success", arms.NAIVE)):
+        for c in clients:
+            today = paired_ratios(cells, scenario, c, arms.LEASE, baseline)
+            proposed = paired_ratios(cells, scenario, c, arms.LEASE_PROPOSED, baseline)
+            speedup = paired_ratios(cells, scenario, c, arms.LEASE_PROPOSED, arms.LEASE)
+            if today and proposed:
+                rows.append(
+                    [
+                        SCENARIO_TITLES[scenario].split(" (")[0],
+                        str(c),
+                        f"vs {baseline}",
+                        _ratio_text(today),
+                        _ratio_text(proposed),
+                        _ratio_text(speedup),
+                    ]
+                )
+    header = ["scenario", "clients", "ratio", "lease today", "lease, proposed acquire", "proposed / today"]
+    return _table(header, rows, "lrlrrr")
+
+
 def targets_table(found: list[dict[str, Any]]) -> list[str]:
     rows = [[t["target"], t["measured"], t["verdict"]] for t in found]
     return _table(["target", "measured (median (min-max) over repeats)", "verdict"], rows, "lll")
@@ -380,6 +426,13 @@ def render(results: dict[str, Any]) -> str:
         *handoff_table(results["summary"]),
         "",
     ]
+    if results.get("pgbench_hot_key"):
+        lines += [
+            "### Hot key from a C client (pgbench): the SQL without Python clients",
+            "",
+            *pgbench_lines(results["pgbench_hot_key"]),
+            "",
+        ]
     if any(c["scenario"] == "pressure" for c in results["cells"]):
         lines += ["### Pressure cell", "", *pressure_table(results["cells"]), ""]
     if results.get("catchup"):
@@ -391,4 +444,7 @@ def render(results: dict[str, Any]) -> str:
         ]
     lines += ["### Task overhead", "", *overhead_lines(results.get("task_overhead") or {}), ""]
     lines += ["### Targets", "", *targets_table(results["targets"]), ""]
+    proposed = proposed_lines(results["cells"], tuple(meta["clients"]))
+    if len(proposed) > 2:
+        lines += ["### Proposed acquire (plpgsql function), same run", "", *proposed, ""]
     return "\n".join(lines)

@@ -37,6 +37,7 @@ from bench.cells import (
     run_cell,
 )
 from bench.figures import summarize
+from bench.pgbench import run_pgbench
 from bench.pool import CellSpec, ClientPool
 from bench.report import render, targets
 from bench.server import Server, WalAttributor
@@ -54,6 +55,7 @@ class Profile:
     warmup: float
     duration: float
     pressure_duration: float
+    pgbench_seconds: float
     enumerate_seconds: float
     catchup_min_seconds: float
     overhead_pairs: int
@@ -67,7 +69,8 @@ PROFILES = {
         repeats=3,
         warmup=0.25,
         duration=1.0,
-        pressure_duration=8.0,
+        pressure_duration=7.0,
+        pgbench_seconds=2.0,
         enumerate_seconds=4.0,
         catchup_min_seconds=0.3,
         overhead_pairs=10,
@@ -80,6 +83,7 @@ PROFILES = {
         warmup=0.05,
         duration=0.15,
         pressure_duration=1.5,
+        pgbench_seconds=1.0,
         enumerate_seconds=0.5,
         catchup_min_seconds=0.05,
         overhead_pairs=3,
@@ -249,6 +253,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--repeats", type=int, help="override the profile's repeats (at least 3)")
     parser.add_argument("--scenarios", help=f"comma-separated subset of {','.join([*SCENARIOS, *TOP_ONLY])}")
     parser.add_argument("--no-pressure", action="store_true", help="skip the pressure cell")
+    parser.add_argument("--no-pgbench", action="store_true", help="skip the hot-key cell run from pgbench")
     parser.add_argument("--no-catchup", action="store_true", help="skip the catch-up arm")
     parser.add_argument("--no-overhead", action="store_true", help="skip the task-overhead arm")
     args = parser.parse_args(argv)
@@ -299,6 +304,12 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"profile {profile.name}"
         )
         cells = run_grid(server, dsn, schema, profile, attributor, scenarios, pressure=not args.no_pressure)
+        sql_level = None
+        if not args.no_pgbench:
+            _log("hot key from pgbench (C client) ...")
+            top = max(profile.clients)
+            _wait_for_connections(server, top + 3)
+            sql_level = run_pgbench(server, dsn, schema, top, profile.pgbench_seconds, profile.repeats)
         catchup = None if args.no_catchup else _catchup(profile)
         overhead = (
             {"status": "not measured: --no-overhead"} if args.no_overhead else _overhead(dsn, schema, profile)
@@ -338,6 +349,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "meta": meta,
         "summary": summarize(cells),
         "targets": targets(cells, profile.clients, catchup, overhead, max(profile.clients)),
+        "pgbench_hot_key": sql_level,
         "catchup": catchup,
         "task_overhead": overhead,
         "cells": cells,

@@ -122,6 +122,7 @@ class Server:
             store.close()
         for statement in sqltext.BASELINE_TABLES:
             self.execute(sqltext.compose(statement, schema))
+        self.execute(sqltext.proposed_acquire_function(schema))
 
     def drop_schema(self, schema: str) -> None:
         self.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 from psycopg2 import sql
 
+from airflow_lease_provider.core.db import named_queries
+
 # -- baseline tables -----------------------------------------------------------------------------------
 
 # ShedLock's documented table (name/lock_until/locked_at/locked_by, TIMESTAMP columns, default fillfactor).
@@ -116,6 +118,30 @@ RAW_FENCE = (
 
 SELECT_ONE = "SELECT 1"
 ADVISORY_TRY_XACT = "SELECT pg_try_advisory_xact_lock(%(lock)s)"
+
+# -- the proposed acquire: the core's own statement inside a plpgsql function ------------------------------
+
+# plpgsql keeps each statement's plan for the session, so the CTE is parsed and planned once per
+# connection instead of on every call; being a schema object, it keeps the store free of session state
+# (pgbouncer transaction pooling still works). The body is the core's ``acquire`` query, unchanged.
+PROPOSED_ACQUIRE_NAME = "bench_lease_acquire"
+PROPOSED_ACQUIRE_CALL = "SELECT * FROM {schema}.bench_lease_acquire(%(key)s, %(owner)s, %(ttl)s)"
+
+
+def proposed_acquire_function(schema: str) -> sql.Composed:
+    body = named_queries()["acquire"].rstrip().rstrip(";")
+    for param, name in (("key", "p_key"), ("owner", "p_owner"), ("ttl", "p_ttl")):
+        body = body.replace(f"%({param})s", name)
+    head = (
+        "CREATE FUNCTION {schema}.bench_lease_acquire(p_key text, p_owner text, p_ttl interval) "
+        "RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, "
+        "acquired_at timestamptz, renewed_at timestamptz, expires_at timestamptz, "
+        "released_at timestamptz, observed_at timestamptz) "
+        # The output columns share the table's column names: the query's names mean the columns.
+        "LANGUAGE plpgsql AS $bench$ #variable_conflict use_column\nBEGIN RETURN QUERY "
+    )
+    return sql.Composed([compose(head, schema), compose(body, schema), sql.SQL("; END $bench$")])
+
 
 # -- per-cell setup (coordinator) ----------------------------------------------------------------------------
 

@@ -1,0 +1,149 @@
+"""The hot-key cell again with a C client: ``pgbench``, so the SQL is measured without Python clients.
+
+On a 2-core machine 64 Python client processes take most of the CPU the server needs, so the
+store arms measure library + client + server together. Here the same statements run from pgbench
+(two threads) on a held key, as the library sends them (simple protocol: parsed and planned on every
+call) and prepared (planned once per connection: what the proposed plpgsql acquire gets). ShedLock
+runs on JDBC, which switches to server-prepared statements after five executions, so its prepared
+form is the fair one.
+"""
+
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from airflow_lease_provider.core.db import named_queries
+from bench import arms, sqltext
+from bench.figures import spread
+from bench.server import Server
+
+HOLDER_TTL = "interval '60 seconds'"
+
+
+def _one_line(statement: str) -> str:
+    """A statement as one pgbench script line (pgbench ends a command at the end of a line)."""
+    lines = [ln for ln in statement.splitlines() if not ln.strip().startswith("--")]
+    return " ".join(" ".join(lines).split()).rstrip(";") + ";\n"
+
+
+def _scripts(server: Server, schema: str) -> dict[str, tuple[str, str]]:
+    """(protocol, script text) per arm, with the schema quoted and the values written in as literals."""
+    values = {"key": "'hot'", "owner": "'w1'", "ttl": HOLDER_TTL, "name": "'hot'", "by": "'w1'", "secs": "60"}
+
+    def render(text: str) -> str:
+        rendered = sqltext.compose(text, schema).as_string(server.conn)
+        return re.sub(r"%\((\w+)\)s", lambda m: values[m.group(1)], rendered)
+
+    lease = _one_line(render(named_queries()["acquire"]))
+    upsert = _one_line(render(sqltext.SHEDLOCK_UPSERT))
+    update = _one_line(render(sqltext.SHEDLOCK_UPDATE))
+    return {
+        "lease acquire SQL, simple protocol (as sent today)": ("simple", lease),
+        "lease acquire SQL, prepared (plan cached)": ("prepared", lease),
+        "ShedLock upsert, prepared (as JDBC sends it)": ("prepared", upsert),
+        "ShedLock UPDATE, prepared": ("prepared", update),
+    }
+
+
+def find_pgbench(server: Server) -> str | None:
+    major = server.version_num // 10000
+    for candidate in (f"/usr/lib/postgresql/{major}/bin/pgbench", shutil.which("pgbench")):
+        if candidate and Path(candidate).exists():
+            out = subprocess.run([candidate, "--version"], capture_output=True, text=True, check=False).stdout
+            found = re.search(r"(\d+)", out)
+            if found and int(found.group(1)) == major:
+                return candidate
+    return None
+
+
+def _run_one(
+    pgbench: str, dsn: str, clients: int, seconds: float, protocol: str, script: Path
+) -> dict[str, Any]:
+    cmd = [
+        pgbench,
+        "-n",
+        "-c",
+        str(clients),
+        "-j",
+        "2",
+        "-T",
+        str(max(1, round(seconds))),
+        "-M",
+        protocol,
+        "-f",
+        str(script),
+        dsn,
+    ]
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=seconds + 120, check=False)
+    tps = re.search(r"^tps = ([\d.]+)", proc.stdout, re.MULTILINE)
+    latency = re.search(r"latency average = ([\d.]+) ms", proc.stdout)
+    failed = re.search(r"number of failed transactions: (\d+)", proc.stdout)
+    if tps is None:
+        return {"error": (proc.stdout + proc.stderr)[-1500:]}
+    return {
+        "tps": float(tps.group(1)),
+        "latency_avg_ms": float(latency.group(1)) if latency else None,
+        "failed": int(failed.group(1)) if failed else 0,
+    }
+
+
+def run_pgbench(
+    server: Server, dsn: str, schema: str, clients: int, seconds: float, repeats: int
+) -> dict[str, Any]:
+    """The four arms, interleaved, ``repeats`` times; tps and average latency per arm."""
+    pgbench = find_pgbench(server)
+    if pgbench is None:
+        return {"status": f"not measured: no pgbench for PostgreSQL {server.version_num // 10000}"}
+    server.reset(schema, ("lease", "event", "shedlock"))
+    server.seed(schema, sqltext.SEED_HELD_LEASE, {"key": arms.HOT_KEY}, table="lease")
+    server.seed(schema, sqltext.SEED_HELD_SHEDLOCK, {"key": arms.HOT_KEY})
+    server.vacuum(schema, ("lease", "shedlock"))
+    scripts = _scripts(server, schema)
+    names = list(scripts)
+    runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
+    folder = Path(tempfile.mkdtemp(prefix="lease-bench-pgbench-"))
+    try:
+        paths = {}
+        for i, name in enumerate(names):
+            paths[name] = folder / f"arm{i}.sql"
+            paths[name].write_text(scripts[name][1])
+        for repeat in range(repeats):
+            shift = repeat % len(names)
+            for name in names[shift:] + names[:shift]:
+                runs[name].append(_run_one(pgbench, dsn, clients, seconds, scripts[name][0], paths[name]))
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+    token = server.one(
+        sqltext.compose("SELECT token FROM {schema}.lease WHERE key = %s", schema), (arms.HOT_KEY,)
+    )
+    out: dict[str, Any] = {
+        "status": "measured",
+        "pgbench": pgbench,
+        "clients": clients,
+        "threads": 2,
+        "seconds": max(1, round(seconds)),
+        "holder_token_after": token,  # still 1: no attempt took the held lease
+        "arms": {},
+    }
+    for name in names:
+        out["arms"][name] = {
+            "tps": spread(r.get("tps") for r in runs[name]),
+            "latency_avg_ms": spread(r.get("latency_avg_ms") for r in runs[name]),
+            "runs": runs[name],
+        }
+    upsert = "ShedLock upsert, prepared (as JDBC sends it)"
+    out["ratios"] = {
+        f"{name} / ShedLock upsert": spread(
+            a["tps"] / b["tps"]
+            for a, b in zip(runs[name], runs[upsert], strict=True)
+            if "tps" in a and "tps" in b
+        )
+        for name in names
+        if name != upsert
+    }
+    return out
