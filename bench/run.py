@@ -133,16 +133,19 @@ def run_grid(
     profile: Profile,
     attributor: WalAttributor | None,
     scenarios: list[str],
-    pressure: bool,
 ) -> list[dict[str, Any]]:
     """Every cell, ``profile.repeats`` times: per repeat, each concurrency gets one pool of clients."""
     top = max(profile.clients)
     top_only = [s for s in TOP_ONLY if s in scenarios]
+    grid = [s for s in scenarios if s in SCENARIOS]
+    pressure = "pressure" in scenarios
     per_repeat = sum(len(SCENARIOS[s]) for s in scenarios if s in SCENARIOS) * len(profile.clients)
     per_repeat += sum(len(TOP_ONLY[s]) for s in top_only) + (2 if pressure else 0)
     progress = _Progress(per_repeat * profile.repeats)
     for repeat in range(profile.repeats):
         for clients in rotate(profile.clients, repeat):
+            if not grid and clients != top:
+                continue  # nothing to run at this concurrency
             _wait_for_connections(server, clients + 3)
             with ClientPool(clients, dsn, schema) as pool:
                 run = functools.partial(run_cell, pool, server, schema, attributor=attributor, repeat=repeat)
@@ -150,7 +153,7 @@ def run_grid(
                 def cell(spec: CellSpec, variant: str = "", idle: IdleInTransaction | None = None) -> None:
                     progress.add(run(spec, variant=variant, idle=idle))  # noqa: B023 - called at once
 
-                for scenario in rotate([s for s in scenarios if s in SCENARIOS], repeat):
+                for scenario in rotate(grid, repeat):
                     for arm in rotate(SCENARIOS[scenario], repeat):
                         # Only the success path's table arms take keys from a seeded pool.
                         uses_pool = scenario == "success" and bool(ARM_TABLES[arm])
@@ -251,7 +254,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="results JSON (default: bench/results.json, or bench/out/results-quick.json with --quick)",
     )
     parser.add_argument("--repeats", type=int, help="override the profile's repeats (at least 3)")
-    parser.add_argument("--scenarios", help=f"comma-separated subset of {','.join([*SCENARIOS, *TOP_ONLY])}")
+    parser.add_argument(
+        "--scenarios", help=f"comma-separated subset of {','.join([*SCENARIOS, *TOP_ONLY, 'pressure'])}"
+    )
+    parser.add_argument("--pressure-seconds", type=float, help="length of each pressure cell (default 7 s)")
     parser.add_argument("--no-pressure", action="store_true", help="skip the pressure cell")
     parser.add_argument("--no-pgbench", action="store_true", help="skip the hot-key cell run from pgbench")
     parser.add_argument("--no-catchup", action="store_true", help="skip the catch-up arm")
@@ -269,8 +275,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         profile = replace(profile, repeats=args.repeats)
     if args.output:
         profile = replace(profile, output=args.output)
-    scenarios = [s.strip() for s in args.scenarios.split(",")] if args.scenarios else list(SCENARIOS)
-    unknown = set(scenarios) - set(SCENARIOS) - set(TOP_ONLY)
+    everything = [*SCENARIOS, *TOP_ONLY, "pressure"]
+    scenarios = [s.strip() for s in args.scenarios.split(",")] if args.scenarios else everything
+    if args.no_pressure and "pressure" in scenarios:
+        scenarios.remove("pressure")
+    if args.pressure_seconds:
+        profile = replace(profile, pressure_duration=args.pressure_seconds)
+    unknown = set(scenarios) - set(everything)
     if unknown:
         _log(f"unknown scenarios: {', '.join(sorted(unknown))}")
         return 2
@@ -303,7 +314,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"benchmarking {describe_dsn(dsn)} ({settings['server_version']}), schema {schema}, "
             f"profile {profile.name}"
         )
-        cells = run_grid(server, dsn, schema, profile, attributor, scenarios, pressure=not args.no_pressure)
+        cells = run_grid(server, dsn, schema, profile, attributor, scenarios)
         sql_level = None
         if not args.no_pgbench:
             _log("hot key from pgbench (C client) ...")
