@@ -451,9 +451,10 @@ class Checker:
             woke = next((w["t"] for w in wakes if w["w"] == stop["w"] and w["t"] >= stop["t"]), None)
             if woke is None:
                 continue
+            # What it did with that token once awake (a publish in flight across the pause counts).
             after = [
                 op for op in ops_by_worker[int(stop["w"])]
-                if op["t0"] >= stop["t"] - 0.5 and op.get("key") == key and op.get("token") == token
+                if op["t1"] >= woke and op.get("key") == key and op.get("token") == token
                 and op["op"] in ("publish", "lost")
             ]
             if not after:

@@ -54,10 +54,11 @@ PROFILES: dict[str, Profile] = {
         kill_every=60.0, min_operations=100_000,
     ),
     # The broken-variant tests: just long enough for the checker to see the variant fail.
-    # No server kills (they take seconds each), more late work and pauses.
+    # No server kills (they take seconds each); more pauses, and more late work published unchecked, so
+    # that a broken variant shows within seconds.
     "smoke": Profile(
-        name="smoke", duration=12.0, workers=8, keys=2, skewed=4, kill_every=1e9, zombie_every=3.0,
-        long_fraction=0.3,
+        name="smoke", duration=15.0, workers=8, keys=4, skewed=4, kill_every=1e9, zombie_every=2.0,
+        long_fraction=0.4, keeper_fraction=0.4, check_fraction=0.2,
     ),
 }
 

@@ -46,9 +46,14 @@ def templated(value: object) -> bool:
 
 
 def valid_name(value: object) -> bool:
-    from airflow_lease_provider.core.validation import MAX_NAME_LENGTH
+    """Whether the documented name rule (characters, UTF-8 bytes, NUL, valid Unicode) accepts it."""
+    from airflow_lease_provider.core import validation
 
-    return isinstance(value, str) and bool(value.strip()) and len(value) <= MAX_NAME_LENGTH and "\x00" not in value
+    try:
+        validation.name("name", value)
+    except InvalidArgument:
+        return False
+    return True
 
 
 def refused(exc: InvalidArgument, *parameters: str) -> None:

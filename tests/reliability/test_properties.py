@@ -33,7 +33,7 @@ from airflow_lease_provider.core import (
     LeaseStore,
     StaleFencingToken,
 )
-from airflow_lease_provider.core.validation import MAX_NAME_LENGTH, MAX_TOKEN, MAX_TTL, MIN_TTL
+from airflow_lease_provider.core.validation import MAX_TOKEN, MAX_TTL, MIN_TTL
 from tests.reliability.dbstate import Rows
 from tests.reliability.strategies import durations, junk, names, tokens, ttls
 
@@ -46,7 +46,14 @@ TTL = timedelta(minutes=5)
 
 
 def is_name(value: object) -> bool:
-    return isinstance(value, str) and bool(value.strip()) and len(value) <= MAX_NAME_LENGTH and "\x00" not in value
+    """Whether the documented name rule (characters, UTF-8 bytes, NUL, valid Unicode) accepts it."""
+    from airflow_lease_provider.core import validation
+
+    try:
+        validation.name("name", value)
+    except InvalidArgument:
+        return False
+    return True
 
 
 def is_token(value: object) -> bool:
