@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import os
 import re
 import socket
 import sys
@@ -364,6 +365,18 @@ def cmd_release(
     return EXIT_OK
 
 
+def _results_only_stdout() -> TextIO:
+    """The real stdout for our output, with file descriptor 1 sent to stderr from now on.
+
+    Airflow logs to stdout (a warning when it parses a connection with extras, for one), which would
+    corrupt ``--json`` for scripts; with fd 1 on stderr every such line goes there instead.
+    """
+    sys.stdout.flush()
+    results = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)
+    return results
+
+
 def _json(data: Any, out: TextIO) -> int:
     json.dump(data, out, indent=2, sort_keys=False, default=str)
     out.write("\n")
@@ -382,7 +395,8 @@ def main(
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # usage errors and --help: argparse has printed them; return its code
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
-    out = out or sys.stdout
+    if out is None:
+        out = sys.stdout if args.dsn else _results_only_stdout()
     try:
         store, where = open_store(args)
     except LeaseError as exc:
@@ -402,6 +416,7 @@ def main(
         return _fail(f"{exc} (store: {where})")
     finally:
         store.close()
+        out.flush()
     return code
 
 
