@@ -11,9 +11,10 @@ Record types (``"type"``):
     one operation by a worker: ``op`` is ``acquire``, ``renew``, ``release``, ``publish`` or ``lost``;
     ``outcome`` is what it saw (``ok``, ``held``, ``refused``, ``accepted``, ``stale``, ``duplicate``,
     ``unknown`` when the store failed and the effect is not known, ``error`` for anything unexpected).
-    Database times (``acquired_at``, ``renewed_at``, ``expires_at``, ``observed_at``, ``at``) are ISO
-    strings from ``clock_timestamp()``; ``t0``/``t1`` are the host's monotonic clock (the same for
-    every process, and not faked by libfaketime) around the call.
+    Database times (``acquired_at``, ``renewed_at``, ``expires_at``, ``observed_at``, a publish's ``at``,
+    a release's ``released_at`` taken from the committed row) are ISO strings from ``clock_timestamp()``;
+    an operation the database never answered has none. ``t0``/``t1`` are the host's monotonic clock (the
+    same for every process, and not faked by libfaketime) around the call.
 ``fault``
     a fault: ``kind`` is ``sigstop``, ``sigcont``, ``terminate``, ``kill9``, ``stmt_timeout`` or
     ``clock_skew``; ``t``/``t1`` monotonic, ``db_time`` where the database could be asked.
@@ -93,9 +94,24 @@ def read(path: Path) -> Iterator[dict[str, Any]]:
             raise
 
 
+def with_release_times(records: list[dict[str, Any]], audit: list[dict[str, Any]]) -> None:
+    """Give each acknowledged release its database time, from the committed row (``release()`` returns a
+    bool only). The checker does not rely on it; it is there for people reading the history."""
+    released = {
+        (row["key"], row["token"], row["owner"]): row["released_at"]
+        for row in audit if row.get("type") == "audit_lease" and row.get("released_at") is not None
+    }
+    for record in records:
+        if record.get("op") == "release" and record.get("outcome") == "ok":
+            at = released.get((record["key"], record["token"], record["owner"]))
+            if at is not None:
+                record["released_at"] = at
+
+
 def merge(parts: list[Path], target: Path, tail: list[dict[str, Any]]) -> int:
     """Write ``target``: the records of ``parts`` in monotonic-time order, then ``tail``. Returns the count."""
     records = [r for part in parts for r in read(part)]
+    with_release_times(records, tail)
     meta = [r for r in records if r.get("type") == "meta"]
     rest = [r for r in records if r.get("type") != "meta"]
     rest.sort(key=lambda r: r.get("t0", r.get("t", 0.0)))

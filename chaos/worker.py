@@ -155,6 +155,8 @@ class Worker:
         self.rec.op(
             "acquire", t0=t0, key=key, owner=owner, outcome="held",
             holder_owner=holder.owner if holder else None, holder_token=holder.token if holder else None,
+            holder_expires_at=holder.expires_at if holder else None,
+            observed_at=holder.observed_at if holder else None,
         )
         return None, self.rng.uniform(0.02, 0.1)
 

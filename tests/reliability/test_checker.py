@@ -213,3 +213,11 @@ def test_the_command_line_reads_a_file_and_exits_non_zero(tmp_path: Path) -> Non
     good = tmp_path / "good.jsonl"
     good.write_text("".join(history.dumps(r) + "\n" for r in clean().records))
     assert checker.main([str(good)]) == 0
+
+
+def test_the_history_gives_acknowledged_releases_their_database_time() -> None:
+    s = clean()
+    records = [r for r in s.records if r["type"] == "op"]
+    history.with_release_times(records, [r for r in s.records if r["type"] == "audit_lease"])
+    release = next(r for r in records if r["op"] == "release")
+    assert release["released_at"] == at(0.5)
