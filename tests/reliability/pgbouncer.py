@@ -24,6 +24,16 @@ PGBOUNCER = shutil.which("pgbouncer") or next(
 )
 
 
+def _unprivileged() -> str:
+    for user in ("postgres", "nobody"):
+        try:
+            pwd.getpwnam(user)
+            return user
+        except KeyError:
+            continue
+    raise RuntimeError("no unprivileged user (postgres or nobody) to run pgbouncer as")
+
+
 def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
@@ -45,8 +55,9 @@ class PgBouncer:
         self.dbname = info.get("dbname") or "postgres"
         host = info.get("host") or "/var/run/postgresql"
         port = info.get("port") or "5432"
-        # pgbouncer will not run as root: use whoever can reach the server's socket.
-        run_as = pwd.getpwuid(Path(host).stat().st_uid).pw_name if host.startswith("/") else "postgres"
+        # pgbouncer will not run as root: use whoever can reach the server's socket, or for TCP any
+        # unprivileged user (postgres where PostgreSQL is installed, else nobody).
+        run_as = pwd.getpwuid(Path(host).stat().st_uid).pw_name if host.startswith("/") else _unprivileged()
         self.root = Path(tempfile.mkdtemp(prefix="lease-pgb-", dir="/tmp"))
         self.root.chmod(0o755)
         self.port = free_port()
