@@ -117,11 +117,19 @@ def describe_dsn(dsn: str) -> str:
     return f"{info.get('user') or '?'}@{host}:{port}/{info.get('dbname') or '?'}"
 
 
+# SQLSTATE classes that mean "the store cannot serve us now": connection exceptions, insufficient
+# resources (too many connections, disk full), operator intervention (shutdown, cancel, timeouts).
+_UNAVAILABLE_CLASSES = ("08", "53", "57")
+
+
 def translate(exc: BaseException, where: str) -> LeaseError:
     """Turn a driver error into the library's own. The single place where this happens."""
     if isinstance(exc, psycopg2.errors.QueryCanceled):
         return LeaseStoreUnavailable(f"lease store at {where} did not answer in time: {_first_line(exc)}")
-    if isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError):
+    code = getattr(exc, "pgcode", None)
+    if isinstance(exc, psycopg2.InterfaceError) or (
+        isinstance(exc, psycopg2.OperationalError) and (code is None or code[:2] in _UNAVAILABLE_CLASSES)
+    ):
         return LeaseStoreUnavailable(f"lease store at {where} is unreachable: {_first_line(exc)}")
     return LeaseStoreError(f"lease store at {where} failed: {_first_line(exc)}")
 

@@ -46,6 +46,16 @@ class EventKind(str, enum.Enum):
         return self.value
 
 
+def _has_nul(value: object) -> bool:
+    if isinstance(value, str):
+        return "\x00" in value
+    if isinstance(value, dict):
+        return any(_has_nul(k) or _has_nul(v) for k, v in value.items())
+    if isinstance(value, list | tuple):
+        return any(_has_nul(v) for v in value)
+    return False
+
+
 def event_kind(value: object) -> str:
     """The stored value of an event kind, or :class:`InvalidArgument` naming the known ones."""
     try:
@@ -131,7 +141,17 @@ class EventLedger:
         validation.name("key", key)
         if owner is not None:
             validation.name("owner", owner)
-        payload = json.dumps(detail or {}, default=str, sort_keys=True)
+        if token is not None:
+            validation.token("token", token)
+        if detail is not None and not isinstance(detail, dict):
+            raise InvalidArgument("detail", detail, f"must be a dict or None, not {type(detail).__name__}")
+        try:
+            # allow_nan=False: PostgreSQL's jsonb has no NaN or Infinity.
+            payload = json.dumps(detail or {}, default=str, sort_keys=True, allow_nan=False)
+        except (TypeError, ValueError) as exc:
+            raise InvalidArgument("detail", detail, f"is not storable as JSON: {exc}") from None
+        if _has_nul(detail):
+            raise InvalidArgument("detail", detail, "must not contain NUL characters (jsonb cannot store them)")
         if len(payload.encode()) > MAX_DETAIL_BYTES:
             raise InvalidArgument("detail", detail, f"is larger than {MAX_DETAIL_BYTES} bytes as JSON")
         try:
@@ -171,6 +191,9 @@ class EventLedger:
             kind = event_kind(kind)
         if key is not None:
             validation.name("key", key)
+        for name, value in (("since", since), ("until", until)):
+            if value is not None and not (isinstance(value, datetime) and value.tzinfo is not None):
+                raise InvalidArgument(name, value, "must be a timezone-aware datetime or None")
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidArgument("limit", limit, "must be an integer from 1 to 10000")
         self._prepare()

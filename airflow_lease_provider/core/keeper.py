@@ -55,8 +55,11 @@ class LeaseKeeper:
         self.renew_every = validation.renew_every(
             lease.ttl * DEFAULT_RENEW_FRACTION if renew_every is None else renew_every, lease.ttl
         )
+        from airflow_lease_provider.core.lease import checked
+
+        checked(lease)
         margin = min(lease.ttl / 10, timedelta(seconds=5)) if safety_margin is None else safety_margin
-        if margin < timedelta(0) or margin >= lease.ttl:
+        if not isinstance(margin, timedelta) or margin < timedelta(0) or margin >= lease.ttl:
             raise validation.InvalidArgument("safety_margin", safety_margin, "must be >= 0 and shorter than the TTL")
         self.safety_margin = margin
         self.on_lost = on_lost

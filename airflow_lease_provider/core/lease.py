@@ -18,6 +18,7 @@ from airflow_lease_provider.core.db import (
     DEFAULT_STATEMENT_TIMEOUT,
     Database,
 )
+from airflow_lease_provider.core.errors import InvalidArgument
 from airflow_lease_provider.core.events import DEFAULT_RETENTION, EventKind, EventLedger
 from airflow_lease_provider.core.schema import ensure_schema
 
@@ -107,6 +108,22 @@ def _lease(row: tuple[Any, ...]) -> Lease:
         released_at=row[7],
         observed_at=row[8],
     )
+
+
+def checked(lease: object, parameter: str = "lease") -> Lease:
+    """A :class:`Lease` whose identifying fields are valid (renew and release trust nothing else)."""
+    if not isinstance(lease, Lease):
+        raise InvalidArgument(parameter, lease, f"must be a Lease, not {type(lease).__name__}")
+    validation.name("key", lease.key)
+    validation.name("owner", lease.owner)
+    validation.token("token", lease.token)
+    return lease
+
+
+def positive_limit(value: object, parameter: str = "limit", maximum: int = 100_000) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
+        raise InvalidArgument(parameter, value, f"must be an integer from 1 to {maximum}")
+    return value
 
 
 @dataclass(frozen=True)
@@ -211,6 +228,7 @@ class LeaseStore:
         :returns: the extended lease, or ``None`` when it was lost (expired, released or taken). A lost
             lease is never brought back: the caller must stop and, if it wants, acquire anew.
         """
+        checked(lease)
         ttl = validation.ttl("ttl", lease.ttl if ttl is None else ttl)
         rows = self._ready().run(
             "renew", {"key": lease.key, "owner": lease.owner, "token": lease.token, "ttl": ttl}, durable=True
@@ -219,6 +237,7 @@ class LeaseStore:
 
     def release(self, lease: Lease) -> bool:
         """Free the lease. True only if owner and token still matched (so nobody else's lease is freed)."""
+        checked(lease)
         rows = self._ready().run(
             "release", {"key": lease.key, "owner": lease.owner, "token": lease.token}, durable=True
         )
@@ -242,6 +261,10 @@ class LeaseStore:
         """
         validation.name("key", key)
         validation.name("by", by)
+        if not isinstance(reason, str) or "\x00" in reason or len(reason) > validation.MAX_NAME_LENGTH:
+            raise InvalidArgument(
+                "reason", reason, f"must be a string of at most {validation.MAX_NAME_LENGTH} characters without NUL"
+            )
         rows = self._ready().run("force_release", {"key": key}, durable=True)
         if not rows:
             return None
@@ -257,6 +280,7 @@ class LeaseStore:
 
     def leases(self, limit: int = 1000) -> list[Lease]:
         """Every key the store knows, held or not (see :attr:`Lease.held`)."""
+        positive_limit(limit)
         return [_lease(row) for row in self._ready().run("list_leases", {"limit": limit})]
 
     def keep(

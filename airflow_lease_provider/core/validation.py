@@ -7,8 +7,11 @@ from datetime import timedelta
 
 from airflow_lease_provider.core.errors import InvalidArgument
 
-#: Keys, owners, resources and idempotency keys are stored verbatim up to this many characters.
+#: Keys, owners, resources and idempotency keys are stored verbatim up to this many characters...
 MAX_NAME_LENGTH = 512
+#: ...and this many bytes of UTF-8 (a PostgreSQL btree entry holds at most ~2.7 kB, and the publish
+#: index holds a resource and an idempotency key together).
+MAX_NAME_BYTES = 1024
 #: The shortest lease we grant. Shorter ones cannot be renewed in time over a network.
 MIN_TTL = timedelta(seconds=1)
 #: The longest lease we grant. Longer ones mean a crash blocks the job for more than a week.
@@ -29,6 +32,12 @@ def name(parameter: str, value: object) -> str:
         raise InvalidArgument(parameter, value, f"is {len(value)} characters long; the limit is {MAX_NAME_LENGTH}")
     if "\x00" in value:
         raise InvalidArgument(parameter, value, "must not contain NUL characters (PostgreSQL text cannot store them)")
+    try:
+        size = len(value.encode("utf-8"))
+    except UnicodeEncodeError:
+        raise InvalidArgument(parameter, value, "must be valid Unicode (it contains a lone surrogate)") from None
+    if size > MAX_NAME_BYTES:
+        raise InvalidArgument(parameter, value, f"is {size} bytes as UTF-8; the limit is {MAX_NAME_BYTES}")
     return value
 
 

@@ -29,7 +29,7 @@ from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_d
 from airflow_lease_provider.context import activated
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.operators.fenced import publishing_lease
-from airflow_lease_provider.operators.leased import DEFAULT_KEY
+from airflow_lease_provider.operators.leased import DEFAULT_KEY, check_name
 
 TARGETS = ("postgres", "external")
 
@@ -104,14 +104,11 @@ class _FencedPublishDecoratedOperator(DecoratedOperator, PythonOperator):
 
 
 def validate_publish_args(*, resource: object, target: object, idempotency_key: object, lease_key: object) -> None:
-    if not isinstance(resource, str) or not resource.strip():
-        raise validation.InvalidArgument("resource", resource, "must be a non-empty string")
+    check_name("resource", resource)
     if target not in TARGETS:
         raise validation.InvalidArgument("target", target, f"must be one of {', '.join(TARGETS)}")
-    if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key.strip()):
-        raise validation.InvalidArgument("idempotency_key", idempotency_key, "must be a non-empty string or None")
-    if not isinstance(lease_key, str) or not lease_key.strip():
-        raise validation.InvalidArgument("lease_key", lease_key, "must be a non-empty string")
+    check_name("idempotency_key", idempotency_key, optional=True)
+    check_name("lease_key", lease_key)
 
 
 def fenced_publish_task(

@@ -24,7 +24,7 @@ from airflow.sdk import BaseOperator
 from airflow_lease_provider import metrics
 from airflow_lease_provider.context import LeaseContext, _current
 from airflow_lease_provider.core import EventKind, LeaseLost, validation
-from airflow_lease_provider.operators.leased import DEFAULT_KEY, owner_for, task_tags
+from airflow_lease_provider.operators.leased import DEFAULT_KEY, check_name, owner_for, task_tags
 
 
 def publishing_lease(context: Any, lease_key: str, lease_conn_id: str | None) -> LeaseContext:
@@ -80,14 +80,12 @@ class FencedSQLOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        for name, value in (("resource", resource), ("lease_key", lease_key)):
-            if not isinstance(value, str) or not value.strip():
-                raise validation.InvalidArgument(name, value, "must be a non-empty string")
+        check_name("resource", resource)
+        check_name("lease_key", lease_key)
+        check_name("idempotency_key", idempotency_key, optional=True)
         statements = [sql] if isinstance(sql, str) else list(sql) if isinstance(sql, Sequence) else [None]
         if not statements or not all(isinstance(q, str) and q.strip() for q in statements):
             raise validation.InvalidArgument("sql", sql, "must be a non-empty string or list of non-empty strings")
-        if idempotency_key is not None and (not isinstance(idempotency_key, str) or not idempotency_key.strip()):
-            raise validation.InvalidArgument("idempotency_key", idempotency_key, "must be a non-empty string or None")
         self.resource = resource
         self.sql = sql
         self.parameters = parameters

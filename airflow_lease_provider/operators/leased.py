@@ -46,8 +46,8 @@ from airflow_lease_provider.core import (
     LeaseKeeper,
     LeaseLost,
     LeaseStore,
+    validation,
 )
-from airflow_lease_provider.core import validation
 
 log = logging.getLogger(__name__)
 
@@ -61,6 +61,20 @@ XCOM_SKIP_REASON = "lease_skip_reason"
 _LOST_SIGNAL = signal.SIGUSR1
 
 
+def check_name(parameter: str, value: object, *, optional: bool = False) -> None:
+    """A key, resource or idempotency key given to an operator: a template, or a valid name now.
+
+    A template is only known when the task runs (and is checked then); a plain string is checked when
+    the DAG is parsed, so what parsing accepts the store accepts too.
+    """
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidArgument(parameter, value, "must be a non-empty string (it may be a template)")
+    if "{{" not in value and "{%" not in value:
+        validation.name(parameter, value)
+
+
 def validate_lease_args(
     *,
     lease_key: object,
@@ -72,15 +86,17 @@ def validate_lease_args(
     execution_timeout: object = None,
 ) -> timedelta | None:
     """Check lease arguments when the DAG is parsed; returns the TTL. Errors name the parameter."""
-    if not isinstance(lease_key, str) or not lease_key.strip():
-        raise InvalidArgument("lease_key", lease_key, "must be a non-empty string (it may be a template)")
-    if "{{" not in lease_key and "{%" not in lease_key:
-        validation.name("lease_key", lease_key)
+    check_name("lease_key", lease_key)
     if lease_ttl is None and lease_scope == "run":
         return None  # a run-scoped task renews the run's lease with that lease's own TTL
     if lease_ttl is None:
         if isinstance(execution_timeout, timedelta):
-            lease_ttl = execution_timeout * 1.5
+            try:
+                lease_ttl = execution_timeout * 1.5
+            except OverflowError:
+                raise InvalidArgument(
+                    "lease_ttl", None, f"cannot be derived from execution_timeout={execution_timeout!r}: set it"
+                ) from None
         else:
             raise InvalidArgument(
                 "lease_ttl", lease_ttl,

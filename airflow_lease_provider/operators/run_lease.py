@@ -20,17 +20,17 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_lease_provider.core import Lease, LeaseStore
-from airflow_lease_provider.core import validation
+from airflow_lease_provider import metrics
+from airflow_lease_provider.core import Lease, LeaseStore, validation
 from airflow_lease_provider.operators.leased import (
     DEFAULT_KEY,
     XCOM_LEASE,
     LeasedOperator,
+    check_name,
     owner_for,
     task_tags,
     warn_on_clock_skew,
 )
-from airflow_lease_provider import metrics
 
 
 class AcquireRunLeaseOperator(LeasedOperator):
@@ -64,8 +64,7 @@ class ReleaseRunLeaseOperator(BaseOperator):
 
     def __init__(self, *, lease_key: str = DEFAULT_KEY, lease_conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        if not isinstance(lease_key, str) or not lease_key.strip():
-            raise validation.InvalidArgument("lease_key", lease_key, "must be a non-empty string")
+        check_name("lease_key", lease_key)
         self.lease_key = lease_key
         self.lease_conn_id = lease_conn_id
 

@@ -71,6 +71,8 @@ def _timezone_arg(value: object) -> Timezone | FixedTimezone:
         raise InvalidArgument(
             "timezone", value, "must be an IANA name such as 'Europe/Berlin' or a pendulum timezone"
         )
+    if isinstance(value, int) and not -86_400 < value < 86_400:
+        raise InvalidArgument("timezone", value, "as a UTC offset in seconds must be within one day")
     try:
         return pendulum.timezone(value)
     except (ValueError, pendulum.tz.exceptions.TimezoneError) as exc:
