@@ -134,12 +134,22 @@ class Lease:
     expires_max: datetime
     last_seen: datetime
     release_attempted: bool = False
+    #: Whether the committed history (the audit) is at hand, and when it says the release committed.
+    audited: bool = False
+    released_at: datetime | None = None
 
     @property
     def held_until(self) -> datetime:
-        # Valid at least until the last acknowledged expiry, unless a release was sent: then only up to
-        # the last moment the database confirmed it (a lower bound, so never a false alarm).
-        return self.last_seen if self.release_attempted else self.expires_max
+        """Until when the lease was surely valid, by the database clock (never later than it really was).
+
+        The last acknowledged expiry; or, when it was released, the committed release time (a release can
+        commit and still be reported refused: ``Database.run`` resends it once when the reply is lost); or,
+        when a release was sent but no history of the commit is at hand, the last moment the database
+        confirmed the lease.
+        """
+        if self.released_at is not None:
+            return min(self.released_at, self.expires_max)
+        return self.last_seen if self.release_attempted and not self.audited else self.expires_max
 
 
 class Checker:
@@ -206,8 +216,18 @@ class Checker:
                 if op["op"] == "renew" and op.get("outcome") == "ok":
                     lease.expires_max = max(lease.expires_max, when(op["expires_at"]))
                     lease.last_seen = max(lease.last_seen, when(op["observed_at"]))
-                elif op["op"] == "release" and op.get("outcome") in ("ok", "unknown"):
+                elif op["op"] == "release":
                     lease.release_attempted = True
+        # With the audit at hand, a release is known exactly: committed (and when), or not at all.
+        audit = self.by_type["audit_lease"]
+        released = {
+            (r["key"], int(r["token"]), r["owner"]): when(r["released_at"])
+            for r in audit if r["released_at"] is not None
+        }
+        for acks in leases.values():
+            for lease in acks:
+                lease.audited = bool(audit)
+                lease.released_at = released.get((lease.key, lease.token, lease.owner))
         return leases
 
     def _client_tokens(self, leases: dict[tuple[str, int], list[Lease]]) -> None:

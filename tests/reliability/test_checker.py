@@ -129,6 +129,26 @@ def test_a_released_lease_ends_when_the_database_last_confirmed_it() -> None:
     assert s.check().violations == []
 
 
+def test_a_release_reported_refused_that_did_commit_ends_the_lease() -> None:
+    """The reply to a committed release was lost; the resend was refused (already released)."""
+    s = Story()
+    s.acquire("job-0", 1, "w0-1", 0.0)
+    s.op("release", 0, 0.4, outcome="refused", key="job-0", token=1, owner="w0-1")
+    s.audit("job-0", 0.4, released_at=at(0.4), expires_at=at(0.4))
+    s.acquire("job-0", 2, "w1-1", 0.6, w=1)
+    s.crash_and_probe()
+    assert s.check().violations == []
+
+
+def test_a_refused_release_that_never_committed_leaves_the_lease_valid() -> None:
+    s = Story()
+    s.acquire("job-0", 1, "w0-1", 0.0)
+    s.op("release", 0, 0.4, outcome="refused", key="job-0", token=1, owner="w0-1")
+    s.acquire("job-0", 2, "w1-1", 0.6, w=1)  # taken from a lease valid until 2.0
+    s.crash_and_probe()
+    assert kinds(s.check()) == {"overlap", "overlap-db"}
+
+
 def test_token_issued_twice() -> None:
     s = Story()
     s.acquire("job-0", 1, "w0-1", 0.0)
