@@ -13,7 +13,7 @@ committed (the audit triggers and the publish target):
 ``duplicate-publish``   one idempotency key, or one token, was published twice to a resource
 ``lost-ack``            an acknowledged acquire, renewal, release or publish is missing from what the
                         database committed (after a SIGKILL of the server: a durability bug)
-``unexpected-error``    an operation failed with an error other than the documented ones
+``unexpected-error``    an operation failed with an error other than the documented ones, or a worker died
 ``recovery``            after the faults stopped and every worker crashed at once, a fresh client did
                         not acquire a key (and publish) within TTL + 1 s
 
@@ -388,6 +388,10 @@ class Checker:
         for op in self.ops:
             if op.get("outcome") == "error":
                 self.report.violate("unexpected-error", f"w{op.get('w')} {op['op']}: {op.get('error')}")
+        for exit_ in self.by_type["worker_exit"]:
+            self.report.violate(
+                "unexpected-error", f"worker w{exit_['w']} died with exit code {exit_['code']} (see {exit_['log']})"
+            )
 
     # -- liveness ----------------------------------------------------------------------------------
 

@@ -175,6 +175,10 @@ def run(profile: Profile, variant: str, out: Path, seed: int, say: Any = print) 
         rec.write({"type": "heal", "t": time.monotonic(), "db_time": db_time(dsn)})
         say(f"chaos: faults stopped; settling {profile.settle:.0f}s, then every worker crashes at once")
         threading.Event().wait(profile.settle)
+        for wid, proc in workers.items():
+            if proc.poll() is not None:  # a worker that died by itself hit something the core let through
+                rec.write({"type": "worker_exit", "t": time.monotonic(), "w": wid, "code": proc.returncode,
+                           "log": str(work / "logs" / f"w{wid}.log")})
         kill_all(workers)
         rec.write({"type": "crash_all", "t": time.monotonic(), "db_time": db_time(dsn)})
         _probe(dsn, profile, rec)

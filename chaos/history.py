@@ -20,6 +20,8 @@ Record types (``"type"``):
     ``clock_skew``; ``t``/``t1`` monotonic, ``db_time`` where the database could be asked.
 ``heal`` / ``crash_all``
     the faults stopped / every worker was killed at once (``db_time``).
+``worker_exit``
+    a worker that had died by itself before the final crash (an exception the core let through).
 ``probe``
     after ``crash_all``: the first acquisition of each key by a fresh client, and its publish.
 ``audit_lease`` / ``audit_fence`` / ``target`` / ``final_lease``

@@ -202,6 +202,12 @@ def test_an_undocumented_error() -> None:
     assert kinds(s.check()) == {"unexpected-error"}
 
 
+def test_a_worker_that_died() -> None:
+    s = clean()
+    s.records.append({"type": "worker_exit", "t": 9.0, "w": 3, "code": 1, "log": "w3.log"})
+    assert kinds(s.check()) == {"unexpected-error"}
+
+
 @pytest.mark.parametrize(("delay", "publish"), [(TTL + 1.5, "accepted"), (0.5, "rejected: stale")])
 def test_slow_or_blocked_recovery(delay: float, publish: str) -> None:
     s = Story()
