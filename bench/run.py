@@ -201,18 +201,21 @@ class _Progress:
         _log(f"[{done}/{self.total} {elapsed:.0f}s, ~{eta:.0f}s left] {_cell_line(cell)}")
 
 
-def _git_head() -> str | None:
+def _git(*args: str) -> str | None:
     try:
         out = subprocess.run(
-            ["git", "-C", str(REPO), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-            check=False,
+            ["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10, check=False
         )
-        return out.stdout.strip() or None
     except OSError:
         return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def _provenance() -> dict[str, Any]:
+    """The code that was measured: HEAD and any uncommitted change to the package, read at the start
+    (the checkout is shared, so both can move while the benchmark runs)."""
+    dirty = _git("status", "--porcelain", "--", "airflow_lease_provider")
+    return {"git_head": _git("rev-parse", "HEAD"), "uncommitted_package_changes": (dirty or "").splitlines()}
 
 
 def _catchup(profile: Profile) -> dict[str, Any]:
@@ -295,6 +298,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         root.chmod(0o755)  # the embedded server runs as its own system user when we are root
         embedded = EmbeddedPostgres(root / "data", keep=False)
         dsn = embedded.start()
+    provenance = _provenance()
     started_at = datetime.datetime.now(datetime.timezone.utc)
     started = time.monotonic()
     load_start = os.getloadavg()
@@ -342,7 +346,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "python": platform.python_version(),
         "load_start": " ".join(f"{v:.2f}" for v in load_start),
         "load_end": " ".join(f"{v:.2f}" for v in os.getloadavg()),
-        "git_head": _git_head(),
+        **provenance,
         "wal_method": (
             f"attributed with {wal_note} (records on the run's relations + their transactions' records)"
             if attributor is not None
