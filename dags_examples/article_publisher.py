@@ -29,11 +29,14 @@ from pathlib import Path
 
 import pendulum
 from airflow.sdk import DAG, Param, task
+from psycopg2 import sql
 
 from airflow_lease_provider.timetables import CappedCatchupTimetable, slot_idempotency_key
 
 # The blog's database; without a blog_db connection the example writes next to the leases.
 BLOG_CONN = "blog_db" if os.environ.get("AIRFLOW_CONN_BLOG_DB") else None
+BLOG_SCHEMA = os.environ.get("LEASE_EXAMPLES_SCHEMA", "public")
+ARTICLES = sql.Identifier(BLOG_SCHEMA, "example_articles")
 BLOG_REPO = Path(os.environ.get("AIRFLOW_HOME", "/tmp")) / "example-blog.git"
 
 # A pre-receive hook: the repository remembers the largest token it accepted and refuses smaller ones.
@@ -92,11 +95,12 @@ with DAG(
         # Exactly once into PostgreSQL: the row commits together with the fence advance.
         with lease.fenced_transaction("blog.articles", conn_id=BLOG_CONN, idempotency_key=slot) as cur:
             cur.execute(
-                "CREATE TABLE IF NOT EXISTS public.example_articles "
-                "(slot text PRIMARY KEY, body text NOT NULL, token bigint NOT NULL)"
+                sql.SQL(
+                    "CREATE TABLE IF NOT EXISTS {} (slot text PRIMARY KEY, body text NOT NULL, token bigint NOT NULL)"
+                ).format(ARTICLES)
             )
             cur.execute(
-                "INSERT INTO public.example_articles (slot, body, token) VALUES (%s, %s, %s)",
+                sql.SQL("INSERT INTO {} (slot, body, token) VALUES (%s, %s, %s)").format(ARTICLES),
                 (slot, article, lease.token),
             )
 

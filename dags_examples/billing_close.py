@@ -13,6 +13,7 @@ after it.
 
 from __future__ import annotations
 
+import os
 import time
 from datetime import timedelta
 
@@ -21,6 +22,9 @@ from airflow.sdk import DAG, Param, task
 
 from airflow_lease_provider.operators import FencedSQLOperator, run_lease
 from airflow_lease_provider.timetables import CappedCatchupTimetable
+
+# Where the invoices table lives (in the lease store's database unless a billing_db connection exists).
+BILLING_SCHEMA = os.environ.get("LEASE_EXAMPLES_SCHEMA", "public")
 
 # [START billing_close]
 with DAG(
@@ -49,11 +53,13 @@ with DAG(
         lease_key="billing-close",
         idempotency_key="{{ data_interval_start }}/{{ data_interval_end }}",
         sql=[
-            "CREATE TABLE IF NOT EXISTS public.example_invoices "
+            "CREATE TABLE IF NOT EXISTS {invoices} "
             "(slot text PRIMARY KEY, amount_cents bigint NOT NULL, token bigint NOT NULL)",
-            "INSERT INTO public.example_invoices (slot, amount_cents, token) "
+            "INSERT INTO {invoices} (slot, amount_cents, token) "
             "VALUES (%(slot)s, %(amount)s, %(fencing_token)s)",
         ],
+        identifiers={"invoices": [BILLING_SCHEMA, "example_invoices"]},
+        fence_conn_id="billing_db" if os.environ.get("AIRFLOW_CONN_BILLING_DB") else None,
         parameters={
             "slot": "{{ data_interval_start }}",
             "amount": "{{ ti.xcom_pull(task_ids='price')['amount_cents'] }}",

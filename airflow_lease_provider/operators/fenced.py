@@ -20,6 +20,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
+from psycopg2 import sql
 
 from airflow_lease_provider import metrics
 from airflow_lease_provider.context import LeaseContext, _current
@@ -55,6 +56,9 @@ class FencedSQLOperator(BaseOperator):
         never into the SQL text.
     :param parameters: query parameters for psycopg2 (``%(name)s`` placeholders). With a dict, the lease's
         token is added as ``%(fencing_token)s`` so the row can carry it.
+    :param identifiers: names to fill into ``{placeholders}`` of ``sql`` as quoted identifiers, e.g.
+        ``sql="INSERT INTO {table} ..."``, ``identifiers={"table": ["billing", "invoices"]}``
+        (schema-qualified as a list). Names never go into SQL text by string formatting.
     :param fence_conn_id: the target database's connection (default: the lease store's).
     :param idempotency_key: optional per-slot key (templated, e.g. ``"{{ data_interval_start }}"``): a
         slot already published is refused whatever the token, so retries and re-runs publish once.
@@ -62,7 +66,9 @@ class FencedSQLOperator(BaseOperator):
     :param lease_conn_id: the lease store's connection.
     """
 
-    template_fields: Sequence[str] = ("resource", "sql", "parameters", "idempotency_key", "lease_key")
+    template_fields: Sequence[str] = (
+        "resource", "sql", "parameters", "identifiers", "idempotency_key", "lease_key",
+    )
     template_fields_renderers = {"sql": "sql", "parameters": "json"}
     template_ext: Sequence[str] = (".sql",)
     ui_color = "#ede8f4"
@@ -73,6 +79,7 @@ class FencedSQLOperator(BaseOperator):
         resource: str,
         sql: str | Sequence[str],
         parameters: dict[str, Any] | Sequence[Any] | None = None,
+        identifiers: dict[str, str | Sequence[str]] | None = None,
         fence_conn_id: str | None = None,
         idempotency_key: str | None = None,
         lease_key: str = DEFAULT_KEY,
@@ -88,7 +95,15 @@ class FencedSQLOperator(BaseOperator):
             raise validation.InvalidArgument("sql", sql, "must be a non-empty string or list of non-empty strings")
         self.resource = resource
         self.sql = sql
+        if identifiers is not None and not (
+            isinstance(identifiers, dict)
+            and all(isinstance(v, str) or (isinstance(v, list | tuple) and v) for v in identifiers.values())
+        ):
+            raise validation.InvalidArgument(
+                "identifiers", identifiers, "must be a dict of placeholder -> name or [schema, name]"
+            )
         self.parameters = parameters
+        self.identifiers = identifiers
         self.fence_conn_id = fence_conn_id
         self.idempotency_key = idempotency_key
         self.lease_key = lease_key
@@ -104,7 +119,16 @@ class FencedSQLOperator(BaseOperator):
                 parameters = {**(parameters or {}), "fencing_token": lease.token}
             rows = 0
             for statement in [self.sql] if isinstance(self.sql, str) else self.sql:
-                cur.execute(statement, parameters)
+                cur.execute(self._compose(statement), parameters)
                 rows += max(cur.rowcount, 0)
         self.log.info("fence: published to %r with token %s (%s rows)", self.resource, lease.token, rows)
         return lease.token
+
+    def _compose(self, statement: str) -> str | sql.Composed:
+        if not self.identifiers:
+            return statement
+        names = {
+            placeholder: sql.Identifier(*([name] if isinstance(name, str) else name))
+            for placeholder, name in self.identifiers.items()
+        }
+        return sql.SQL(statement).format(**names)

@@ -46,7 +46,7 @@ def markers(tmp_path: Path, name: str) -> Path:
 
 def test_overlapping_run_is_skipped_with_the_reason_and_counted(airflow_home, store: LeaseStore, tmp_path) -> None:
     first_markers, second_markers = markers(tmp_path, "a"), markers(tmp_path, "b")
-    first = airflow_home("first", extra_env={"LEASE_TEST_MARKERS": str(first_markers), "LEASE_TEST_HOLD_SECONDS": "15"})
+    first = airflow_home("first", extra_env={"LEASE_TEST_MARKERS": str(first_markers), "LEASE_TEST_HOLD_SECONDS": "300"})
     second = airflow_home("second", extra_env={"LEASE_TEST_MARKERS": str(second_markers)})
     running = first.dags_test_background("overlap")
     wait_until(lambda: (first_markers / "hold-started").exists(), what="the first run to take the lease")
@@ -70,6 +70,7 @@ def test_overlapping_run_is_skipped_with_the_reason_and_counted(airflow_home, st
     wait_until(lambda: second.statsd.count("scheduled.skipped_overlap") == 1, timeout=10, what="the skip metric")
     assert second.statsd.count("ti_failures") == 0
 
+    (first_markers / "let-go").write_text("done")
     running.wait(timeout=120)
     assert first.task_states() == {("hold", -1): "success", ("after", -1): "success"}
     assert first.statsd.count("lease.acquired") == 1
@@ -184,8 +185,8 @@ def test_run_scoped_lease_spans_three_tasks_and_an_overlapping_run_is_skipped_wh
     assert store.holder("run-key").owner == "someone-else"  # the skipped run released nothing
 
 
-def test_example_dags_load_and_pass_airflow_dags_test(airflow_home, store: LeaseStore, tmp_path) -> None:
-    home = airflow_home("examples", dags=EXAMPLES)
+def test_example_dags_load_and_pass_airflow_dags_test(airflow_home, store: LeaseStore, schema, tmp_path) -> None:
+    home = airflow_home("examples", dags=EXAMPLES, extra_env={"LEASE_EXAMPLES_SCHEMA": schema})
     assert import_errors(home) == {}
     for dag_id in ("article_publisher", "billing_close"):
         result = home.dags_test(dag_id, "2026-11-29T10:00:00+00:00")

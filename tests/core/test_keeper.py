@@ -15,7 +15,7 @@ import pytest
 
 from airflow_lease_provider.core import EventKind, LeaseStore
 from airflow_lease_provider.core.errors import InvalidArgument
-from tests.pg import execute, q
+from tests.pg import execute
 
 
 def test_keeper_holds_a_3s_lease_through_15s_of_work(store: LeaseStore) -> None:

@@ -24,9 +24,9 @@ def test_failed_acquire_on_a_held_key_writes_no_wal(store: LeaseStore, pg_dsn: s
     try:
         with conn.cursor() as cur:
             # Autovacuum or another database's activity may write in between; a quiet window of
-            # 200 failed attempts with no WAL at all is what we look for, in up to five tries.
+            # 200 failed attempts with no WAL at all is what we look for, in up to ten tries.
             written = []
-            for _ in range(5):
+            for _ in range(10):
                 before = _lsn(cur)
                 for i in range(200):
                     assert contender.acquire("hot", owner=f"c{i}", ttl=timedelta(minutes=5)) is None
