@@ -11,23 +11,16 @@ import logging
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import timedelta
 from typing import Any
 
 import psycopg2
 from psycopg2 import sql
 
 from airflow_lease_provider.core import validation
-from airflow_lease_provider.core.db import (
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_SCHEMA,
-    DEFAULT_STATEMENT_TIMEOUT,
-    Database,
-    translate,
-)
+from airflow_lease_provider.core.db import translate
 from airflow_lease_provider.core.errors import DuplicatePublish, StaleFencingToken
-from airflow_lease_provider.core.events import DEFAULT_RETENTION, EventKind, EventLedger
-from airflow_lease_provider.core.schema import ensure_schema
+from airflow_lease_provider.core.events import EventKind
+from airflow_lease_provider.core.store import Store
 
 log = logging.getLogger(__name__)
 
@@ -57,37 +50,13 @@ class FenceDecision:
             raise StaleFencingToken(self.resource, self.token, self.current_token)
 
 
-class FenceStore:
+class FenceStore(Store):
     """Fences on PostgreSQL: usually the database you publish to, so the fence and the write can share
     a transaction.
 
-    :param dsn: libpq connection string or ``postgresql://`` URI.
-    :param schema: the PostgreSQL schema of the store (created on first use, like :class:`LeaseStore`).
-    :param record_events: write fence rejections to this database's event ledger.
+    Takes :class:`~airflow_lease_provider.core.store.Store`'s arguments; ``record_events`` writes fence
+    rejections to this database's event ledger.
     """
-
-    def __init__(
-        self,
-        dsn: str,
-        *,
-        schema: str = DEFAULT_SCHEMA,
-        connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT,
-        statement_timeout: timedelta = DEFAULT_STATEMENT_TIMEOUT,
-        record_events: bool = True,
-        event_retention: timedelta = DEFAULT_RETENTION,
-    ) -> None:
-        self.db = Database(
-            dsn, schema=schema, connect_timeout=connect_timeout, statement_timeout=statement_timeout
-        )
-        self.events = EventLedger(self.db, retention=event_retention, prepare=self._ready)
-        self.record_events = record_events
-        self._schema_ready = False
-
-    def _ready(self) -> Database:
-        if not self._schema_ready:
-            ensure_schema(self.db)
-            self._schema_ready = True
-        return self.db
 
     @staticmethod
     def _params(
@@ -230,17 +199,3 @@ class FenceStore:
             self._decided(params, (decision.outcome, decision.current_token))
         decision.raise_if_rejected()
         return decision
-
-    def ensure_schema(self) -> int:
-        version = ensure_schema(self.db)
-        self._schema_ready = True
-        return version
-
-    def close(self) -> None:
-        self.db.close()
-
-    def __enter__(self) -> FenceStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

@@ -12,15 +12,9 @@ from datetime import datetime, timedelta
 from typing import TYPE_CHECKING, Any
 
 from airflow_lease_provider.core import validation
-from airflow_lease_provider.core.db import (
-    DEFAULT_CONNECT_TIMEOUT,
-    DEFAULT_SCHEMA,
-    DEFAULT_STATEMENT_TIMEOUT,
-    Database,
-)
 from airflow_lease_provider.core.errors import InvalidArgument
-from airflow_lease_provider.core.events import DEFAULT_RETENTION, EventKind, EventLedger
-from airflow_lease_provider.core.schema import ensure_schema
+from airflow_lease_provider.core.events import EventKind
+from airflow_lease_provider.core.store import Store
 
 if TYPE_CHECKING:
     from airflow_lease_provider.core.keeper import LeaseKeeper
@@ -138,49 +132,13 @@ class Acquisition:
         return self.lease is not None
 
 
-class LeaseStore:
+class LeaseStore(Store):
     """Leases on PostgreSQL. Creates or migrates its schema on first use.
 
-    :param dsn: libpq connection string or ``postgresql://`` URI.
-    :param schema: the PostgreSQL schema for the store's tables (default ``airflow_lease``).
-    :param connect_timeout: an unreachable store fails closed after this long.
-    :param statement_timeout: a statement that runs longer fails closed.
-    :param record_events: write acquired/released/force-released events to the ledger.
-    :param event_retention: how long the ledger keeps events.
+    Takes :class:`~airflow_lease_provider.core.store.Store`'s arguments: ``dsn``, and optionally
+    ``schema`` (default ``airflow_lease``), ``connect_timeout``, ``statement_timeout``,
+    ``record_events`` (acquired/released/force-released events) and ``event_retention``.
     """
-
-    def __init__(
-        self,
-        dsn: str,
-        *,
-        schema: str = DEFAULT_SCHEMA,
-        connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT,
-        statement_timeout: timedelta = DEFAULT_STATEMENT_TIMEOUT,
-        record_events: bool = True,
-        event_retention: timedelta = DEFAULT_RETENTION,
-    ) -> None:
-        self.db = Database(
-            dsn, schema=schema, connect_timeout=connect_timeout, statement_timeout=statement_timeout
-        )
-        self.events = EventLedger(self.db, retention=event_retention, prepare=self._ready)
-        self.record_events = record_events
-        self._schema_ready = False
-
-    @property
-    def schema(self) -> str:
-        return self.db.schema
-
-    def _ready(self) -> Database:
-        if not self._schema_ready:
-            ensure_schema(self.db)
-            self._schema_ready = True
-        return self.db
-
-    def ensure_schema(self) -> int:
-        """Create or migrate the schema now rather than on first use; returns its version."""
-        version = ensure_schema(self.db)
-        self._schema_ready = True
-        return version
 
     # -- the lease operations ----------------------------------------------------------------------
 
@@ -296,12 +254,3 @@ class LeaseStore:
         keeper = LeaseKeeper(self, lease, renew_every=renew_every, on_lost=on_lost)
         keeper.start()
         return keeper
-
-    def close(self) -> None:
-        self.db.close()
-
-    def __enter__(self) -> LeaseStore:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.close()

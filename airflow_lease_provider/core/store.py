@@ -1,0 +1,69 @@
+"""What the lease store and the fence store share: a database boundary, a ledger, the schema on first use."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+from airflow_lease_provider.core.db import (
+    DEFAULT_CONNECT_TIMEOUT,
+    DEFAULT_SCHEMA,
+    DEFAULT_STATEMENT_TIMEOUT,
+    Database,
+)
+from airflow_lease_provider.core.events import DEFAULT_RETENTION, EventLedger
+from airflow_lease_provider.core.schema import ensure_schema
+
+
+class Store:
+    """A store on PostgreSQL that creates or migrates its schema on first use.
+
+    :param dsn: libpq connection string or ``postgresql://`` URI.
+    :param schema: the PostgreSQL schema for the store's tables (default ``airflow_lease``).
+    :param connect_timeout: an unreachable store fails closed after this long.
+    :param statement_timeout: a statement that runs longer fails closed.
+    :param record_events: write what happens to the event ledger.
+    :param event_retention: how long the ledger keeps events.
+    """
+
+    def __init__(
+        self,
+        dsn: str,
+        *,
+        schema: str = DEFAULT_SCHEMA,
+        connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT,
+        statement_timeout: timedelta = DEFAULT_STATEMENT_TIMEOUT,
+        record_events: bool = True,
+        event_retention: timedelta = DEFAULT_RETENTION,
+    ) -> None:
+        self.db = Database(
+            dsn, schema=schema, connect_timeout=connect_timeout, statement_timeout=statement_timeout
+        )
+        self.events = EventLedger(self.db, retention=event_retention, prepare=self._ready)
+        self.record_events = record_events
+        self._schema_ready = False
+
+    @property
+    def schema(self) -> str:
+        return self.db.schema
+
+    def _ready(self) -> Database:
+        if not self._schema_ready:
+            ensure_schema(self.db)
+            self._schema_ready = True
+        return self.db
+
+    def ensure_schema(self) -> int:
+        """Create or migrate the schema now rather than on first use; returns its version."""
+        version = ensure_schema(self.db)
+        self._schema_ready = True
+        return version
+
+    def close(self) -> None:
+        self.db.close()
+
+    def __enter__(self) -> Any:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
