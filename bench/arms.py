@@ -348,6 +348,16 @@ def _select_one(client: Client, pool: int) -> Attempt:
     return Attempt(attempt)
 
 
+def _commit_floor(client: Client, pool: int) -> Attempt:
+    # txid_current() gives the implicit transaction an xid, so its commit writes a commit record and,
+    # with synchronous_commit on, waits for the WAL flush: the floor for any durable write.
+    def attempt() -> bool:
+        client.cur.execute(sqltext.COMMIT_FLOOR)
+        return client.cur.fetchone() is not None
+
+    return Attempt(attempt)
+
+
 def _advisory(client: Client, lock: int) -> Attempt:
     params = {"lock": lock}
 
@@ -385,11 +395,13 @@ SHEDLOCK_UPDATE = "ShedLock UPDATE"
 SHEDLOCK_EXTEND = "ShedLock extend"
 ADVISORY = "advisory xact lock"
 SELECT1 = "SELECT 1"
+COMMIT = "durable commit (txid_current)"
 FENCE = "FenceStore.accept"
 RAW_FENCE = "fence upsert (SQL)"
 
 _BUILDERS: dict[tuple[str, str], Callable[[Client, int], Attempt]] = {
     ("floor", SELECT1): _select_one,
+    ("floor", COMMIT): _commit_floor,
     ("success", LEASE): _lease_pool,
     ("success", LEASE_EVENTS): _lease_pool_events,
     ("success", LEASE_PROPOSED): _proposed_pool,

@@ -20,7 +20,7 @@ from bench.server import Server, WalAttributor
 
 #: Scenarios in table order, with their arms in table order (the run rotates the order per repeat).
 SCENARIOS: dict[str, tuple[str, ...]] = {
-    "floor": (arms.SELECT1,),
+    "floor": (arms.SELECT1, arms.COMMIT),
     "success": (arms.LEASE, arms.LEASE_EVENTS, arms.LEASE_PROPOSED, arms.NAIVE, arms.SHEDLOCK, arms.ADVISORY),
     "hot": (arms.LEASE, arms.LEASE_PROPOSED, arms.NAIVE, arms.SHEDLOCK, arms.SHEDLOCK_UPDATE, arms.ADVISORY),
     "handoff": (arms.LEASE, arms.NAIVE, arms.SHEDLOCK),
@@ -30,7 +30,7 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
 }
 
 SCENARIO_TITLES = {
-    "floor": "round-trip floor",
+    "floor": "floors",
     "success": "success path (distinct free keys)",
     "hot": "hot key, already held (every attempt fails)",
     "handoff": "hand-off on one key (release -> next acquire)",
@@ -62,6 +62,7 @@ ARM_TABLES: dict[str, tuple[str, ...]] = {
     arms.RAW_FENCE: ("raw_fence",),
     arms.ADVISORY: (),
     arms.SELECT1: (),
+    arms.COMMIT: (),
 }
 
 #: Successful acquires per second (all clients together) that no arm reaches: a durable write cannot

@@ -117,6 +117,7 @@ RAW_FENCE = (
 # -- floors ------------------------------------------------------------------------------------------------
 
 SELECT_ONE = "SELECT 1"
+COMMIT_FLOOR = "SELECT txid_current()"
 ADVISORY_TRY_XACT = "SELECT pg_try_advisory_xact_lock(%(lock)s)"
 
 # -- the proposed acquire: the core's own statement inside a plpgsql function ------------------------------
