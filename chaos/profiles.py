@@ -57,7 +57,7 @@ PROFILES: dict[str, Profile] = {
     # No server kills (they take seconds each); more pauses, and more late work published unchecked, so
     # that a broken variant shows within seconds.
     "smoke": Profile(
-        name="smoke", duration=15.0, workers=8, keys=4, skewed=4, kill_every=1e9, zombie_every=2.0,
+        name="smoke", duration=20.0, workers=8, keys=4, skewed=4, kill_every=1e9, zombie_every=2.0,
         long_fraction=0.4, keeper_fraction=0.4, check_fraction=0.2,
     ),
 }
