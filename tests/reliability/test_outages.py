@@ -194,6 +194,24 @@ def test_acquire_on_an_open_connection_fails_closed_while_the_store_hangs(
         pytest.fail(f"acquire was still waiting {SHORT_WAIT:.0f}s into the hang (timeouts: 2 s + 2 s)")
 
 
+def test_acquire_with_default_timeouts_fails_closed_within_10s_while_the_store_hangs(
+    server: EmbeddedServer, private: str
+) -> None:
+    """With the defaults (connect 5 s, statement 5 s): the watchdog cuts the statement off after 6 s, and
+    then ``Database.run`` reconnects once, as it does for a connection that died while idle, and waits a
+    full connect timeout more on the server that has just proved it does not answer: 11 s in all."""
+    store = LeaseStore(server.dsn, schema=private)
+    store.ensure_schema()
+    with frozen(server):
+        call = Call(lambda: store.acquire("job", owner="run-1", ttl=timedelta(seconds=30)))
+        finished = call.wait(FAIL_CLOSED_WITHIN + 2)
+    if not finished:
+        call.wait(30)
+        pytest.fail("acquire was still waiting 12 s into the hang")
+    assert isinstance(call.error, LeaseStoreUnavailable), call.error
+    assert call.elapsed is not None and call.elapsed < FAIL_CLOSED_WITHIN, f"failed closed after {call.elapsed:.1f}s"
+
+
 # -- a connection that died while idle ------------------------------------------------------------
 
 
