@@ -74,6 +74,7 @@ class _Watchdog:
                 inflight = db._inflight
                 if inflight is not None and inflight[0] <= now:
                     db._inflight = None
+                    db._cut_off = True
                     _shutdown(inflight[1])
 
 
@@ -170,6 +171,8 @@ class Database:
         # (monotonic deadline, socket fd) of the statement in flight, for the watchdog.
         self._inflight: tuple[float, int] | None = None
         self._watched = False
+        # Set by the watchdog when it cut a statement off: the server hangs, so do not reconnect now.
+        self._cut_off = False
 
     # -- connections -------------------------------------------------------------------------------
 
@@ -258,6 +261,12 @@ class Database:
                     dead = conn.closed != 0 or isinstance(exc, psycopg2.InterfaceError)
                     if dead:
                         self._drop()
+                    if self._cut_off:
+                        self._cut_off = False
+                        raise LeaseStoreUnavailable(
+                            f"lease store at {self.where} did not answer within the statement timeout "
+                            f"({self.statement_timeout.total_seconds():g} s)"
+                        ) from exc
                     if dead and retry and not fresh and attempt == 1:
                         log.info("lease store connection to %s was lost; reconnecting once", self.where)
                         continue
@@ -272,6 +281,7 @@ class Database:
         if not self._watched or _watchdog._pid != os.getpid():
             _watchdog.watch(self)
             self._watched = True
+        self._cut_off = False
         self._inflight = (time.monotonic() + self.statement_timeout.total_seconds() + 1.0, conn.fileno())
         try:
             yield
@@ -293,7 +303,7 @@ class Database:
                 return conn
             except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
                 self._drop()
-                if not fresh and attempt == 1:
+                if not fresh and attempt == 1 and not self._cut_off:
                     log.info("lease store connection to %s was lost; reconnecting once", self.where)
                     continue
                 raise translate(exc, self.where) from exc
