@@ -13,6 +13,7 @@ import functools
 import json
 import os
 import platform
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -334,6 +335,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         server.close()
         if embedded is not None:
             embedded.cleanup()
+            shutil.rmtree(embedded.data_dir.parent, ignore_errors=True)
     meta = {
         "command": "python -m bench " + " ".join(sys.argv[1:] if argv is None else argv),
         "profile": profile.name,
