@@ -224,7 +224,7 @@ class Database:
             text = self._compiled[name] = composed.as_string(conn)
         return text
 
-    def _prefix(self, durable: bool) -> str:
+    def _prefix(self, durable: bool | None) -> str:
         # SET LOCAL travels with the statement (one round trip, one implicit transaction) instead of
         # living in the session, which a transaction-pooling pgbouncer would not keep.
         ms = max(1, round(self.statement_timeout.total_seconds() * 1000))
@@ -232,6 +232,10 @@ class Database:
         if durable:
             # An acknowledged token must never be handed out again after a crash (decision 4).
             prefix += "SET LOCAL synchronous_commit = on; "
+        elif durable is None:
+            # Best-effort writes (the ledger) need not wait for the disk: losing the last events in a
+            # server crash is acceptable, waiting on a second fsync per lease operation is not.
+            prefix += "SET LOCAL synchronous_commit = off; "
         return prefix
 
     def run(
@@ -239,12 +243,13 @@ class Database:
         name: str,
         params: Mapping[str, Any],
         *,
-        durable: bool = False,
+        durable: bool | None = False,
         retry: bool = True,
     ) -> list[tuple[Any, ...]]:
         """Run one named query and return its rows.
 
-        :param durable: the statement writes lease or fence state that must survive a crash.
+        :param durable: ``True``: the statement writes lease or fence state that must survive a crash;
+            ``None``: a best-effort write that need not wait for the disk; ``False``: a read.
         :param retry: the statement may be sent again when a reused connection turns out to be dead.
             Only for statements whose repetition is harmless (a repeated acquire by the same owner just
             burns a token; a repeated fence advance would reject its own first success, so never that).

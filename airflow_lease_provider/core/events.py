@@ -159,6 +159,7 @@ class EventLedger:
             self.db.run(
                 "record_event",
                 {"kind": kind_value, "key": key, "owner": owner, "token": token, "detail": payload},
+                durable=None,
             )
         except LeaseError as exc:
             log.warning("event ledger: could not record %s for %r: %s", kind_value, key, exc)
@@ -171,7 +172,7 @@ class EventLedger:
         """Delete events past the retention. Best effort; returns how many went."""
         try:
             self._prepare()
-            self.db.run("prune_events", {"retention": self.retention})
+            self.db.run("prune_events", {"retention": self.retention}, durable=None)
         except LeaseError as exc:
             log.warning("event ledger: pruning failed: %s", exc)
             return 0

@@ -4,34 +4,14 @@
 -- transaction start time, stale inside a transaction).
 
 -- name: acquire
--- One statement, one round trip. The conditional UPDATE takes a free or expired lease (or one the same
--- owner holds: a retry re-enters and gets a larger token). When the row does not exist yet the INSERT
--- creates it. When neither happens, the last branch reports the holder. A failed attempt writes nothing:
--- an UPDATE whose WHERE is false neither locks nor rewrites the row (DESIGN decision 3).
+-- One statement, one round trip: lease_acquire (migrations/0002) runs the single statement below with
+-- a plan cached per session. The conditional UPDATE takes a free or expired lease (or one the same owner
+-- holds: a retry re-enters and gets a larger token). When the row does not exist yet the INSERT creates
+-- it. When neither happens, the last branch reports the holder. A failed attempt writes nothing: an
+-- UPDATE whose WHERE is false neither locks nor rewrites the row (DESIGN decision 3).
 -- clock_timestamp() is called where it is used, never captured up front: an UPDATE that waited for a
 -- row lock re-evaluates its WHERE and SET on the new row version, and must do so with the time *then*.
-WITH upd AS (
-    UPDATE {schema}.lease AS l
-       SET owner = %(owner)s, token = l.token + 1, ttl = %(ttl)s, acquired_at = clock_timestamp(),
-           renewed_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s, released_at = NULL
-     WHERE l.key = %(key)s AND (l.expires_at <= clock_timestamp() OR l.owner = %(owner)s)
- RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at
-),
-ins AS (
-    INSERT INTO {schema}.lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at)
-    SELECT %(key)s, %(owner)s, 1, %(ttl)s, clock_timestamp(), clock_timestamp(), clock_timestamp() + %(ttl)s
-     WHERE NOT EXISTS (SELECT 1 FROM {schema}.lease WHERE key = %(key)s)
-    ON CONFLICT (key) DO NOTHING
- RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at
-)
-SELECT true, u.*, clock_timestamp() FROM upd u
-UNION ALL
-SELECT true, i.*, clock_timestamp() FROM ins i
-UNION ALL
-SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp()
-  FROM {schema}.lease l
- WHERE l.key = %(key)s AND NOT EXISTS (SELECT 1 FROM upd) AND NOT EXISTS (SELECT 1 FROM ins);
+SELECT * FROM {schema}.lease_acquire(%(key)s, %(owner)s, %(ttl)s);
 
 -- name: renew
 -- Extends a lease only while it is still this owner's, with this token, and unexpired (decision 6):
