@@ -71,6 +71,7 @@ class LeaseKeeper:
         self._lost_event = threading.Event()
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._lost_recorder: threading.Thread | None = None
         self._deadline = self._deadline_for(lease)
 
     @staticmethod
@@ -130,8 +131,12 @@ class LeaseKeeper:
     def stop(self, *, release: bool = False) -> bool:
         """Stop renewing. With ``release=True``, also release the lease; returns whether that happened."""
         self._stop.set()
+        bound = self.store.db.statement_timeout.total_seconds() + 5
         if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join(timeout=self.store.db.statement_timeout.total_seconds() + 5)
+            self._thread.join(timeout=bound)
+        if self._lost_recorder is not None and self._lost_recorder is not threading.current_thread():
+            # Let the ledger have the loss before the process goes on (or exits); bounded like a statement.
+            self._lost_recorder.join(timeout=bound)
         if release and self._lost is None:
             return self.store.release(self.lease)
         return False
@@ -163,13 +168,14 @@ class LeaseKeeper:
         if self.store.record_events:
             # In a thread of its own: when the store hangs, the keeper thread may hold the store's
             # connection, and the holder's check() must raise LeaseLost now, not after the hang.
-            threading.Thread(
+            self._lost_recorder = threading.Thread(
                 target=self.store.events.record,
                 args=(EventKind.LOST, lease.key),
                 kwargs={"owner": lease.owner, "token": lease.token, "detail": {"reason": reason}},
                 name=f"lease-lost-event:{lease.key}",
                 daemon=True,
-            ).start()
+            )
+            self._lost_recorder.start()
         if self.on_lost is not None:
             try:
                 self.on_lost(self._lost)

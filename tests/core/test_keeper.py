@@ -65,6 +65,7 @@ keeper = store.keep(lease)
 print(json.dumps({"token": lease.token}), flush=True)
 sys.stdin.readline()  # the test pauses us (SIGSTOP) and wakes us (SIGCONT), then writes a line
 lost = keeper.wait_lost(timeout=10)
+keeper.stop()  # waits for the loss to reach the ledger
 print(json.dumps({"lost": lost, "reason": keeper.lost_reason, "renewals": keeper.renewals}), flush=True)
 """
 
