@@ -66,5 +66,7 @@ with DAG(
         },
     )
 
-    acquire >> price(collect_usage()) >> publish >> release
+    usage = collect_usage()
+    acquire >> usage  # every task of the run comes after the setup task that takes the lease
+    price(usage) >> publish >> release
 # [END billing_close]
