@@ -390,7 +390,12 @@ class LeasedOperator(BaseOperator):
                 EventKind.LOST, key, owner=owner, detail=_event_detail(context, reason=f"run lease gone: {who}")
             )
             metrics.incr("lease.lost", task_tags(context, key))
-            raise LeaseLost(key, holder.token if holder else 0, f"this run ({owner}) no longer holds it: {who}")
+            raise LeaseLost(
+                key,
+                holder.token if holder else 0,
+                f"this run ({owner}) does not hold it: {who} (a run-scoped task must run downstream of the "
+                "run's acquire task, and while the run lease is still valid)",
+            )
         return self._run_holding(context, store, holder, release=False)
 
     def _run_holding(self, context: Any, store: LeaseStore, lease: Lease, *, release: bool) -> Any:
