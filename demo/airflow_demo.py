@@ -77,6 +77,20 @@ def stop() -> None:
             pass
         PIDFILE.unlink()
         say("Airflow stopped.")
+    stop_embedded_store()
+
+
+def stop_embedded_store() -> None:
+    """The embedded PostgreSQL outlives the Airflow processes that started it (it is shared by them)."""
+    data = HOME / "lease-postgres"
+    if (data / "postmaster.pid").exists():
+        sys.path.insert(0, str(ROOT))
+        from airflow_lease_provider.core.embedded import EmbeddedPostgres
+
+        store = EmbeddedPostgres(data, keep=True)
+        store.start()  # attaches to the running server
+        store.stop()
+        say("Embedded PostgreSQL stopped.")
 
 
 def healthy() -> bool:
