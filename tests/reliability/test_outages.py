@@ -11,13 +11,12 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Iterator
 from datetime import timedelta
 
 import pytest
 
 from airflow_lease_provider.core import FenceStore, LeaseLost, LeaseStore, LeaseStoreUnavailable
-from tests.pg import EmbeddedServer, drop_schema, execute, new_schema_name
+from tests.pg import EmbeddedServer, execute
 from tests.reliability.outage import Call, frozen, start, stop
 
 FAIL_CLOSED_WITHIN = 10.0
@@ -26,22 +25,6 @@ FAIL_CLOSED_WITHIN = 10.0
 SHORT_TIMEOUTS = {"connect_timeout": timedelta(seconds=2), "statement_timeout": timedelta(seconds=2)}
 SHORT_WAIT = 7.0
 
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmbeddedServer]:
-    srv = EmbeddedServer()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def private(server: EmbeddedServer) -> Iterator[str]:
-    """A schema on the private server; the server is up at the start and at the end of every test."""
-    start(server)
-    name = new_schema_name()
-    yield name
-    start(server)
-    drop_schema(server.dsn, name)
 
 
 def test_store_down_at_acquire_fails_closed_fast_and_the_next_acquire_proceeds(

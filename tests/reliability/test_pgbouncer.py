@@ -22,7 +22,7 @@ from airflow_lease_provider.core import (
     LeaseStoreUnavailable,
     StaleFencingToken,
 )
-from tests.pg import EmbeddedServer, drop_schema, new_schema_name
+from tests.pg import EmbeddedServer
 from tests.reliability.outage import Call, start, stop
 from tests.reliability.pgbouncer import PGBOUNCER, PgBouncer
 
@@ -141,21 +141,6 @@ def test_contenders_through_the_pooler_get_one_holder_at_a_time(bouncer: PgBounc
 
 # -- the server behind the pooler goes away ---------------------------------------------------------
 
-
-@pytest.fixture(scope="module")
-def server() -> Iterator[EmbeddedServer]:
-    srv = EmbeddedServer()
-    yield srv
-    srv.stop()
-
-
-@pytest.fixture
-def private(server: EmbeddedServer) -> Iterator[str]:
-    start(server)
-    name = new_schema_name()
-    yield name
-    start(server)
-    drop_schema(server.dsn, name)
 
 
 def test_server_down_behind_the_pooler_fails_closed_and_the_next_acquire_proceeds(
