@@ -24,7 +24,8 @@ from airflow_lease_provider.core.errors import (
 from airflow_lease_provider.core.events import Event, EventCount, EventKind, EventLedger
 from airflow_lease_provider.core.fence import FenceDecision, FenceStore
 from airflow_lease_provider.core.keeper import LeaseKeeper
-from airflow_lease_provider.core.lease import Acquisition, Lease, LeaseStore
+from airflow_lease_provider.core.lease import LeaseStore
+from airflow_lease_provider.core.types import Acquisition, Lease
 
 __all__ = [
     "DEFAULT_SCHEMA",

@@ -7,129 +7,26 @@ database clock, so a worker whose clock is off changes nothing.
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
-from datetime import datetime, timedelta
-from typing import TYPE_CHECKING, Any
+import time
+from datetime import timedelta
+from typing import Any
 
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.errors import InvalidArgument
 from airflow_lease_provider.core.events import EventKind
+from airflow_lease_provider.core.keeper import LeaseKeeper
 from airflow_lease_provider.core.store import Store
+from airflow_lease_provider.core.types import Acquisition, Lease, checked, lease_from_row
 
-if TYPE_CHECKING:
-    from airflow_lease_provider.core.keeper import LeaseKeeper
+__all__ = ["Acquisition", "Lease", "LeaseStore", "checked", "positive_limit"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class Lease:
-    """A lease as the database saw it. All times are database times.
-
-    :ivar observed_at: the database clock when this state was read; ``expires_at - observed_at`` is how
-        long the lease had left, measured without the local clock.
-    """
-
-    key: str
-    owner: str
-    token: int
-    ttl: timedelta
-    acquired_at: datetime
-    renewed_at: datetime
-    expires_at: datetime
-    released_at: datetime | None
-    observed_at: datetime
-
-    @property
-    def remaining(self) -> timedelta:
-        """Time left when this state was read (never negative)."""
-        return max(self.expires_at - self.observed_at, timedelta(0))
-
-    @property
-    def held(self) -> bool:
-        """Whether the lease was valid when this state was read."""
-        return self.released_at is None and self.expires_at > self.observed_at
-
-    def to_dict(self) -> dict[str, Any]:
-        """A JSON-ready form, for XCom and the CLI."""
-        return {
-            "key": self.key,
-            "owner": self.owner,
-            "token": self.token,
-            "ttl_seconds": self.ttl.total_seconds(),
-            "acquired_at": self.acquired_at.isoformat(),
-            "renewed_at": self.renewed_at.isoformat(),
-            "expires_at": self.expires_at.isoformat(),
-            "released_at": self.released_at.isoformat() if self.released_at else None,
-            "observed_at": self.observed_at.isoformat(),
-        }
-
-    @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> Lease:
-        def when(name: str) -> datetime:
-            return datetime.fromisoformat(data[name])
-
-        return cls(
-            key=data["key"],
-            owner=data["owner"],
-            token=int(data["token"]),
-            ttl=timedelta(seconds=float(data["ttl_seconds"])),
-            acquired_at=when("acquired_at"),
-            renewed_at=when("renewed_at"),
-            expires_at=when("expires_at"),
-            released_at=when("released_at") if data.get("released_at") else None,
-            observed_at=when("observed_at"),
-        )
-
-    def describe(self) -> str:
-        """One line for logs and skip reasons: who holds it, with which token, until when."""
-        seconds = int(self.remaining.total_seconds())
-        return (
-            f"held by {self.owner!r} with token {self.token} until {self.expires_at.isoformat()} "
-            f"(expires in {seconds // 60}m{seconds % 60:02d}s)"
-        )
-
-
-def _lease(row: tuple[Any, ...]) -> Lease:
-    return Lease(
-        key=row[0],
-        owner=row[1],
-        token=int(row[2]),
-        ttl=row[3],
-        acquired_at=row[4],
-        renewed_at=row[5],
-        expires_at=row[6],
-        released_at=row[7],
-        observed_at=row[8],
-    )
-
-
-def checked(lease: object, parameter: str = "lease") -> Lease:
-    """A :class:`Lease` whose identifying fields are valid (renew and release trust nothing else)."""
-    if not isinstance(lease, Lease):
-        raise InvalidArgument(parameter, lease, f"must be a Lease, not {type(lease).__name__}")
-    validation.name("key", lease.key)
-    validation.name("owner", lease.owner)
-    validation.token("token", lease.token)
-    return lease
 
 
 def positive_limit(value: object, parameter: str = "limit", maximum: int = 100_000) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
         raise InvalidArgument(parameter, value, f"must be an integer from 1 to {maximum}")
     return value
-
-
-@dataclass(frozen=True)
-class Acquisition:
-    """The outcome of :meth:`LeaseStore.try_acquire`: the new lease, or who holds it now."""
-
-    lease: Lease | None
-    holder: Lease | None
-
-    @property
-    def acquired(self) -> bool:
-        return self.lease is not None
 
 
 class LeaseStore(Store):
@@ -152,12 +49,14 @@ class LeaseStore(Store):
         validation.ttl("ttl", ttl)
         # Retrying after a lost connection is safe: if the first attempt did commit, the retry is the
         # same owner re-entering, which only burns the unseen token.
-        rows = self._ready().run("acquire", {"key": key, "owner": owner, "ttl": ttl}, durable=True)
+        db = self._ready()
+        sent_at = time.monotonic()  # before the request: the keeper counts the time left from here
+        rows = db.run("acquire", {"key": key, "owner": owner, "ttl": ttl}, durable=True)
         if not rows:
             # The row appeared between our snapshot and our insert: someone else just created it.
             return Acquisition(None, self.holder(key))
         acquired, *state = rows[0]
-        lease = _lease(tuple(state))
+        lease = lease_from_row(tuple(state), sent_at)
         if acquired:
             if self.record_events:
                 self.events.record(
@@ -177,8 +76,10 @@ class LeaseStore(Store):
     def holder(self, key: str) -> Lease | None:
         """The current valid lease on ``key``, or ``None`` when it is free."""
         validation.name("key", key)
-        rows = self._ready().run("holder", {"key": key})
-        return _lease(rows[0]) if rows else None
+        db = self._ready()
+        sent_at = time.monotonic()
+        rows = db.run("holder", {"key": key})
+        return lease_from_row(rows[0], sent_at) if rows else None
 
     def renew(self, lease: Lease, ttl: timedelta | None = None) -> Lease | None:
         """Extend the lease by ``ttl`` (default: its own TTL) from now, by the database clock.
@@ -188,10 +89,12 @@ class LeaseStore(Store):
         """
         checked(lease)
         ttl = validation.ttl("ttl", lease.ttl if ttl is None else ttl)
-        rows = self._ready().run(
+        db = self._ready()
+        sent_at = time.monotonic()
+        rows = db.run(
             "renew", {"key": lease.key, "owner": lease.owner, "token": lease.token, "ttl": ttl}, durable=True
         )
-        return _lease(rows[0]) if rows else None
+        return lease_from_row(rows[0], sent_at) if rows else None
 
     def release(self, lease: Lease) -> bool:
         """Free the lease. True only if owner and token still matched (so nobody else's lease is freed)."""
@@ -200,7 +103,7 @@ class LeaseStore(Store):
             "release", {"key": lease.key, "owner": lease.owner, "token": lease.token}, durable=True
         )
         if rows and self.record_events:
-            released = _lease(rows[0])
+            released = lease_from_row(rows[0])
             self.events.record(
                 EventKind.RELEASED, lease.key, owner=lease.owner, token=lease.token,
                 detail={
@@ -226,7 +129,7 @@ class LeaseStore(Store):
         rows = self._ready().run("force_release", {"key": key}, durable=True)
         if not rows:
             return None
-        previous = _lease(rows[0][:9])
+        previous = lease_from_row(rows[0][:9])
         new_token = int(rows[0][9])
         if self.record_events:
             self.events.record(
@@ -239,7 +142,9 @@ class LeaseStore(Store):
     def leases(self, limit: int = 1000) -> list[Lease]:
         """Every key the store knows, held or not (see :attr:`Lease.held`)."""
         positive_limit(limit)
-        return [_lease(row) for row in self._ready().run("list_leases", {"limit": limit})]
+        db = self._ready()
+        sent_at = time.monotonic()
+        return [lease_from_row(row, sent_at) for row in db.run("list_leases", {"limit": limit})]
 
     def keep(
         self,
@@ -248,9 +153,11 @@ class LeaseStore(Store):
         renew_every: timedelta | None = None,
         on_lost: Any = None,
     ) -> LeaseKeeper:
-        """A started :class:`LeaseKeeper` renewing ``lease`` every ``renew_every`` (default TTL/3)."""
-        from airflow_lease_provider.core.keeper import LeaseKeeper
+        """A started :class:`LeaseKeeper` renewing ``lease`` every ``renew_every`` (default TTL/3).
 
+        The keeper counts the time left from when ``lease`` was read (:attr:`Lease.sent_at`), not from
+        this call: a lease kept after a pause longer than its time left is reported lost at once.
+        """
         keeper = LeaseKeeper(self, lease, renew_every=renew_every, on_lost=on_lost)
         keeper.start()
         return keeper

@@ -62,11 +62,45 @@ def positive_timedelta(parameter: str, value: object) -> timedelta:
     return value
 
 
-def renew_every(value: object, lease_ttl: timedelta, parameter: str = "renew_every") -> timedelta:
-    """The renewal interval: positive and shorter than the TTL (a renewal at TTL would be too late)."""
+#: The keeper declares a lease lost this long before it would expire: TTL/10, at most this much.
+MAX_DEFAULT_SAFETY_MARGIN = timedelta(seconds=5)
+
+
+def default_safety_margin(lease_ttl: timedelta) -> timedelta:
+    """The keeper's default safety margin for a lease of ``lease_ttl``: TTL/10, at most 5 s."""
+    return min(lease_ttl / 10, MAX_DEFAULT_SAFETY_MARGIN)
+
+
+def safety_margin(value: object, lease_ttl: timedelta, parameter: str = "safety_margin") -> timedelta:
+    """The keeper's safety margin: ``None`` for the default, else a timedelta from 0 to below the TTL."""
+    if value is None:
+        return default_safety_margin(lease_ttl)
+    if not isinstance(value, timedelta) or value < timedelta(0) or value >= lease_ttl:
+        raise InvalidArgument(parameter, value, f"must be a datetime.timedelta >= 0 and shorter than the TTL ({lease_ttl})")
+    return value
+
+
+def renew_every(
+    value: object,
+    lease_ttl: timedelta,
+    parameter: str = "renew_every",
+    margin: timedelta | None = None,
+) -> timedelta:
+    """The renewal interval: positive and shorter than the TTL minus the keeper's safety margin.
+
+    The keeper declares the lease lost at TTL minus the margin after the last successful renewal was
+    sent; a renewal due at or after that moment always comes too late, so such an interval is refused.
+    ``margin`` defaults to :func:`default_safety_margin` of ``lease_ttl`` (what the keeper uses).
+    """
     interval = positive_timedelta(parameter, value)
-    if interval >= lease_ttl:
-        raise InvalidArgument(parameter, value, f"must be shorter than the TTL ({lease_ttl})")
+    margin = default_safety_margin(lease_ttl) if margin is None else margin
+    if interval >= lease_ttl - margin:
+        raise InvalidArgument(
+            parameter, value,
+            f"must be shorter than the TTL ({lease_ttl}) minus the keeper's safety margin ({margin}): "
+            f"the keeper declares the lease lost at {lease_ttl - margin} without a renewal, so a renewal "
+            "that late always loses it",
+        )
     return interval
 
 

@@ -1,0 +1,127 @@
+"""The core's value types: a lease as the database saw it, and the outcome of an acquire.
+
+They live apart from the store (``core/lease.py``) and the keeper (``core/keeper.py``) so that neither of
+those has to import the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+from airflow_lease_provider.core import validation
+from airflow_lease_provider.core.errors import InvalidArgument
+
+
+@dataclass(frozen=True)
+class Lease:
+    """A lease as the database saw it. All times are database times.
+
+    :ivar observed_at: the database clock when this state was read; ``expires_at - observed_at`` is how
+        long the lease had left, measured without the local clock.
+    :ivar sent_at: this process's ``time.monotonic()`` just *before* the request that produced this state
+        was sent, or ``None`` when the value did not come from this process's store (rebuilt from XCom or
+        a dict, or made by hand). The keeper counts the time left from here:
+        ``sent_at + (expires_at - observed_at)`` is never later than the real expiry, however long the
+        request and its reply took. Not part of equality, ``repr`` or :meth:`to_dict`: it means nothing in
+        another process.
+    """
+
+    key: str
+    owner: str
+    token: int
+    ttl: timedelta
+    acquired_at: datetime
+    renewed_at: datetime
+    expires_at: datetime
+    released_at: datetime | None
+    observed_at: datetime
+    sent_at: float | None = field(default=None, compare=False, repr=False)
+
+    @property
+    def remaining(self) -> timedelta:
+        """Time left when this state was read (never negative)."""
+        return max(self.expires_at - self.observed_at, timedelta(0))
+
+    @property
+    def held(self) -> bool:
+        """Whether the lease was valid when this state was read."""
+        return self.released_at is None and self.expires_at > self.observed_at
+
+    def to_dict(self) -> dict[str, Any]:
+        """A JSON-ready form, for XCom and the CLI."""
+        return {
+            "key": self.key,
+            "owner": self.owner,
+            "token": self.token,
+            "ttl_seconds": self.ttl.total_seconds(),
+            "acquired_at": self.acquired_at.isoformat(),
+            "renewed_at": self.renewed_at.isoformat(),
+            "expires_at": self.expires_at.isoformat(),
+            "released_at": self.released_at.isoformat() if self.released_at else None,
+            "observed_at": self.observed_at.isoformat(),
+        }
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Lease:
+        def when(name: str) -> datetime:
+            return datetime.fromisoformat(data[name])
+
+        return cls(
+            key=data["key"],
+            owner=data["owner"],
+            token=int(data["token"]),
+            ttl=timedelta(seconds=float(data["ttl_seconds"])),
+            acquired_at=when("acquired_at"),
+            renewed_at=when("renewed_at"),
+            expires_at=when("expires_at"),
+            released_at=when("released_at") if data.get("released_at") else None,
+            observed_at=when("observed_at"),
+        )
+
+    def describe(self) -> str:
+        """One line for logs and skip reasons: who holds it, with which token, until when."""
+        seconds = int(self.remaining.total_seconds())
+        return (
+            f"held by {self.owner!r} with token {self.token} until {self.expires_at.isoformat()} "
+            f"(expires in {seconds // 60}m{seconds % 60:02d}s)"
+        )
+
+
+def lease_from_row(row: tuple[Any, ...], sent_at: float | None = None) -> Lease:
+    """A :class:`Lease` from the store's nine lease columns; ``sent_at`` as for :attr:`Lease.sent_at`."""
+    return Lease(
+        key=row[0],
+        owner=row[1],
+        token=int(row[2]),
+        ttl=row[3],
+        acquired_at=row[4],
+        renewed_at=row[5],
+        expires_at=row[6],
+        released_at=row[7],
+        observed_at=row[8],
+        sent_at=sent_at,
+    )
+
+
+def checked(lease: object, parameter: str = "lease") -> Lease:
+    """A :class:`Lease` whose identifying fields are valid (renew and release trust nothing else)."""
+    if not isinstance(lease, Lease):
+        raise InvalidArgument(parameter, lease, f"must be a Lease, not {type(lease).__name__}")
+    validation.name("key", lease.key)
+    validation.name("owner", lease.owner)
+    validation.token("token", lease.token)
+    return lease
+
+
+@dataclass(frozen=True)
+class Acquisition:
+    """The outcome of :meth:`LeaseStore.try_acquire`: the new lease, or who holds it now."""
+
+    lease: Lease | None
+    holder: Lease | None
+
+    @property
+    def acquired(self) -> bool:
+        return self.lease is not None
