@@ -97,7 +97,7 @@ class LeaseContext:
         self.check()
         fences = FenceHook(conn_id).get_store()
         try:
-            return fences.guard(resource, self.token, owner=self.owner, idempotency_key=idempotency_key)
+            return fences.guard(resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key)
         except StaleFencingToken:
             metrics.incr("lease.fence_rejected", {**self.tags, "resource": resource})
             raise
@@ -117,7 +117,7 @@ class LeaseContext:
         fences = FenceHook(conn_id).get_store()
         try:
             with fences.transaction(
-                resource, self.token, owner=self.owner, idempotency_key=idempotency_key
+                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key
             ) as cur:
                 yield cur
         except StaleFencingToken:

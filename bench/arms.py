@@ -187,7 +187,7 @@ def _fence_accept(client: Client, pool: int) -> Attempt:
 
     def attempt() -> bool:
         token[0] += 1
-        return client.fences.accept(resource, token[0], owner=client.owner)
+        return client.fences.accept(resource, token[0], key=resource, owner=client.owner)
 
     return Attempt(attempt)
 

@@ -108,7 +108,7 @@ def _probe(dsn: str, profile: Profile, rec: Recorder) -> None:
                 continue
             pending.discard(index)
             try:
-                fences.guard(resource_of(index), lease.token, owner=lease.owner)
+                fences.guard(resource_of(index), lease.token, key=lease.key, owner=lease.owner)
                 published = "accepted"
             except StaleFencingToken as exc:
                 published = f"rejected: {exc}"

@@ -203,7 +203,9 @@ class Worker:
                 "idem": idem, "attempt": attempt, **shape,
             }
             try:
-                with self.fences.transaction(resource, lease.token, owner=lease.owner, idempotency_key=idem) as cur:
+                with self.fences.transaction(
+                    resource, lease.token, key=lease.key, owner=lease.owner, idempotency_key=idem
+                ) as cur:
                     cur.execute(self.insert, {
                         "resource": resource, "token": lease.token, "owner": lease.owner,
                         "worker": self.cfg.id, "idem": idem,

@@ -36,7 +36,7 @@ ZOMBIE = textwrap.dedent(
     print(json.dumps({"token": lease.token}), flush=True)
     sys.stdin.readline()  # "working"; the demo freezes this process here and wakes it up later
     try:
-        with fences.transaction("blog", lease.token, owner="run-41") as cur:
+        with fences.transaction("blog", lease.token, key=lease.key, owner="run-41") as cur:
             cur.execute("INSERT INTO public.demo_blog (author, token) VALUES (%s, %s)", ("run-41", lease.token))
         outcome = "published"
     except StaleFencingToken as exc:
@@ -102,7 +102,7 @@ def play(dsn: str) -> int:
     time.sleep(4)
     fresh = leases.acquire("daily-article", owner="run-42", ttl=timedelta(minutes=5))
     assert fresh is not None
-    with fences.transaction("blog", fresh.token, owner="run-42") as cur:
+    with fences.transaction("blog", fresh.token, key=fresh.key, owner="run-42") as cur:
         cur.execute("INSERT INTO public.demo_blog (author, token) VALUES (%s, %s)", ("run-42", fresh.token))
     say(f"   run-42: the lease had lapsed; acquired with token {fresh.token} and published")
 
@@ -119,7 +119,7 @@ def play(dsn: str) -> int:
         cur.execute("SELECT author, token FROM public.demo_blog ORDER BY id")
         written = cur.fetchall()
     conn.close()
-    say(f"   the blog holds {written}: only the newer write; the fence stands at token {fences.current('blog')}")
+    say(f"   the blog holds {written}: only the newer write; the fence stands at token {fences.current('blog', key=fresh.key)}")
 
     say("\nEvent ledger (newest first):")
     for event in leases.events.query(limit=20):

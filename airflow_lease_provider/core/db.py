@@ -229,6 +229,11 @@ class Database:
         # living in the session, which a transaction-pooling pgbouncer would not keep.
         ms = max(1, round(self.statement_timeout.total_seconds() * 1000))
         prefix = f"SET LOCAL statement_timeout = {ms}; "
+        # Every statement of the store is written for READ COMMITTED: a conditional UPDATE that waited on
+        # a row lock re-checks its WHERE on the new row version instead of failing with a serialization
+        # error, as it would under a role's or database's default_transaction_isolation = 'repeatable read'.
+        # Set per transaction, before its first snapshot, so no session state is needed.
+        prefix += "SET LOCAL transaction_isolation = 'read committed'; "
         if durable:
             # An acknowledged token must never be handed out again after a crash (decision 4).
             prefix += "SET LOCAL synchronous_commit = on; "
@@ -237,6 +242,14 @@ class Database:
             # server crash is acceptable, waiting on a second fsync per lease operation is not.
             prefix += "SET LOCAL synchronous_commit = off; "
         return prefix
+
+    @staticmethod
+    def statement_timeout_sql(timeout: timedelta | None) -> str:
+        """``SET LOCAL statement_timeout`` for the rest of a transaction: ``timeout``, or with ``None`` the
+        server's own setting (its default for this role and database), which the store's limit replaced."""
+        if timeout is None:
+            return "SET LOCAL statement_timeout TO DEFAULT"
+        return f"SET LOCAL statement_timeout = {max(1, round(timeout.total_seconds() * 1000))}"
 
     def run(
         self,

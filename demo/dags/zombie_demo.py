@@ -39,7 +39,7 @@ with DAG(
             (MARKERS / "stalled").write_text(str(lease.token))
             while not (MARKERS / "go").exists():  # stalls past the 8 s TTL, renewing nothing
                 time.sleep(0.5)
-        FenceHook().get_store().guard("demo.blog", lease.token, owner=lease.owner)  # the final gate
+        FenceHook().get_store().guard("demo.blog", lease.token, key=lease.key, owner=lease.owner)  # the final gate
         leases.release(lease)
         return lease.token
 

@@ -43,9 +43,9 @@ def test_acquire_rejects_bad_arguments(store: LeaseStore, kwargs: dict, paramete
 @pytest.mark.parametrize("token", [0, -1, True, 1.5, "3", 2**63])
 def test_fence_rejects_bad_tokens(fences: FenceStore, token: object) -> None:
     with pytest.raises(InvalidArgument) as info:
-        fences.accept("blog", token)  # type: ignore[arg-type]
+        fences.accept("blog", token, key="job")  # type: ignore[arg-type]
     assert info.value.parameter == "token"
-    assert fences.current("blog") is None
+    assert fences.current("blog", key="job") is None
 
 
 @pytest.mark.parametrize("schema", ["", "Bad", "1abc", "a-b", "a;drop", "pg_x", "x" * 64, None])
@@ -80,9 +80,10 @@ def test_hostile_strings_are_stored_verbatim(store: LeaseStore, fences: FenceSto
     assert lease is not None and lease.key == value and lease.owner == value
     holder = store.holder(value)
     assert holder is not None and holder.key == value and holder.owner == value
-    assert fences.accept(value, lease.token, owner=value, idempotency_key=value)
-    assert fences.current(value) == lease.token
-    assert not fences.accept(value, lease.token + 1, idempotency_key=value)
+    assert fences.accept(value, lease.token, key=value, owner=value, idempotency_key=value)
+    assert fences.current(value, key=value) == lease.token
+    assert fences.tokens(value) == {value: lease.token}
+    assert not fences.accept(value, lease.token + 1, key=value, idempotency_key=value)
     assert store.release(lease)
     assert [lease.key for lease in store.leases()] == [value]
 

@@ -21,10 +21,10 @@ LONG = "x" * (MAX_NAME_LENGTH + 1)
 CALLS: dict[str, Callable[[LeaseStore, FenceStore], Any]] = {
     "key": lambda s, f: s.acquire(LONG, owner="o", ttl=TTL),
     "owner": lambda s, f: s.acquire("job", owner=LONG, ttl=TTL),
-    "resource": lambda s, f: f.accept(LONG, 1),
-    "idempotency_key": lambda s, f: f.accept("blog", 1, idempotency_key=LONG),
+    "resource": lambda s, f: f.accept(LONG, 1, key="job"),
+    "idempotency_key": lambda s, f: f.accept("blog", 1, key="job", idempotency_key=LONG),
     "by": lambda s, f: s.force_release("job", by=LONG),
-    "token": lambda s, f: f.accept("blog", MAX_TOKEN + 1),
+    "token": lambda s, f: f.accept("blog", MAX_TOKEN + 1, key="job"),
     "ttl": lambda s, f: s.acquire("job", owner="o", ttl=timedelta(days=7, seconds=1)),
     "detail": lambda s, f: s.events.record("acquired", "job", detail={"text": "x" * MAX_DETAIL_BYTES}),
 }
@@ -46,7 +46,7 @@ def test_oversized_values_are_refused_with_a_clear_message_and_nothing_written(
 ) -> None:
     store.ensure_schema()
     held = store.acquire("job", owner="holder", ttl=TTL)
-    fences.accept("blog", 1)
+    fences.accept("blog", 1, key="job")
     before = rows()
     with pytest.raises(InvalidArgument) as info:
         CALLS[parameter](store, fences)
@@ -71,8 +71,8 @@ def test_lone_surrogates_are_refused_as_invalid_arguments(
     for call in (
         lambda: store.acquire(value, owner="o", ttl=TTL),
         lambda: store.acquire("job", owner=value, ttl=TTL),
-        lambda: fences.accept(value, 1),
-        lambda: fences.accept("blog", 1, idempotency_key=value),
+        lambda: fences.accept(value, 1, key="job"),
+        lambda: fences.accept("blog", 1, key="job", idempotency_key=value),
     ):
         with pytest.raises(InvalidArgument):
             call()
@@ -90,7 +90,7 @@ def test_names_within_the_documented_limit_are_stored_or_refused_up_front(
     store.ensure_schema()
     for call in (
         lambda: store.acquire(cjk[0], owner=cjk[1], ttl=TTL),
-        lambda: fences.accept(cjk[0], 1, owner=cjk[1], idempotency_key=cjk[1]),
+        lambda: fences.accept(cjk[0], 1, key="job", owner=cjk[1], idempotency_key=cjk[1]),
         lambda: store.events.record("acquired", cjk[0], owner=cjk[1]),
     ):
         before = rows()

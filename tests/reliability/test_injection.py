@@ -52,14 +52,14 @@ def test_payloads_are_stored_verbatim_and_the_schema_is_untouched(
         expect(held is not None and (held.key, held.owner, held.token) == (p, p, lease.token), p, "holder")
         renewed = store.renew(lease)
         expect(renewed is not None and (renewed.key, renewed.owner) == (p, p), p, "renew")
-        decision = fences.advance(p, lease.token, owner=p, idempotency_key=p)
-        expect(decision.accepted and fences.current(p) == lease.token, p, f"fence advance {decision}")
-        expect(fences.advance(p, lease.token + 1, owner=p, idempotency_key=p).outcome == "duplicate", p, "idempotency")
+        decision = fences.advance(p, lease.token, key=p, owner=p, idempotency_key=p)
+        expect(decision.accepted and fences.current(p, key=p) == lease.token, p, f"fence advance {decision}")
+        expect(fences.advance(p, lease.token + 1, key=p, owner=p, idempotency_key=p).outcome == "duplicate", p, "idempotency")
         again = store.acquire(p, owner=p, ttl=TTL)  # the same owner re-enters with a larger token
         assert again is not None
-        with fences.transaction(p, again.token, owner=p, idempotency_key=tx_key(p)) as cur:
+        with fences.transaction(p, again.token, key=p, owner=p, idempotency_key=tx_key(p)) as cur:
             cur.execute(insert, (p,))
-        expect(fences.current(p) == again.token, p, "fence transaction")
+        expect(fences.current(p, key=p) == again.token, p, "fence transaction")
         events = store.events.query(key=p, kind=EventKind.ACQUIRED)
         expect(len(events) == 2 and {(e.key, e.owner) for e in events} == {(p, p)}, p, "events")
         previous = store.force_release(p, by=p, reason=p)

@@ -33,13 +33,13 @@ def test_store_down_at_acquire_fails_closed_fast_and_the_next_acquire_proceeds(
     warm = LeaseStore(server.dsn, schema=private)
     fences = FenceStore(server.dsn, schema=private)
     lease = warm.acquire("job", owner="run-1", ttl=timedelta(seconds=30))
-    assert lease is not None and warm.release(lease) and fences.accept("blog", lease.token)
+    assert lease is not None and warm.release(lease) and fences.accept("blog", lease.token, key=lease.key)
     stop(server)
     cold = LeaseStore(server.dsn, schema=private)
     for name, call in {
         "open connection": lambda: warm.acquire("job", owner="run-2", ttl=timedelta(seconds=30)),
         "new store": lambda: cold.acquire("job", owner="run-2", ttl=timedelta(seconds=30)),
-        "fence": lambda: fences.accept("blog", lease.token + 1),
+        "fence": lambda: fences.accept("blog", lease.token + 1, key=lease.key),
     }.items():
         started = time.monotonic()
         with pytest.raises(LeaseStoreUnavailable) as info:
@@ -49,7 +49,7 @@ def test_store_down_at_acquire_fails_closed_fast_and_the_next_acquire_proceeds(
     start(server)
     nxt = warm.acquire("job", owner="run-2", ttl=timedelta(seconds=30))
     assert nxt is not None and nxt.token == lease.token + 1
-    assert fences.accept("blog", nxt.token)
+    assert fences.accept("blog", nxt.token, key=nxt.key)
 
 
 def test_a_server_that_accepts_no_connection_fails_closed_within_the_connect_timeout(
@@ -203,7 +203,7 @@ def test_fence_transaction_reconnects_a_connection_that_died_while_idle(
 ) -> None:
     """After a server restart, a failover or an idle-session kill, the next publish must go through, as
     the next acquire does (``Database.run`` reconnects once; ``Database.transaction`` does not)."""
-    assert fences.accept("blog", 1)
+    assert fences.accept("blog", 1, key="job")
     assert store.holder("job") is None
     killed = execute(
         pg_dsn,
@@ -213,6 +213,6 @@ def test_fence_transaction_reconnects_a_connection_that_died_while_idle(
     )
     assert len(killed) == 2, "both stores' sessions should have been found"
     assert store.holder("job") is None  # run() reconnects
-    with fences.transaction("blog", 2) as cur:
+    with fences.transaction("blog", 2, key="job") as cur:
         cur.execute("SELECT 1")
-    assert fences.current("blog") == 2
+    assert fences.current("blog", key="job") == 2

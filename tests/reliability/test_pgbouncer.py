@@ -57,13 +57,13 @@ def test_acquire_renew_release_keeper_and_fence_through_transaction_pooling(boun
             assert store.acquire("job", owner="run-2", ttl=timedelta(seconds=2)) is None
         assert keeper.renewals >= 4 and not keeper.lost
         current = keeper.lease
-        assert fences.accept("blog", current.token, owner="run-1")
+        assert fences.accept("blog", current.token, key="job", owner="run-1")
         with pytest.raises(StaleFencingToken):
-            fences.guard("blog", current.token)
-        with fences.transaction("articles", current.token, owner="run-1", idempotency_key="slot-1") as cur:
+            fences.guard("blog", current.token, key="job")
+        with fences.transaction("articles", current.token, key="job", owner="run-1", idempotency_key="slot-1") as cur:
             cur.execute("SELECT 1")
         with pytest.raises(DuplicatePublish):
-            with fences.transaction("articles", current.token + 1, idempotency_key="slot-1"):
+            with fences.transaction("articles", current.token + 1, key="job", idempotency_key="slot-1"):
                 pass
     assert store.holder("job") is None  # released on exit
     nxt = store.acquire("job", owner="run-2", ttl=timedelta(seconds=2))
@@ -71,17 +71,17 @@ def test_acquire_renew_release_keeper_and_fence_through_transaction_pooling(boun
     assert store.renew(nxt) is not None
     assert store.force_release("job", by="admin").token == nxt.token
     assert store.release(nxt) is False  # its token was bumped
-    assert fences.current("articles") == current.token
+    assert fences.current("articles", key="job") == current.token
     kinds = {e.kind for e in store.events.query(key="job")}
     assert {"acquired", "released", "force_released"} <= kinds
     # The caller's own transaction, through the pooler.
     conn = psycopg2.connect(bouncer.dsn)
     try:
         with conn, conn.cursor() as cur:
-            fences.advance_in(cur, "blog", current.token + 5)
+            fences.advance_in(cur, "blog", current.token + 5, key="job")
     finally:
         conn.close()
-    assert fences.current("blog") == current.token + 5
+    assert fences.current("blog", key="job") == current.token + 5
 
 
 def test_no_session_state_is_left_on_pooled_sessions(bouncer: PgBouncer, schema: str) -> None:
@@ -90,7 +90,7 @@ def test_no_session_state_is_left_on_pooled_sessions(bouncer: PgBouncer, schema:
     for i in range(20):
         lease = store.acquire(f"job-{i % 3}", owner=f"run-{i}", ttl=timedelta(seconds=5))
         if lease is not None:
-            fences.accept(f"blog-{i % 3}", lease.token)
+            fences.accept(f"blog-{i % 3}", lease.token, key=lease.key)
             store.release(lease)
     # Every pooled server session, as another client of the pooler sees it.
     conns = [psycopg2.connect(bouncer.dsn) for _ in range(3)]

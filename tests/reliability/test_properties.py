@@ -138,18 +138,19 @@ def test_force_release_frees_and_leaves_a_trace_or_refuses_and_writes_nothing(
 
 
 class FenceModel:
-    """What the fence must decide: larger tokens only, each idempotency key once."""
+    """What the fence must decide: per (resource, lease key) larger tokens only; each idempotency key once
+    per resource, whatever the lease key."""
 
     def __init__(self) -> None:
-        self.top: dict[str, int] = {}
+        self.top: dict[tuple[str, str], int] = {}
         self.used: set[tuple[str, str]] = set()
 
-    def decide(self, resource: str, token: int, idem: str | None) -> str:
+    def decide(self, resource: str, token: int, idem: str | None, key: str = "job") -> str:
         if idem is not None and (resource, idem) in self.used:
             return "duplicate"
-        if token <= self.top.get(resource, 0):
+        if token <= self.top.get((resource, key), 0):
             return "stale"
-        self.top[resource] = token
+        self.top[(resource, key)] = token
         if idem is not None:
             self.used.add((resource, idem))
         return "accepted"
@@ -162,26 +163,27 @@ class FenceModel:
         st.one_of(st.integers(min_value=1, max_value=12), tokens),
         st.one_of(st.none(), names),
         st.one_of(st.none(), st.sampled_from(["slot-1", "slot-2"]), names),
+        st.one_of(st.sampled_from(["k1", "k2"]), names),
     ),
     max_size=8,
 ))
 def test_fence_decisions_follow_the_model_and_refusals_write_nothing(
-    fences: FenceStore, rows: Rows, calls: list[tuple[Any, Any, Any, Any]]
+    fences: FenceStore, rows: Rows, calls: list[tuple[Any, Any, Any, Any, Any]]
 ) -> None:
     model = FenceModel()
     run = uuid.uuid4().hex[:8]  # examples share the schema: each gets resources of its own
-    for resource, token, owner, idem in calls:
+    for resource, token, owner, idem, key in calls:
         resource = f"{run}:{resource}" if isinstance(resource, str) and len(resource) < 400 else resource
         before = rows()
         try:
-            decision = fences.advance(resource, token, owner=owner, idempotency_key=idem)
+            decision = fences.advance(resource, token, key=key, owner=owner, idempotency_key=idem)
         except InvalidArgument as exc:
-            refused(exc, "resource", "token", "owner", "idempotency_key")
+            refused(exc, "resource", "key", "token", "owner", "idempotency_key")
             assert rows() == before
             continue
-        assert is_name(resource) and is_token(token)
-        assert decision.outcome == model.decide(resource, token, idem), (resource, token, idem)
-        assert fences.current(resource) == model.top.get(resource)
+        assert is_name(resource) and is_name(key) and is_token(token)
+        assert decision.outcome == model.decide(resource, token, idem, key), (resource, token, idem, key)
+        assert fences.current(resource, key=key) == model.top.get((resource, key))
 
 
 @PROPERTY
@@ -359,21 +361,22 @@ def test_leases_and_fences_follow_a_model_through_random_operations(
             expected = self.holders.get(key)
             assert (None if current is None else (current.owner, current.token)) == expected
 
-        @rule(resource=st.sampled_from(["x", "y"]), token=st.integers(1, 8), idem=st.sampled_from([None, "s1", "s2"]))
-        def advance(self, resource: str, token: int, idem: str | None) -> None:
+        @rule(resource=st.sampled_from(["x", "y"]), token=st.integers(1, 8), idem=st.sampled_from([None, "s1", "s2"]),
+              key=st.sampled_from(["a", "b"]))
+        def advance(self, resource: str, token: int, idem: str | None, key: str) -> None:
             resource = self.k(resource)
-            decision = fences.advance(resource, token, idempotency_key=idem)
-            assert decision.outcome == self.fence.decide(resource, token, idem)
+            decision = fences.advance(resource, token, key=key, idempotency_key=idem)
+            assert decision.outcome == self.fence.decide(resource, token, idem, key)
 
         @rule(resource=st.sampled_from(["x", "y"]), token=st.integers(1, 8), idem=st.sampled_from([None, "s1", "s2"]),
-              fail=st.booleans())
-        def transaction(self, resource: str, token: int, idem: str | None, fail: bool) -> None:
+              fail=st.booleans(), key=st.sampled_from(["a", "b"]))
+        def transaction(self, resource: str, token: int, idem: str | None, fail: bool, key: str) -> None:
             resource = self.k(resource)
             probe = FenceModel()
             probe.top, probe.used = dict(self.fence.top), set(self.fence.used)
-            expected = probe.decide(resource, token, idem)
+            expected = probe.decide(resource, token, idem, key)
             try:
-                with fences.transaction(resource, token, idempotency_key=idem):
+                with fences.transaction(resource, token, key=key, idempotency_key=idem):
                     if fail:
                         raise RuntimeError("the write failed")
             except DuplicatePublish:
@@ -394,7 +397,7 @@ def test_leases_and_fences_follow_a_model_through_random_operations(
             with pytest.raises(InvalidArgument) as info:
                 if parameter in ("token", "resource"):
                     args = {"resource": self.k("x"), "token": 1, parameter: value}
-                    fences.advance(args["resource"], args["token"])
+                    fences.advance(args["resource"], args["token"], key="a")
                 else:
                     args = {"key": self.k("a"), "owner": "o1", "ttl": TTL, parameter: value}
                     store.try_acquire(args["key"], args["owner"], args["ttl"])
@@ -403,8 +406,8 @@ def test_leases_and_fences_follow_a_model_through_random_operations(
 
         @invariant()
         def fence_matches(self) -> None:
-            for resource, top in self.fence.top.items():
-                assert fences.current(resource) == top
+            for (resource, key), top in self.fence.top.items():
+                assert fences.current(resource, key=key) == top
 
     run_state_machine_as_test(
         Machine,

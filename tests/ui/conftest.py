@@ -61,8 +61,8 @@ def _zombie_publish(store: LeaseStore, holder: Lease) -> None:
     """The crashed holder wakes up after a newer token reached the fence: its publish is rejected."""
     fences = FenceStore(store.db.dsn, schema=store.schema)
     try:
-        assert fences.accept("blog", holder.token + 1)
-        assert not fences.accept("blog", holder.token, owner=holder.owner)
+        assert fences.accept("blog", holder.token + 1, key=holder.key)
+        assert not fences.accept("blog", holder.token, key=holder.key, owner=holder.owner)
     finally:
         fences.close()
 

@@ -61,10 +61,15 @@ SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at
  LIMIT %(limit)s;
 
 -- name: fence_advance
-SELECT outcome, current_token FROM {schema}.fence_advance(%(resource)s, %(token)s, %(owner)s, %(idempotency_key)s);
+-- A fence per (resource, lease key): the token is compared only with tokens of the same lease key.
+SELECT outcome, current_token
+  FROM {schema}.fence_advance(%(resource)s, %(key)s, %(token)s, %(owner)s, %(idempotency_key)s);
 
 -- name: fence_current
-SELECT token, owner, accepted_at FROM {schema}.fence WHERE resource = %(resource)s;
+SELECT {schema}.fence_token(%(resource)s, %(key)s);
+
+-- name: fence_tokens
+SELECT key, token FROM {schema}.fence WHERE resource = %(resource)s AND key <> '' ORDER BY key;
 
 -- name: record_event
 INSERT INTO {schema}.event (kind, key, owner, token, detail)

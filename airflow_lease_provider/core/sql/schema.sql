@@ -11,11 +11,15 @@ CREATE TABLE lease (
     released_at  timestamptz
 ) WITH (fillfactor = 50);
 
+-- One row per (resource, lease key): tokens are only compared within one lease key (version 3). key ''
+-- marks a row from before version 3, a floor for the keys of that resource without a row of their own.
 CREATE TABLE fence (
-    resource     text        PRIMARY KEY,
+    resource     text        NOT NULL,
     token        bigint      NOT NULL CHECK (token > 0),
     owner        text,
-    accepted_at  timestamptz NOT NULL
+    accepted_at  timestamptz NOT NULL,
+    key          text        NOT NULL,
+    PRIMARY KEY (resource, key)
 ) WITH (fillfactor = 50);
 
 CREATE TABLE fence_publish (
@@ -39,7 +43,7 @@ CREATE TABLE event (
 CREATE INDEX event_at_idx ON event (at);
 CREATE INDEX event_key_at_idx ON event (key, at);
 
-CREATE FUNCTION fence_advance(p_resource text, p_token bigint, p_owner text, p_idempotency_key text)
+CREATE FUNCTION fence_advance(p_resource text, p_key text, p_token bigint, p_owner text, p_idempotency_key text)
 RETURNS TABLE (outcome text, current_token bigint)
 LANGUAGE plpgsql
 SET search_path FROM CURRENT
@@ -47,43 +51,43 @@ AS $$
 DECLARE
     v_token bigint;
 BEGIN
-    IF p_idempotency_key IS NULL THEN
-        INSERT INTO fence AS f (resource, token, owner, accepted_at)
-        VALUES (p_resource, p_token, p_owner, clock_timestamp())
-        ON CONFLICT (resource) DO UPDATE
-            SET token = EXCLUDED.token, owner = EXCLUDED.owner, accepted_at = EXCLUDED.accepted_at
-            WHERE f.token < EXCLUDED.token
-        RETURNING f.token INTO v_token;
-        IF FOUND THEN
-            RETURN QUERY SELECT 'accepted'::text, v_token;
-        ELSE
-            RETURN QUERY SELECT 'stale'::text, (SELECT f.token FROM fence f WHERE f.resource = p_resource);
-        END IF;
-        RETURN;
-    END IF;
-    BEGIN
+    IF p_idempotency_key IS NOT NULL THEN
         INSERT INTO fence_publish (resource, idempotency_key, token, owner)
         VALUES (p_resource, p_idempotency_key, p_token, p_owner)
         ON CONFLICT DO NOTHING;
         IF NOT FOUND THEN
-            RETURN QUERY SELECT 'duplicate'::text, (SELECT f.token FROM fence f WHERE f.resource = p_resource);
+            RETURN QUERY SELECT 'duplicate'::text, fence_token(p_resource, p_key);
             RETURN;
         END IF;
-        INSERT INTO fence AS f (resource, token, owner, accepted_at)
-        VALUES (p_resource, p_token, p_owner, clock_timestamp())
-        ON CONFLICT (resource) DO UPDATE
-            SET token = EXCLUDED.token, owner = EXCLUDED.owner, accepted_at = EXCLUDED.accepted_at
-            WHERE f.token < EXCLUDED.token
-        RETURNING f.token INTO v_token;
-        IF FOUND THEN
-            RETURN QUERY SELECT 'accepted'::text, v_token;
-            RETURN;
-        END IF;
-        RAISE EXCEPTION 'stale fencing token' USING ERRCODE = 'LP409';
-    EXCEPTION WHEN SQLSTATE 'LP409' THEN
-        RETURN QUERY SELECT 'stale'::text, (SELECT f.token FROM fence f WHERE f.resource = p_resource);
-    END;
+    END IF;
+    -- The key's own row, or (first publish of this key) a new row above the pre-version-3 floor, if any.
+    INSERT INTO fence AS f (resource, key, token, owner, accepted_at)
+    SELECT p_resource, p_key, p_token, p_owner, clock_timestamp()
+     WHERE p_token > coalesce((SELECT l.token FROM fence l WHERE l.resource = p_resource AND l.key = ''), 0)
+    ON CONFLICT (resource, key) DO UPDATE
+        SET token = EXCLUDED.token, owner = EXCLUDED.owner, accepted_at = EXCLUDED.accepted_at
+        WHERE f.token < EXCLUDED.token
+    RETURNING f.token INTO v_token;
+    IF FOUND THEN
+        RETURN QUERY SELECT 'accepted'::text, v_token;
+        RETURN;
+    END IF;
+    IF p_idempotency_key IS NOT NULL THEN
+        -- A refused publish never uses up its idempotency key.
+        DELETE FROM fence_publish WHERE resource = p_resource AND idempotency_key = p_idempotency_key;
+    END IF;
+    RETURN QUERY SELECT 'stale'::text, fence_token(p_resource, p_key);
 END;
+$$;
+
+-- The token a new publish of p_key to p_resource must exceed: the key's own, else the pre-version-3 floor.
+CREATE FUNCTION fence_token(p_resource text, p_key text)
+RETURNS bigint
+LANGUAGE sql STABLE
+SET search_path FROM CURRENT
+AS $$
+    SELECT f.token FROM fence f WHERE f.resource = p_resource AND f.key IN (p_key, '')
+     ORDER BY f.key = '' LIMIT 1
 $$;
 
 -- acquire as a plpgsql function: the same single statement, but its plan is prepared once per session
