@@ -358,7 +358,9 @@ class LeasedOperator(BaseOperator):
         from airflow_lease_provider.timetables.catchup_record import record_skipped_catchup
 
         try:
-            record_skipped_catchup(context, ledger=store.events, key=key, logger=self.log)
+            # Recorded under the DAG id unless a key was given (a default key names one task, not the job).
+            job = None if self.lease_key is None else key
+            record_skipped_catchup(context, ledger=store.events, key=job, logger=self.log)
         except Exception:  # informational only: it must never fail or skip the task
             self.log.warning("catch-up: could not record skipped slots", exc_info=True)
 
