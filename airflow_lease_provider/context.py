@@ -18,7 +18,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from airflow_lease_provider import metrics
 from airflow_lease_provider.core import (
     FenceDecision,
     Lease,
@@ -27,6 +26,7 @@ from airflow_lease_provider.core import (
     LeaseStore,
     StaleFencingToken,
 )
+from airflow_lease_provider.outcomes import Outcome, report
 
 _current: contextvars.ContextVar[LeaseContext | None] = contextvars.ContextVar("lease_context", default=None)
 
@@ -49,12 +49,18 @@ class LeaseContext:
     :ivar lease: the lease as last renewed (key, owner, token, expiry in database time).
     :ivar store: the lease store it came from.
     :ivar keeper: the keeper renewing it, or ``None`` where nothing renews it (e.g. a publish task).
+    :ivar conn_id: the connection of the lease's store (the task's ``lease_conn_id``; ``None`` is
+        ``[lease] conn_id``): fences use it unless given another.
+    :ivar detail: who holds it (dag_id, run_id, task_id, ...), for the ledger events it causes.
     """
 
     lease: Lease
     store: LeaseStore
     keeper: LeaseKeeper | None = None
     tags: dict[str, str] = field(default_factory=dict)
+    conn_id: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    _loss_reported: bool = field(default=False, init=False, repr=False)
 
     @property
     def key(self) -> str:
@@ -79,9 +85,29 @@ class LeaseContext:
         if holder is None or holder.owner != self.owner or holder.token != self.token:
             who = holder.describe() if holder else "nobody holds it"
             lost = LeaseLost(self.key, self.token, f"the store no longer shows it as ours ({who})")
-            metrics.incr("lease.lost", self.tags)
+            self.report_loss(lost)
             raise lost
         return holder
+
+    def report_loss(self, lost: LeaseLost, logger: Any = None) -> None:
+        """Record the loss of this lease once (ledger event, ``lease.lost``, log), however often it is seen.
+
+        The keeper writes the event itself when it was the one to find the loss; then only the metric
+        and the log line are added here.
+        """
+        if self._loss_reported:
+            return
+        self._loss_reported = True
+        found_by_keeper = False
+        if self.keeper is not None:
+            self.keeper.stop()
+            found_by_keeper = self.keeper.lost
+            self.keeper.stop()  # waits for the keeper's own event, if asking just now declared the loss
+        report(
+            Outcome.LOST, store=self.store, key=self.key, owner=self.owner, token=self.token,
+            detail={**self.detail, "reason": lost.reason}, tags=self.tags, logger=logger,
+            message=f"{lost}; the task fails", recorded=found_by_keeper,
+        )
 
     def fence(
         self, resource: str, *, conn_id: str | None = None, idempotency_key: str | None = None
@@ -91,15 +117,14 @@ class LeaseContext:
         For side effects outside PostgreSQL: call this first, then do the side effect carrying
         :attr:`token` so the target can check it too. A crash in between burns the token (safe).
         Raises :class:`StaleFencingToken` (or ``DuplicatePublish``) when the fence refuses.
+        ``conn_id``: where the fence lives (default: the lease's own store, :attr:`conn_id`).
         """
-        from airflow_lease_provider.hooks import FenceHook
-
         self.check()
-        fences = FenceHook(conn_id).get_store()
+        fences = self._fences(conn_id)
         try:
             return fences.guard(resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key)
-        except StaleFencingToken:
-            metrics.incr("lease.fence_rejected", {**self.tags, "resource": resource})
+        except StaleFencingToken as refused:
+            self._rejected(resource, refused)
             raise
 
     @contextmanager
@@ -108,21 +133,30 @@ class LeaseContext:
     ) -> Iterator[Any]:
         """Check the lease, then advance the fence and write in one transaction (exactly once).
 
-        ``conn_id`` is the connection of the target database (default: the lease store's). The
-        yielded psycopg2 cursor writes in the same transaction as the fence advance.
+        ``conn_id`` is the connection of the target database (default: the lease's own store,
+        :attr:`conn_id`). The yielded psycopg2 cursor writes in the same transaction as the fence advance.
         """
-        from airflow_lease_provider.hooks import FenceHook
-
         self.check()
-        fences = FenceHook(conn_id).get_store()
+        fences = self._fences(conn_id)
         try:
             with fences.transaction(
                 resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key
             ) as cur:
                 yield cur
-        except StaleFencingToken:
-            metrics.incr("lease.fence_rejected", {**self.tags, "resource": resource})
+        except StaleFencingToken as refused:
+            self._rejected(resource, refused)
             raise
+
+    def _fences(self, conn_id: str | None) -> Any:
+        from airflow_lease_provider.hooks import FenceHook
+
+        return FenceHook(self.conn_id if conn_id is None else conn_id).get_store()
+
+    def _rejected(self, resource: str, refused: StaleFencingToken) -> None:
+        report(
+            Outcome.FENCE_REJECTED, store=self.store, key=resource, owner=self.owner, token=self.token,
+            tags={**self.tags, "resource": resource}, message=f"the fence of {resource!r} refused: {refused}",
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return self.lease.to_dict()

@@ -29,7 +29,7 @@ from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_d
 from airflow_lease_provider.context import activated
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.operators.fenced import publishing_lease
-from airflow_lease_provider.operators.leased import DEFAULT_KEY, check_name
+from airflow_lease_provider.operators.leased import check_name
 
 TARGETS = ("postgres", "external")
 
@@ -62,7 +62,7 @@ class _FencedPublishDecoratedOperator(DecoratedOperator, PythonOperator):
         target: str = "postgres",
         fence_conn_id: str | None = None,
         idempotency_key: str | None = None,
-        lease_key: str = DEFAULT_KEY,
+        lease_key: str | None = None,
         lease_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
@@ -108,7 +108,7 @@ def validate_publish_args(*, resource: object, target: object, idempotency_key: 
     if target not in TARGETS:
         raise validation.InvalidArgument("target", target, f"must be one of {', '.join(TARGETS)}")
     check_name("idempotency_key", idempotency_key, optional=True)
-    check_name("lease_key", lease_key)
+    check_name("lease_key", lease_key, optional=True)
 
 
 def fenced_publish_task(
@@ -121,7 +121,7 @@ def fenced_publish_task(
         raise validation.InvalidArgument("resource", None, "is required: the fence's name for the write target")
     validate_publish_args(
         resource=kwargs["resource"], target=kwargs.get("target", "postgres"),
-        idempotency_key=kwargs.get("idempotency_key"), lease_key=kwargs.get("lease_key", DEFAULT_KEY),
+        idempotency_key=kwargs.get("idempotency_key"), lease_key=kwargs.get("lease_key"),
     )
     return task_decorator_factory(
         python_callable=python_callable,

@@ -2,14 +2,15 @@
 
 ::
 
-    @task.leased(lease_ttl=timedelta(minutes=80))            # key: the DAG id; overlap: skip
+    @task.leased(lease_ttl=timedelta(minutes=80))            # key: "<dag_id>.generate"; overlap: skip
     def generate(lease=None):                                 # the LeaseContext, if you ask for it
         article = write_article()
         with lease.fenced_transaction("blog") as cur:          # exactly once into PostgreSQL
             cur.execute("INSERT INTO articles (body, token) VALUES (%s, %s)", (article, lease.token))
 
-Mapped tasks work as usual (``.expand``); the owner then includes the map index, and a key templated
-per instance (``lease_key="shard-{{ ti.map_index }}"``) gives each instance its own lease.
+Mapped tasks work as usual (``.expand``); the owner and the default key then include the map index
+(``<dag_id>.<task_id>[<map_index>]``), so each instance has its own lease; give one ``lease_key`` to make
+the instances exclude each other.
 """
 
 from __future__ import annotations
@@ -20,14 +21,9 @@ from typing import Any
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
 
-from airflow_lease_provider.operators.leased import DEFAULT_KEY, LeasedOperator, validate_lease_args
+from airflow_lease_provider.operators.leased import LeasedOperator, validate_lease_kwargs
 
 LeasedPythonOperator = LeasedOperator.wrap(PythonOperator)
-
-_LEASE_ARGS = (
-    "lease_key", "lease_ttl", "lease_renew_every", "on_overlap", "lease_wait_timeout",
-    "lease_poll_interval", "lease_conn_id", "lease_scope",
-)
 
 
 class _LeasedDecoratedOperator(DecoratedOperator, LeasedPythonOperator):  # type: ignore[misc,valid-type]
@@ -59,15 +55,7 @@ def leased_task(
     The arguments are checked here, when the DAG file is parsed, so a bad TTL or policy is reported
     as a DAG import error naming the parameter, mapped tasks included.
     """
-    validate_lease_args(
-        lease_key=kwargs.get("lease_key", DEFAULT_KEY),
-        lease_ttl=kwargs.get("lease_ttl"),
-        lease_renew_every=kwargs.get("lease_renew_every"),
-        on_overlap=kwargs.get("on_overlap", "skip"),
-        lease_wait_timeout=kwargs.get("lease_wait_timeout"),
-        lease_scope=kwargs.get("lease_scope", "task"),
-        execution_timeout=kwargs.get("execution_timeout"),
-    )
+    validate_lease_kwargs(kwargs, kwargs.get("default_args"))
     return task_decorator_factory(
         python_callable=python_callable,
         multiple_outputs=multiple_outputs,

@@ -22,30 +22,37 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from psycopg2 import sql
 
-from airflow_lease_provider import metrics
 from airflow_lease_provider.context import LeaseContext, _current
-from airflow_lease_provider.core import EventKind, LeaseLost, validation
-from airflow_lease_provider.operators.leased import DEFAULT_KEY, check_name, owner_for, task_tags
+from airflow_lease_provider.core import LeaseLost, validation
+from airflow_lease_provider.operators.leased import check_name, event_detail, run_ref, task_tags
+from airflow_lease_provider.outcomes import Outcome, report
 
 
-def publishing_lease(context: Any, lease_key: str, lease_conn_id: str | None) -> LeaseContext:
+def publishing_lease(context: Any, lease_key: str | None, lease_conn_id: str | None) -> LeaseContext:
     """The lease to publish under: the running leased task's, or the DAG run's run-scoped lease."""
     active = _current.get()
     if active is not None:
         return active
     from airflow_lease_provider.hooks import LeaseHook
 
-    key = validation.name("lease_key", lease_key)
+    run = run_ref(context)
+    key = run.default_key() if lease_key is None else validation.name("lease_key", lease_key)
     store = LeaseHook(lease_conn_id).get_store()
-    owner = owner_for(context, per_map_index=False)
+    owner = run.owner()
     holder = store.holder(key)
+    tags = task_tags(context, key)
     if holder is None or holder.owner != owner:
         who = holder.describe() if holder else "nobody holds it"
         reason = f"this run ({owner}) does not hold lease {key!r} ({who}); nothing is published"
-        store.events.record(EventKind.LOST, key, owner=owner, detail={"reason": reason, "stage": "publish"})
-        metrics.incr("lease.lost", task_tags(context, key))
-        raise LeaseLost(key, holder.token if holder else 0, reason)
-    return LeaseContext(lease=holder, store=store, keeper=None, tags=task_tags(context, key))
+        lost = LeaseLost(key, holder.token if holder else 0, reason)
+        report(
+            Outcome.LOST, store=store, key=key, owner=owner, tags=tags, message=str(lost),
+            detail=event_detail(context, reason=reason, stage="publish"),
+        )
+        raise lost
+    return LeaseContext(
+        lease=holder, store=store, keeper=None, tags=tags, conn_id=lease_conn_id, detail=event_detail(context)
+    )
 
 
 class FencedSQLOperator(BaseOperator):
@@ -62,7 +69,8 @@ class FencedSQLOperator(BaseOperator):
     :param fence_conn_id: the target database's connection (default: the lease store's).
     :param idempotency_key: optional per-slot key (templated, e.g. ``"{{ data_interval_start }}"``): a
         slot already published is refused whatever the token, so retries and re-runs publish once.
-    :param lease_key: the run-scoped lease to publish under (templated; default the DAG id).
+    :param lease_key: the run-scoped lease to publish under (templated; default the DAG id, the run
+        lease's default key).
     :param lease_conn_id: the lease store's connection.
     """
 
@@ -82,13 +90,13 @@ class FencedSQLOperator(BaseOperator):
         identifiers: dict[str, str | Sequence[str]] | None = None,
         fence_conn_id: str | None = None,
         idempotency_key: str | None = None,
-        lease_key: str = DEFAULT_KEY,
+        lease_key: str | None = None,
         lease_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
         check_name("resource", resource)
-        check_name("lease_key", lease_key)
+        check_name("lease_key", lease_key, optional=True)
         check_name("idempotency_key", idempotency_key, optional=True)
         statements = [sql] if isinstance(sql, str) else list(sql) if isinstance(sql, Sequence) else [None]
         if not statements or not all(isinstance(q, str) and q.strip() for q in statements):

@@ -9,7 +9,7 @@
     sync = LeasedBash(
         task_id="sync",
         bash_command="./sync.sh",
-        lease_key="sync-{{ params.region }}",              # templated; default: the DAG id
+        lease_key="sync-{{ params.region }}",              # templated; default: "<dag_id>.<task_id>"
         lease_ttl=timedelta(minutes=30),                    # 1.5-2x the worst normal run time
         on_overlap="skip",                                  # or "wait" (deferred) or "fail"
     )
@@ -27,7 +27,7 @@ import logging
 import signal
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar
@@ -38,7 +38,6 @@ from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 from airflow_lease_provider import metrics, settings
 from airflow_lease_provider.context import LeaseContext, activated
 from airflow_lease_provider.core import (
-    EventKind,
     InvalidArgument,
     Lease,
     LeaseError,
@@ -48,12 +47,13 @@ from airflow_lease_provider.core import (
     LeaseStore,
     validation,
 )
+from airflow_lease_provider.identity import RunRef
+from airflow_lease_provider.outcomes import Outcome, report
 
 log = logging.getLogger(__name__)
 
 OVERLAP_POLICIES = ("skip", "wait", "fail")
 LEASE_SCOPES = ("task", "run")
-DEFAULT_KEY = "{{ dag.dag_id }}"
 #: XCom keys this provider writes.
 XCOM_LEASE = "lease"
 XCOM_SKIP_REASON = "lease_skip_reason"
@@ -83,10 +83,23 @@ def validate_lease_args(
     on_overlap: object,
     lease_wait_timeout: object,
     lease_scope: object,
+    lease_poll_interval: object = None,
     execution_timeout: object = None,
+    ttl_required: bool = True,
 ) -> timedelta | None:
-    """Check lease arguments when the DAG is parsed; returns the TTL. Errors name the parameter."""
-    check_name("lease_key", lease_key)
+    """Check lease arguments when the DAG is parsed; returns the TTL. Errors name the parameter.
+
+    ``lease_key=None`` is the default key (see :mod:`airflow_lease_provider.identity`).
+    """
+    check_name("lease_key", lease_key, optional=True)
+    if on_overlap not in OVERLAP_POLICIES:
+        raise InvalidArgument("on_overlap", on_overlap, f"must be one of {', '.join(OVERLAP_POLICIES)}")
+    if lease_scope not in LEASE_SCOPES:
+        raise InvalidArgument("lease_scope", lease_scope, f"must be one of {', '.join(LEASE_SCOPES)}")
+    if lease_wait_timeout is not None:
+        validation.positive_timedelta("lease_wait_timeout", lease_wait_timeout)
+    if lease_poll_interval is not None:
+        validation.positive_timedelta("lease_poll_interval", lease_poll_interval)
     if lease_ttl is None and lease_scope == "run":
         return None  # a run-scoped task renews the run's lease with that lease's own TTL
     if lease_ttl is None:
@@ -97,6 +110,8 @@ def validate_lease_args(
                 raise InvalidArgument(
                     "lease_ttl", None, f"cannot be derived from execution_timeout={execution_timeout!r}: set it"
                 ) from None
+        elif not ttl_required:
+            return None
         else:
             raise InvalidArgument(
                 "lease_ttl", lease_ttl,
@@ -105,27 +120,46 @@ def validate_lease_args(
     ttl = validation.ttl("lease_ttl", lease_ttl)
     if lease_renew_every is not None:
         validation.renew_every(lease_renew_every, ttl, parameter="lease_renew_every")
-    if on_overlap not in OVERLAP_POLICIES:
-        raise InvalidArgument("on_overlap", on_overlap, f"must be one of {', '.join(OVERLAP_POLICIES)}")
-    if lease_wait_timeout is not None:
-        validation.positive_timedelta("lease_wait_timeout", lease_wait_timeout)
-    if lease_scope not in LEASE_SCOPES:
-        raise InvalidArgument("lease_scope", lease_scope, f"must be one of {', '.join(LEASE_SCOPES)}")
     return ttl
 
 
-def owner_for(context: Any, *, per_map_index: bool = True) -> str:
-    """The lease owner: the DAG run (``dag_id/run_id``), plus the map index of a mapped instance.
+#: The lease arguments of LeasedOperator and @task.leased, with their defaults.
+LEASE_ARGUMENTS: dict[str, Any] = {
+    "lease_key": None, "lease_ttl": None, "lease_renew_every": None, "on_overlap": "skip",
+    "lease_wait_timeout": None, "lease_poll_interval": None, "lease_conn_id": None, "lease_scope": "task",
+}
 
-    A retry of the same run is the same owner, so it re-enters at once with a larger token, which
-    fences out its own earlier (zombie) attempt.
+
+def validate_lease_kwargs(
+    kwargs: Mapping[str, Any], defaults: Mapping[str, Any] | None = None, *, ttl_may_be_mapped: bool = False
+) -> None:
+    """:func:`validate_lease_args` over the keyword arguments of a task (``partial()``, ``@task.leased``).
+
+    ``defaults``: the DAG's and task's ``default_args``, which fill what ``kwargs`` leaves out, as they
+    do for the task itself. ``ttl_may_be_mapped``: a missing TTL is not an error yet (``partial()``).
     """
-    ti = context["ti"]
-    owner = f"{ti.dag_id}/{ti.run_id}"
-    map_index = getattr(ti, "map_index", -1)
-    if per_map_index and map_index is not None and map_index >= 0:
-        owner += f"/{map_index}"
-    return owner
+    relevant = (*LEASE_ARGUMENTS, "execution_timeout")
+    merged = {
+        **LEASE_ARGUMENTS, "execution_timeout": None,
+        **{k: v for k, v in (defaults or {}).items() if k in relevant}, **kwargs,
+    }
+    validate_lease_args(
+        lease_key=merged["lease_key"], lease_ttl=merged["lease_ttl"],
+        lease_renew_every=merged["lease_renew_every"], on_overlap=merged["on_overlap"],
+        lease_wait_timeout=merged["lease_wait_timeout"], lease_scope=merged["lease_scope"],
+        lease_poll_interval=merged["lease_poll_interval"], execution_timeout=merged["execution_timeout"],
+        ttl_required=not ttl_may_be_mapped,
+    )
+
+
+def task_ref(context: Any) -> RunRef:
+    """The task instance running (its owner is ``dag_id/run_id/task_id[map_index]``)."""
+    return RunRef.of_task(context["ti"])
+
+
+def run_ref(context: Any) -> RunRef:
+    """The DAG run of the running task (the owner of a run-scoped lease: ``dag_id/run_id``)."""
+    return RunRef.of_run(context["ti"])
 
 
 def task_tags(context: Any, key: str) -> dict[str, str]:
@@ -133,16 +167,10 @@ def task_tags(context: Any, key: str) -> dict[str, str]:
     return {"dag_id": ti.dag_id, "task_id": ti.task_id, "lease_key": key}
 
 
-def _event_detail(context: Any, **extra: Any) -> dict[str, Any]:
+def event_detail(context: Any, **extra: Any) -> dict[str, Any]:
+    """Who an event is about: the task instance (and its try), plus ``extra``."""
     ti = context["ti"]
-    return {
-        "dag_id": ti.dag_id,
-        "run_id": ti.run_id,
-        "task_id": ti.task_id,
-        "map_index": getattr(ti, "map_index", -1),
-        "try_number": getattr(ti, "try_number", None),
-        **extra,
-    }
+    return {**task_ref(context).detail(), "try_number": getattr(ti, "try_number", None), **extra}
 
 
 def warn_on_clock_skew(lease: Lease, received_at: datetime, logger: Any) -> None:
@@ -195,7 +223,9 @@ def interrupt_on_loss(keeper: LeaseKeeper) -> Iterator[None]:
 class LeasedOperator(BaseOperator):
     """Runs the wrapped operator's ``execute`` under a lease. Use :meth:`wrap` to get a class.
 
-    :param lease_key: the lease's key (templated). Default: the DAG id, so runs of one DAG never overlap.
+    :param lease_key: the lease's key (templated). Default: ``<dag_id>.<task_id>`` (plus ``[map_index]``
+        for a mapped instance), so a task never overlaps itself across runs; give two tasks one key to
+        make them exclude each other. A run-scoped task's default is the DAG id, the run lease's key.
     :param lease_ttl: how long the lease lives without renewal. Rule: 1.5-2x the worst normal run time.
         Defaults to 1.5x ``execution_timeout`` when that is set; otherwise required.
     :param lease_renew_every: renewal interval (default TTL x ``[lease] renew_fraction``, i.e. TTL/3).
@@ -216,7 +246,7 @@ class LeasedOperator(BaseOperator):
     def __init__(
         self,
         *,
-        lease_key: str = DEFAULT_KEY,
+        lease_key: str | None = None,
         lease_ttl: timedelta | None = None,
         lease_renew_every: timedelta | None = None,
         on_overlap: str = "skip",
@@ -233,10 +263,8 @@ class LeasedOperator(BaseOperator):
         self.lease_ttl = validate_lease_args(
             lease_key=lease_key, lease_ttl=lease_ttl, lease_renew_every=lease_renew_every,
             on_overlap=on_overlap, lease_wait_timeout=lease_wait_timeout, lease_scope=lease_scope,
-            execution_timeout=self.execution_timeout,
+            lease_poll_interval=lease_poll_interval, execution_timeout=self.execution_timeout,
         )
-        if lease_poll_interval is not None:
-            validation.positive_timedelta("lease_poll_interval", lease_poll_interval)
         self.lease_key = lease_key
         self.lease_renew_every = lease_renew_every
         self.on_overlap = on_overlap
@@ -244,6 +272,24 @@ class LeasedOperator(BaseOperator):
         self.lease_poll_interval = lease_poll_interval
         self.lease_conn_id = lease_conn_id
         self.lease_scope = lease_scope
+
+    @classmethod
+    def partial(cls, **kwargs: Any) -> Any:
+        """``.partial(...)`` checks the lease arguments when the DAG is parsed, as the constructor does.
+
+        (Airflow builds a mapped task without calling the constructor until the task runs.)
+        """
+        task_defaults = kwargs.get("default_args") or {}
+        partial = super().partial(**kwargs)  # BaseOperator's partial (a descriptor)
+        dag = partial.kwargs.get("dag")
+        defaults = {**(getattr(dag, "default_args", None) or {}), **task_defaults}
+        try:
+            # A TTL left out here may still come from expand(); it is then checked when each instance runs.
+            validate_lease_kwargs(kwargs, defaults, ttl_may_be_mapped=True)
+        except InvalidArgument:
+            partial._expand_called = True  # no "was never mapped" warning on top of the real error
+            raise
+        return partial
 
     @classmethod
     def wrap(cls, operator_class: type[BaseOperator]) -> type[LeasedOperator]:
@@ -271,8 +317,11 @@ class LeasedOperator(BaseOperator):
 
     # -- the lease around execute -----------------------------------------------------------------
 
-    #: Whether the owner includes the map index (a run-scoped lease belongs to the whole run).
-    _owner_per_map_index: ClassVar[bool] = True
+    #: Whether this task's lease belongs to the DAG run (owner ``dag_id/run_id``) or to the task instance.
+    _run_owned: ClassVar[bool] = False
+
+    def _identity(self, context: Any) -> RunRef:
+        return run_ref(context) if self._run_owned or self.lease_scope == "run" else task_ref(context)
 
     def _renew_every(self, lease: Lease) -> timedelta:
         return self.lease_renew_every or lease.ttl * settings.renew_fraction()
@@ -287,16 +336,18 @@ class LeasedOperator(BaseOperator):
 
         return LeaseHook(self.lease_conn_id).get_store()
 
-    def _key(self) -> str:
+    def _key(self, context: Any) -> str:
+        if self.lease_key is None:
+            return self._identity(context).default_key()
         return validation.name("lease_key", self.lease_key)
 
     def execute(self, context: Any) -> Any:
-        key = self._key()
+        key = self._key(context)
         store = self._store()
         self._record_catchup(context, store, key)
         if self.lease_scope == "run":
             return self._run_joined(context, store, key)
-        owner = owner_for(context, per_map_index=self._owner_per_map_index)
+        owner = self._identity(context).owner()
         outcome = store.try_acquire(key, owner, self._ttl())
         if outcome.lease is None:
             return self._on_held(context, store, key, owner, outcome.holder, waited=None)
@@ -307,15 +358,17 @@ class LeasedOperator(BaseOperator):
         from airflow_lease_provider.timetables.catchup_record import record_skipped_catchup
 
         try:
-            record_skipped_catchup(context, ledger=store.events, key=key, logger=self.log)
+            # Recorded under the DAG id unless a key was given (a default key names one task, not the job).
+            job = None if self.lease_key is None else key
+            record_skipped_catchup(context, ledger=store.events, key=job, logger=self.log)
         except Exception:  # informational only: it must never fail or skip the task
             self.log.warning("catch-up: could not record skipped slots", exc_info=True)
 
     def execute_after_wait(self, context: Any, event: dict[str, Any] | None = None, deadline: str = "") -> Any:
         """Resumed after the deferred wait: take the lease if it is free now, or wait again."""
-        key = self._key()
+        key = self._key(context)
         store = self._store()
-        owner = owner_for(context, per_map_index=self._owner_per_map_index)
+        owner = self._identity(context).owner()
         outcome = store.try_acquire(key, owner, self._ttl())
         if outcome.lease is not None:
             return self._run_holding(context, store, outcome.lease, release=True)
@@ -334,7 +387,7 @@ class LeasedOperator(BaseOperator):
         reason = f"lease {key!r} is {who}; this run ({owner}) is skipped so the two never overlap"
         if waited:
             reason = f"waited until {waited} and lease {key!r} is still {who}; this run ({owner}) is skipped"
-        detail = _event_detail(
+        detail = event_detail(
             context,
             reason=reason,
             holder_owner=holder.owner if holder else None,
@@ -343,13 +396,16 @@ class LeasedOperator(BaseOperator):
             policy=self.on_overlap,
         )
         if self.on_overlap == "fail":
-            store.events.record(EventKind.OVERLAP_FAILED, key, owner=owner, detail=detail)
-            metrics.incr("lease.overlap_failed", tags)
+            report(
+                Outcome.OVERLAP_FAILED, store=store, key=key, owner=owner, detail=detail, tags=tags,
+                logger=self.log, message=f"failing (on_overlap=fail): {reason}",
+            )
             raise LeaseHeld(key, holder, reason)
-        store.events.record(EventKind.SKIPPED_OVERLAP, key, owner=owner, detail=detail)
+        report(
+            Outcome.SKIPPED_OVERLAP, store=store, key=key, owner=owner, detail=detail, tags=tags,
+            logger=self.log, message=f"skipping: {reason}",
+        )
         context["ti"].xcom_push(key=XCOM_SKIP_REASON, value=detail)
-        metrics.incr("scheduled.skipped_overlap", tags)
-        self.log.info("lease: skipping: %s", reason)
         raise AirflowSkipException(reason)
 
     def _defer_until_free(
@@ -358,19 +414,22 @@ class LeasedOperator(BaseOperator):
     ) -> None:
         from airflow_lease_provider.triggers.lease_free import LeaseFreeTrigger
 
+        message = (
+            f"{key!r} is {holder.describe() if holder else 'held'}; deferring until it frees "
+            f"(at most until {end.isoformat()})"
+        )
         if first:
-            store.events.record(
-                EventKind.WAITING, key, owner=owner,
-                detail=_event_detail(
+            report(
+                Outcome.WAITING, store=store, key=key, owner=owner, tags=task_tags(context, key),
+                logger=self.log, message=message,
+                detail=event_detail(
                     context, holder_owner=holder.owner if holder else None,
                     holder_token=holder.token if holder else None, until=end.isoformat(),
                 ),
             )
+        else:
+            self.log.info("lease: %s", message)
         poll = self.lease_poll_interval or min(max(self._ttl() / 20, timedelta(seconds=1)), timedelta(seconds=60))
-        self.log.info(
-            "lease: %r is %s; deferring until it frees (at most until %s)",
-            key, holder.describe() if holder else "held", end.isoformat(),
-        )
         self.defer(
             trigger=LeaseFreeTrigger(
                 key=key, conn_id=self.lease_conn_id, schema=store.schema,
@@ -382,36 +441,52 @@ class LeasedOperator(BaseOperator):
 
     def _run_joined(self, context: Any, store: LeaseStore, key: str) -> Any:
         """Run-scoped: renew the run's lease while this task runs; never acquire or release it."""
-        owner = owner_for(context, per_map_index=False)
+        owner = run_ref(context).owner()
         holder = store.holder(key)
         if holder is None or holder.owner != owner:
             who = holder.describe() if holder else "nobody holds it"
-            store.events.record(
-                EventKind.LOST, key, owner=owner, detail=_event_detail(context, reason=f"run lease gone: {who}")
-            )
-            metrics.incr("lease.lost", task_tags(context, key))
-            raise LeaseLost(
+            lost = LeaseLost(
                 key,
                 holder.token if holder else 0,
                 f"this run ({owner}) does not hold it: {who} (a run-scoped task must run downstream of the "
                 "run's acquire task, and while the run lease is still valid)",
             )
+            report(
+                Outcome.LOST, store=store, key=key, owner=owner, tags=task_tags(context, key), logger=self.log,
+                detail=event_detail(context, reason=f"run lease gone: {who}"), message=f"{lost}; the task fails",
+            )
+            raise lost
         return self._run_holding(context, store, holder, release=False)
 
     def _run_holding(self, context: Any, store: LeaseStore, lease: Lease, *, release: bool) -> Any:
-        received_at = datetime.now(timezone.utc)
-        warn_on_clock_skew(lease, received_at, self.log)
+        """Run the wrapped operator under ``lease``; with ``release``, this task acquired it and frees it.
+
+        From the acquire on, every way out releases the lease or hands it to the keeper: a failure while
+        getting ready (the XCom push, the configuration, the keeper's construction or start) releases it
+        at once, so the next run is not skipped for a whole TTL.
+        """
         key = lease.key
         tags = task_tags(context, key)
-        if release:
-            metrics.incr("lease.acquired", tags)
-            self.log.info("lease: acquired %r with token %s (owner %s, TTL %s)", key, lease.token, lease.owner, lease.ttl)
-        context["ti"].xcom_push(key=XCOM_LEASE, value=lease.to_dict())
-        keeper = LeaseKeeper(store, lease, renew_every=self._renew_every(lease))
-        ctx = LeaseContext(lease=lease, store=store, keeper=keeper, tags=tags)
-        context[XCOM_LEASE] = ctx
-        started = time.monotonic()
-        keeper.start()
+        keeper: LeaseKeeper | None = None
+        try:
+            warn_on_clock_skew(lease, datetime.now(timezone.utc), self.log)
+            if release:
+                report(
+                    Outcome.ACQUIRED, store=store, key=key, owner=lease.owner, tags=tags, logger=self.log,
+                    message=f"acquired {key!r} with token {lease.token} (owner {lease.owner}, TTL {lease.ttl})",
+                )
+            context["ti"].xcom_push(key=XCOM_LEASE, value=lease.to_dict())
+            keeper = LeaseKeeper(store, lease, renew_every=self._renew_every(lease))
+            ctx = LeaseContext(
+                lease=lease, store=store, keeper=keeper, tags=tags, conn_id=self.lease_conn_id,
+                detail=event_detail(context),
+            )
+            context[XCOM_LEASE] = ctx
+            started = time.monotonic()
+            keeper.start()
+        except BaseException:
+            self._give_back(store, lease, keeper, release=release)
+            raise
         released = False
         try:
             with activated(ctx), interrupt_on_loss(keeper):
@@ -424,8 +499,7 @@ class LeasedOperator(BaseOperator):
                     ) from None
             keeper.check()
         except LeaseLost as lost:
-            metrics.incr("lease.lost", tags)
-            self.log.error("lease: %s; the task fails", lost)
+            ctx.report_loss(lost, self.log)  # once, however many times the loss was seen
             try:
                 self.on_kill()  # stop what the wrapped operator started (a subprocess, a pod, ...)
             except Exception:
@@ -442,6 +516,20 @@ class LeasedOperator(BaseOperator):
             if release:
                 self.log.info("lease: %r token %s %s", key, lease.token, "released" if released else "not released")
         return result
+
+    def _give_back(self, store: LeaseStore, lease: Lease, keeper: LeaseKeeper | None, *, release: bool) -> None:
+        """Getting ready to run failed: stop the keeper and, if this task acquired the lease, free it."""
+        try:
+            if keeper is not None:
+                keeper.stop()
+            if release:
+                freed = store.release(keeper.lease if keeper is not None else lease)
+                self.log.warning(
+                    "lease: %r token %s %s: the task failed before it started", lease.key, lease.token,
+                    "released" if freed else "was no longer ours to release",
+                )
+        except Exception:  # the task's own error is the one to report; the lease then expires with its TTL
+            self.log.exception("lease: could not release %r token %s", lease.key, lease.token)
 
 
 def _init_parameters(cls: type) -> set[str]:

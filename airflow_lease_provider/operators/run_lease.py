@@ -10,7 +10,7 @@ every task after it is skipped too, so an overlapping run is skipped as a whole.
 teardown task: it runs even when tasks in between fail. Tasks in between that run long should take
 ``lease_scope="run"`` (``LeasedOperator.wrap(X)(..., lease_scope="run")`` or
 ``@task.leased(lease_scope="run")``): they renew the run's lease while they run. The owner of a
-run-scoped lease is the DAG run (``dag_id/run_id``).
+run-scoped lease is the DAG run (``dag_id/run_id``); its default key is the DAG id.
 """
 
 from __future__ import annotations
@@ -20,23 +20,22 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_lease_provider import metrics
 from airflow_lease_provider.core import Lease, LeaseStore, validation
 from airflow_lease_provider.operators.leased import (
-    DEFAULT_KEY,
     XCOM_LEASE,
     LeasedOperator,
     check_name,
-    owner_for,
+    run_ref,
     task_tags,
     warn_on_clock_skew,
 )
+from airflow_lease_provider.outcomes import Outcome, report
 
 
 class AcquireRunLeaseOperator(LeasedOperator):
     """Setup task of a run-scoped lease: acquires it for the DAG run and leaves it held."""
 
-    _owner_per_map_index = False
+    _run_owned = True
     ui_color = "#e8f4ea"
 
     def __init__(self, **kwargs: Any) -> None:
@@ -44,15 +43,23 @@ class AcquireRunLeaseOperator(LeasedOperator):
         super().__init__(**kwargs)
 
     def _run_holding(self, context: Any, store: LeaseStore, lease: Lease, *, release: bool) -> Any:
+        """Leave the lease held for the run; but if this task fails before it is done, free it."""
         from datetime import datetime, timezone
 
-        warn_on_clock_skew(lease, datetime.now(timezone.utc), self.log)
-        metrics.incr("lease.acquired", task_tags(context, lease.key))
-        context["ti"].xcom_push(key=XCOM_LEASE, value=lease.to_dict())
-        self.log.info(
-            "lease: run %s acquired %r with token %s until %s", lease.owner, lease.key, lease.token,
-            lease.expires_at.isoformat(),
-        )
+        try:
+            warn_on_clock_skew(lease, datetime.now(timezone.utc), self.log)
+            report(
+                Outcome.ACQUIRED, store=store, key=lease.key, owner=lease.owner,
+                tags=task_tags(context, lease.key), logger=self.log,
+                message=(
+                    f"run {lease.owner} acquired {lease.key!r} with token {lease.token} "
+                    f"until {lease.expires_at.isoformat()}"
+                ),
+            )
+            context["ti"].xcom_push(key=XCOM_LEASE, value=lease.to_dict())
+        except BaseException:
+            self._give_back(store, lease, None, release=True)
+            raise
         return lease.to_dict()
 
 
@@ -62,18 +69,19 @@ class ReleaseRunLeaseOperator(BaseOperator):
     template_fields = ("lease_key",)
     ui_color = "#f4ece8"
 
-    def __init__(self, *, lease_key: str = DEFAULT_KEY, lease_conn_id: str | None = None, **kwargs: Any) -> None:
+    def __init__(self, *, lease_key: str | None = None, lease_conn_id: str | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
-        check_name("lease_key", lease_key)
+        check_name("lease_key", lease_key, optional=True)
         self.lease_key = lease_key
         self.lease_conn_id = lease_conn_id
 
     def execute(self, context: Any) -> bool:
         from airflow_lease_provider.hooks import LeaseHook
 
-        key = validation.name("lease_key", self.lease_key)
+        run = run_ref(context)
+        key = run.default_key() if self.lease_key is None else validation.name("lease_key", self.lease_key)
         store = LeaseHook(self.lease_conn_id).get_store()
-        owner = owner_for(context, per_map_index=False)
+        owner = run.owner()
         holder = store.holder(key)
         if holder is None or holder.owner != owner:
             self.log.warning(
@@ -88,7 +96,7 @@ class ReleaseRunLeaseOperator(BaseOperator):
 
 def run_lease(
     *,
-    lease_key: str = DEFAULT_KEY,
+    lease_key: str | None = None,
     lease_ttl: timedelta,
     on_overlap: str = "skip",
     lease_wait_timeout: timedelta | None = None,
@@ -97,7 +105,7 @@ def run_lease(
     release_task_id: str = "release_run_lease",
     **kwargs: Any,
 ) -> tuple[AcquireRunLeaseOperator, ReleaseRunLeaseOperator]:
-    """The setup and teardown tasks of a run-scoped lease, already paired."""
+    """The setup and teardown tasks of a run-scoped lease, already paired (default key: the DAG id)."""
     acquire = AcquireRunLeaseOperator(
         task_id=acquire_task_id, lease_key=lease_key, lease_ttl=lease_ttl, on_overlap=on_overlap,
         lease_wait_timeout=lease_wait_timeout, lease_conn_id=lease_conn_id, **kwargs,

@@ -2,20 +2,20 @@
 
 One read model for all three, so the CLI's ``--json`` and the API return the same shapes (documented in
 docs/ui.md). Nothing here imports Airflow: it reads a :class:`LeaseStore` and links owners to DAG runs
-by the owner format the operators write (``dag_id/run_id[/map_index]``).
+by the owner format the operators write (:mod:`airflow_lease_provider.identity`).
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
 
 from airflow_lease_provider.core import Event, EventKind, Lease, LeaseStore
 from airflow_lease_provider.core.events import DEFAULT_RETENTION, HoldStats
+from airflow_lease_provider.identity import RunRef
 
 # TTL advice (DESIGN: TTL = 1.5 to 2x the worst normal run time).
 ADVICE_LOW = 1.5
@@ -31,28 +31,9 @@ FEW_HOLDS = 5
 MIN_TTL = timedelta(seconds=30)
 
 
-@dataclass(frozen=True)
-class RunRef:
-    """The DAG run (and map index) an owner string names."""
-
-    dag_id: str
-    run_id: str
-    map_index: int = -1
-
-
 def parse_owner(owner: str | None) -> RunRef | None:
-    """``dag_id/run_id[/map_index]`` as the operators write it; None for any other owner (e.g. a script).
-
-    Airflow's dag ids and default run ids contain no ``/``, so splitting is unambiguous for them.
-    """
-    if not owner:
-        return None
-    parts = owner.split("/")
-    if len(parts) == 2 and all(parts):
-        return RunRef(parts[0], parts[1])
-    if len(parts) == 3 and all(parts[:2]) and parts[2].isdigit():
-        return RunRef(parts[0], parts[1], int(parts[2]))
-    return None
+    """The run (and task) an owner names, as the operators write it; None for any other owner (a script)."""
+    return RunRef.parse(owner)
 
 
 def run_path(dag_id: str, run_id: str) -> str:

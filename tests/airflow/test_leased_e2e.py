@@ -156,7 +156,7 @@ def test_mapped_leased_task_with_per_map_keys_and_a_leased_bash_operator(airflow
     assert {"shard-0", "shard-1", "shard-2", "bash-mapped_and_bash"} <= set(keys)
     assert all(not lease.held for lease in keys.values())  # all released
     owners = [e.owner for e in store.events.query(kind="acquired") if e.key.startswith("shard-")]
-    assert sorted(o.rsplit("/", 1)[1] for o in owners) == ["0", "1", "2"]  # owner = run + map index
+    assert sorted(o.rsplit("/", 1)[1] for o in owners) == ["shard[0]", "shard[1]", "shard[2]"]  # task + map index
 
 
 def test_run_scoped_lease_spans_three_tasks_and_an_overlapping_run_is_skipped_whole(airflow_home, store: LeaseStore, tmp_path) -> None:

@@ -1,0 +1,76 @@
+"""What happened to a leased task, said once: the ledger event, the metric and the log line of each outcome.
+
+Call sites state only the outcome (``report(Outcome.SKIPPED_OVERLAP, ...)``); this table decides what
+that writes. Some events are written by the core store itself, in the same call that caused them (an
+acquire, a release, a fence refusal): for those only the metric and the log line come from here. A loss
+is recorded by the keeper when the keeper found it; elsewhere (a fresh read of the store, a run lease
+that is gone) the caller says ``recorded=False`` and the event is written here. Either way: one loss,
+one event, one ``lease.lost``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_lease_provider import metrics
+from airflow_lease_provider.core import EventKind, LeaseStore
+
+log = logging.getLogger(__name__)
+
+
+class Outcome(enum.Enum):
+    ACQUIRED = "acquired"
+    SKIPPED_OVERLAP = "skipped_overlap"
+    OVERLAP_FAILED = "overlap_failed"
+    WAITING = "waiting"
+    LOST = "lost"
+    FENCE_REJECTED = "fence_rejected"
+    RELEASED = "released"
+
+
+@dataclass(frozen=True)
+class OutcomeSpec:
+    """:ivar event: the ledger event. :ivar by_store: the core store writes it itself.
+    :ivar metric: the counter (None: none). :ivar level: the log level of the line."""
+
+    event: EventKind
+    by_store: bool
+    metric: str | None
+    level: int
+
+
+OUTCOMES: dict[Outcome, OutcomeSpec] = {
+    Outcome.ACQUIRED: OutcomeSpec(EventKind.ACQUIRED, True, "lease.acquired", logging.INFO),
+    Outcome.SKIPPED_OVERLAP: OutcomeSpec(EventKind.SKIPPED_OVERLAP, False, "scheduled.skipped_overlap", logging.INFO),
+    Outcome.OVERLAP_FAILED: OutcomeSpec(EventKind.OVERLAP_FAILED, False, "lease.overlap_failed", logging.ERROR),
+    Outcome.WAITING: OutcomeSpec(EventKind.WAITING, False, None, logging.INFO),
+    Outcome.LOST: OutcomeSpec(EventKind.LOST, False, "lease.lost", logging.ERROR),
+    Outcome.FENCE_REJECTED: OutcomeSpec(EventKind.FENCE_REJECTED, True, "lease.fence_rejected", logging.WARNING),
+    Outcome.RELEASED: OutcomeSpec(EventKind.RELEASED, True, None, logging.INFO),
+}
+
+
+def report(
+    outcome: Outcome,
+    *,
+    store: LeaseStore,
+    key: str,
+    owner: str,
+    message: str,
+    token: int | None = None,
+    detail: dict[str, Any] | None = None,
+    tags: dict[str, str] | None = None,
+    logger: Any = None,
+    recorded: bool = False,
+) -> None:
+    """Write what ``outcome`` writes: its ledger event (unless the store or the keeper ``recorded`` it
+    already), its metric and its log line ``lease: <message>``. Never raises for the ledger or metrics."""
+    spec = OUTCOMES[outcome]
+    if not (spec.by_store or recorded) and store.record_events:
+        store.events.record(spec.event, key, owner=owner, token=token, detail=detail)
+    if spec.metric is not None:
+        metrics.incr(spec.metric, tags)
+    (logger or log).log(spec.level, "lease: %s", message)

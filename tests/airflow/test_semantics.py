@@ -1,0 +1,288 @@
+"""Who holds a lease, and what a loss or a failure leaves behind: the operators run against a real PostgreSQL.
+
+Each test runs the operators the way the task runner does (``execute(context)``) with a task instance
+that names its DAG run, task and map index; the lease store, its locks and fences are the real ones.
+The Airflow processes themselves are exercised in test_scheduler_e2e.py.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+
+import pytest
+from airflow.providers.standard.operators.python import PythonOperator
+from airflow.sdk import DAG, task
+from airflow.sdk.exceptions import AirflowSkipException
+
+from airflow_lease_provider import metrics
+from airflow_lease_provider.core import EventKind, InvalidArgument, LeaseLost, LeaseStore
+from airflow_lease_provider.identity import RunRef
+from airflow_lease_provider.operators import AcquireRunLeaseOperator, LeasedOperator, ReleaseRunLeaseOperator
+from airflow_lease_provider.plugins.report import parse_owner
+from tests.pg import execute, q
+
+LeasedPython = LeasedOperator.wrap(PythonOperator)
+TTL = timedelta(seconds=30)
+RUN = "manual__2026-12-01T10:00:00+00:00"
+
+
+@dataclass
+class TaskInstance:
+    """What the operators read from the running task instance, and its XCom pushes."""
+
+    dag_id: str
+    run_id: str
+    task_id: str
+    map_index: int = -1
+    try_number: int = 1
+    refuse_xcom: bool = False
+    xcoms: dict[str, Any] = field(default_factory=dict)
+
+    def xcom_push(self, key: str, value: Any) -> None:
+        if self.refuse_xcom:
+            raise RuntimeError("the API server refused the XCom push (413 Request Entity Too Large)")
+        self.xcoms[key] = value
+
+
+def run_task(op: Any, ti: TaskInstance) -> Any:
+    """Execute ``op`` as the task instance ``ti``."""
+    return op.execute({"ti": ti, "task_instance": ti, "run_id": ti.run_id, "params": {}})
+
+
+@pytest.fixture
+def lease_env(monkeypatch: pytest.MonkeyPatch, pg_dsn: str, schema: str) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_DEFAULT", pg_dsn)
+    monkeypatch.setenv("AIRFLOW__LEASE__SCHEMA", schema)
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+
+
+@pytest.fixture
+def counted(monkeypatch: pytest.MonkeyPatch) -> dict[str, int]:
+    """Every metric the provider emits, counted by name."""
+    seen: dict[str, int] = {}
+
+    class Stats:
+        @staticmethod
+        def incr(name: str, count: int = 1, tags: Any = None) -> None:
+            seen[name] = seen.get(name, 0) + count
+
+        @staticmethod
+        def timing(name: str, elapsed: Any, tags: Any = None) -> None:
+            pass
+
+    monkeypatch.setattr(metrics, "_stats", lambda: Stats)
+    return seen
+
+
+def leased(task_id: str, body: Callable[..., Any], **kwargs: Any) -> Any:
+    kwargs.setdefault("lease_ttl", TTL)
+    return LeasedPython(task_id=task_id, python_callable=body, **kwargs)
+
+
+# -- identity ----------------------------------------------------------------------------------------
+
+
+def test_owner_and_default_key_format_and_parse_back() -> None:
+    task_ref = RunRef("etl", RUN, 3, task_id="load")
+    assert task_ref.owner() == f"etl/{RUN}/load[3]" and task_ref.default_key() == "etl.load[3]"
+    assert RunRef("etl", RUN, task_id="load").owner() == f"etl/{RUN}/load"
+    assert RunRef("etl", RUN, task_id="load").default_key() == "etl.load"
+    assert task_ref.run.owner() == f"etl/{RUN}" and task_ref.run.default_key() == "etl"
+    for ref in (task_ref, task_ref.run, RunRef("etl", RUN, task_id="group.load")):
+        assert RunRef.parse(ref.owner()) == ref
+        assert parse_owner(ref.owner()) == ref  # the UI reads owners back the same way
+    assert RunRef.parse("etl/run/3") == RunRef("etl", "run", 3)  # an owner written before task ids
+    assert RunRef.parse("a script") is None and RunRef.parse("a/b/c/d") is None and RunRef.parse("") is None
+
+
+def test_two_tasks_of_one_run_with_one_key_exclude_each_other(lease_env, store: LeaseStore, counted) -> None:
+    seen: dict[str, Any] = {}
+    second = leased("second", lambda: seen.setdefault("second ran", True), lease_key="shared")
+
+    def first_body(lease=None):
+        seen["first token"] = lease.token
+        with pytest.raises(AirflowSkipException) as skipped:
+            run_task(second, TaskInstance("etl", RUN, "second"))
+        seen["reason"] = str(skipped.value)
+        seen["holder"] = store.holder("shared")
+        lease.check()  # the first still holds its lease, with the same token
+        return "first done"
+
+    first = leased("first", first_body, lease_key="shared")
+    assert run_task(first, TaskInstance("etl", RUN, "first")) == "first done"
+    assert "second ran" not in seen, "the second task ran while the first held the key"
+    assert seen["holder"].owner == f"etl/{RUN}/first" and seen["holder"].token == seen["first token"]
+    assert f"etl/{RUN}/first" in seen["reason"] and f"etl/{RUN}/second" in seen["reason"]
+    assert store.holder("shared") is None  # released by the first on success
+    assert store.events.query(key="shared", kind=EventKind.LOST) == []
+    assert counted.get("lease.lost", 0) == 0 and counted["scheduled.skipped_overlap"] == 1
+
+
+def test_default_key_is_per_task_and_a_task_never_overlaps_itself_across_runs(lease_env, store) -> None:
+    seen: dict[str, Any] = {}
+    other = leased("transform", lambda lease=None: seen.setdefault("transform key", lease.key))
+    later_run = leased("load", lambda: seen.setdefault("later run ran", True))
+
+    def body(lease=None):
+        seen["load key"] = lease.key
+        run_task(other, TaskInstance("etl", RUN, "transform"))  # another task of the run: its own key
+        with pytest.raises(AirflowSkipException):
+            run_task(later_run, TaskInstance("etl", "manual__later", "load"))  # the same task, the next run
+
+    run_task(leased("load", body), TaskInstance("etl", RUN, "load"))
+    assert seen == {"load key": "etl.load", "transform key": "etl.transform"}
+
+
+def test_mapped_instances_have_a_lease_each(lease_env, store) -> None:
+    seen: list[tuple[str, str]] = []
+    inner = leased("shard", lambda lease=None: seen.append((lease.key, lease.owner)))
+
+    def holding_zero(lease=None):
+        seen.append((lease.key, lease.owner))
+        run_task(inner, TaskInstance("etl", RUN, "shard", map_index=1))  # not blocked by instance 0
+
+    run_task(leased("shard", holding_zero), TaskInstance("etl", RUN, "shard", map_index=0))
+    assert seen == [("etl.shard[0]", f"etl/{RUN}/shard[0]"), ("etl.shard[1]", f"etl/{RUN}/shard[1]")]
+
+
+def test_a_retry_re_enters_with_a_larger_token_and_fences_out_its_earlier_try(
+    lease_env, store: LeaseStore, counted, pg_dsn, schema
+) -> None:
+    def publish(lease) -> None:
+        with lease.fenced_transaction("etl.target") as cur:
+            cur.execute(q("CREATE TABLE IF NOT EXISTS {schema}.fenced_target (token bigint)", schema))
+            cur.execute(q("INSERT INTO {schema}.fenced_target VALUES (%s)", schema), (lease.token,))
+
+    retry = leased("load", lambda lease=None: (publish(lease), lease.token)[1], lease_key="etl-load")
+    seen: dict[str, Any] = {}
+
+    def first_try(lease=None):
+        seen["try 1"] = lease.token
+        # Try 1 hangs; Airflow marks it failed and starts try 2 of the same task instance.
+        seen["try 2"] = run_task(retry, TaskInstance("etl", RUN, "load", try_number=2))
+        publish(lease)  # try 1 wakes up and tries to publish
+
+    with pytest.raises(LeaseLost):
+        run_task(leased("load", first_try, lease_key="etl-load"), TaskInstance("etl", RUN, "load"))
+    assert seen["try 2"] > seen["try 1"]
+    assert [r[0] for r in execute(pg_dsn, q("SELECT token FROM {schema}.fenced_target", schema))] == [seen["try 2"]]
+    # One loss: one event (with try 1's token and who it was), one metric.
+    lost = store.events.query(key="etl-load", kind=EventKind.LOST)
+    assert [e.token for e in lost] == [seen["try 1"]], lost
+    assert lost[0].detail["task_id"] == "load" and lost[0].detail["try_number"] == 1
+    assert counted["lease.lost"] == 1
+
+
+def test_run_scoped_tasks_share_the_run_lease(lease_env, store: LeaseStore) -> None:
+    acquire = AcquireRunLeaseOperator(task_id="acquire_run_lease", lease_ttl=TTL)
+    run_task(acquire, TaskInstance("etl", RUN, "acquire_run_lease"))
+    holder = store.holder("etl")  # the run's default key: the DAG id
+    assert holder is not None and holder.owner == f"etl/{RUN}"
+    seen = []
+    for task_id, map_index in (("extract", -1), ("load", 0), ("load", 1)):
+        op = LeasedPython(task_id=task_id, python_callable=lambda lease=None: seen.append(lease.token), lease_scope="run")
+        run_task(op, TaskInstance("etl", RUN, task_id, map_index=map_index))
+    assert seen == [holder.token] * 3
+    assert store.holder("etl").owner == f"etl/{RUN}"  # joining never releases it
+    assert run_task(ReleaseRunLeaseOperator(task_id="release_run_lease"), TaskInstance("etl", RUN, "release_run_lease"))
+    assert store.holder("etl") is None
+
+
+# -- the fence's store --------------------------------------------------------------------------------
+
+
+def test_a_fence_uses_the_lease_s_own_store_unless_told_otherwise(
+    lease_env, monkeypatch, pg_dsn: str, schema: str, dag
+) -> None:
+    # The task's lease lives in its own connection; [lease] conn_id points at another schema.
+    sep = "&" if "?" in pg_dsn else "?"
+    monkeypatch.setenv("AIRFLOW_CONN_TEAM_LEASES", f"{pg_dsn}{sep}lease_schema={schema}")
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_DEFAULT", f"{pg_dsn}{sep}lease_schema={schema}_other")
+    monkeypatch.setenv("AIRFLOW__LEASE__SCHEMA", f"{schema}_other")
+    try:
+        def body(lease=None):
+            lease.fence("etl.files")
+            with lease.fenced_transaction("etl.table") as cur:
+                cur.execute("SELECT 1")
+            return lease.token
+
+        token = run_task(leased("load", body, lease_conn_id="team_leases"), TaskInstance("etl", RUN, "load"))
+        rows = execute(pg_dsn, q("SELECT resource, token FROM {schema}.fence ORDER BY resource", schema))
+        assert [tuple(r) for r in rows] == [("etl.files", token), ("etl.table", token)]
+        other = execute(
+            pg_dsn, "SELECT count(*) FROM pg_namespace WHERE nspname = %s", (f"{schema}_other",)
+        )
+        assert other[0][0] == 0, "the fence was written to the [lease] conn_id store"
+    finally:
+        execute(pg_dsn, q("DROP SCHEMA IF EXISTS {schema} CASCADE", f"{schema}_other"))
+
+
+# -- failures between the acquire and the keeper --------------------------------------------------------
+
+
+def test_a_refused_xcom_push_after_the_acquire_releases_the_lease(lease_env, store: LeaseStore) -> None:
+    ran = []
+    op = leased("load", lambda: ran.append(True), lease_key="etl-load")
+    with pytest.raises(RuntimeError, match="refused the XCom push"):
+        run_task(op, TaskInstance("etl", RUN, "load", refuse_xcom=True))
+    assert ran == []
+    assert store.holder("etl-load") is None, "the lease stayed held after the task failed"
+    # The next run gets in at once instead of being skipped for the whole TTL.
+    run_task(op, TaskInstance("etl", "manual__next", "load"))
+    assert ran == [True]
+
+
+def test_bad_configuration_read_after_the_acquire_releases_the_lease(
+    lease_env, monkeypatch, store: LeaseStore, dag
+) -> None:
+    monkeypatch.setenv("AIRFLOW__LEASE__RENEW_FRACTION", "3")  # read when the keeper is built
+    with pytest.raises(ValueError, match="renew_fraction"):
+        run_task(leased("load", lambda: None, lease_key="etl-load"), TaskInstance("etl", RUN, "load"))
+    assert store.holder("etl-load") is None
+
+
+def test_a_run_lease_whose_acquire_task_fails_before_it_is_done_is_released(lease_env, store: LeaseStore) -> None:
+    acquire = AcquireRunLeaseOperator(task_id="acquire_run_lease", lease_ttl=TTL)
+    with pytest.raises(RuntimeError):
+        run_task(acquire, TaskInstance("etl", RUN, "acquire_run_lease", refuse_xcom=True))
+    assert store.holder("etl") is None
+
+
+# -- parse-time checks of mapped tasks ---------------------------------------------------------------
+
+
+@pytest.fixture
+def dag() -> Iterator[DAG]:
+    with DAG("etl", schedule=None, start_date=datetime(2026, 1, 1)) as d:
+        yield d
+
+
+@pytest.mark.parametrize(
+    ("arguments", "named"),
+    [
+        ({"lease_ttl": timedelta(seconds=-5)}, "lease_ttl="),
+        ({"lease_ttl": TTL, "on_overlap": "queue"}, "on_overlap='queue'"),
+        ({"lease_ttl": TTL, "lease_renew_every": TTL}, "lease_renew_every="),
+    ],
+)
+def test_partial_expand_runs_the_parse_time_checks(dag, arguments: dict[str, Any], named: str) -> None:
+    with pytest.raises(InvalidArgument, match=named.replace("(", r"\(")):
+        LeasedPython.partial(task_id="mapped", python_callable=print, **arguments).expand(op_args=[[1], [2]])
+
+    def body(x):
+        return x
+
+    with pytest.raises(InvalidArgument, match=named.replace("(", r"\(")):
+        task.leased(**arguments)(body).partial().expand(x=[1, 2])
+
+
+def test_partial_reads_lease_arguments_from_default_args_like_the_constructor() -> None:
+    with DAG("defaults", schedule=None, start_date=datetime(2026, 1, 1), default_args={"lease_ttl": TTL}):
+        LeasedPython.partial(task_id="mapped", python_callable=print).expand(op_args=[[1]])  # a TTL is set
+    bad = {"lease_ttl": timedelta(seconds=-1)}
+    with DAG("bad_defaults", schedule=None, start_date=datetime(2026, 1, 1), default_args=bad):
+        with pytest.raises(InvalidArgument, match="lease_ttl="):
+            LeasedPython.partial(task_id="mapped", python_callable=print).expand(op_args=[[1]])
