@@ -9,18 +9,27 @@ Leased tasks call :func:`record_skipped_catchup` themselves; any other task can 
     def publish(**context):
         record_skipped_catchup(context, ledger=store.events)
         ...
+
+**Once per gap per DAG, decided by the database.** Every leased task of the run, every try and every
+parallel instance may call it; a unique index on the event table (migration 0004: one ``skipped_catchup``
+event per ``(dag_id, run_id)``) lets exactly one ``INSERT ... ON CONFLICT DO NOTHING`` through, and only
+the caller whose insert went through logs the warning and counts the metric.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from collections.abc import Mapping
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any
 
 from airflow.timetables.base import DataInterval
 
-from airflow_lease_provider.core.errors import LeaseError
+from airflow_lease_provider.core.errors import InvalidArgument, LeaseError
 from airflow_lease_provider.timetables.capped_catchup import CappedCatchupTimetable, SkippedSlots
+
+if TYPE_CHECKING:
+    from airflow_lease_provider.core.events import EventLedger
 
 log = logging.getLogger(__name__)
 
@@ -28,24 +37,6 @@ log = logging.getLogger(__name__)
 SKIPPED_CATCHUP = "skipped_catchup"
 #: The counter, on the task-side Stats (``airflow.sdk.observability.stats``).
 METRIC = "scheduled.skipped_catchup"
-# How many of the job's newest skipped_catchup events to look through for this run's own record.
-_DEDUPE_WINDOW = 50
-
-
-class Ledger(Protocol):
-    """What this module needs of :class:`airflow_lease_provider.core.EventLedger`."""
-
-    def record(
-        self,
-        kind: Any,
-        key: str,
-        *,
-        owner: str | None = None,
-        token: int | None = None,
-        detail: dict[str, Any] | None = None,
-    ) -> bool: ...
-
-    def query(self, *, key: str | None = None, kind: Any = None, limit: int = 100) -> list[Any]: ...
 
 
 def _value(obj: Any, name: str) -> Any:
@@ -91,41 +82,54 @@ def skipped_catchup_slots(context: Mapping[str, Any]) -> SkippedSlots | None:
     return timetable.skipped_slots(run, previous, earliest=earliest)
 
 
-def _already_recorded(ledger: Ledger, key: str, dag_id: str, run_id: str) -> bool:
-    """Whether another task or an earlier try of this run has recorded its skipped slots."""
+def _insert_once(ledger: EventLedger, job: str, owner: str, detail: dict[str, Any]) -> bool | None:
+    """Write the run's record unless it exists: True when this call wrote it, False when it existed.
+
+    None when the store could not be reached or failed: the ledger is best effort by design and must
+    not fail the task; the record (and the metric) is then left to a task or try that can write it.
+    """
+    from airflow_lease_provider.core.schema import ensure_schema
+
+    payload = json.dumps(detail, default=str, sort_keys=True)
     try:
-        events = ledger.query(key=key, kind=SKIPPED_CATCHUP, limit=_DEDUPE_WINDOW)
+        ensure_schema(ledger.db)  # cheap when current (one query); the record may be a store's first use
+        rows = ledger.db.run(
+            "record_skipped_catchup", {"key": job, "owner": owner, "detail": payload}, durable=None
+        )
     except LeaseError as exc:
-        # The ledger is best effort by design (its writes never fail a task); an unreadable ledger
-        # must not either. Recording may then happen twice, which beats not at all.
-        log.warning("catch-up: could not read the event ledger for %r: %s", key, exc)
-        return False
-    for event in events:
-        detail = _value(event, "detail") or {}
-        if detail.get("dag_id") == dag_id and detail.get("run_id") == run_id:
-            return True
-    return False
+        log.warning("catch-up: could not record the skipped slots of %r: %s", job, exc)
+        return None
+    return bool(rows)
 
 
 def record_skipped_catchup(
     context: Mapping[str, Any],
     *,
-    ledger: Ledger | None = None,
+    ledger: EventLedger | None = None,
     key: str | None = None,
     logger: logging.Logger | Any | None = None,
 ) -> SkippedSlots | None:
     """Record the slots skipped before this run, once: ledger event, one warning and the metric.
 
     Call it from a task of the first run after a gap (calling it from every run is fine: runs without a
-    gap record nothing). With a ledger, every task and retry of the run may call it and only the first
-    records; without one, only a task's first try logs and counts, so call it from one task.
+    gap record nothing). With a ledger, every task, try and parallel instance of the run may call it at
+    the same time: the database keeps one record per run (so per gap) and only the caller that wrote it
+    logs and counts. Without one, only a task's first try logs and counts, so call it from one task.
 
     :param context: the task's Airflow context.
-    :param ledger: the event ledger (``LeaseStore(...).events``); without one, only the log and metric.
+    :param ledger: the event ledger of a lease store (``LeaseStore(...).events``); without one, only the
+        log and metric.
     :param key: the job's name in the ledger and the log, e.g. the lease key; defaults to the DAG id.
+        The record is per DAG run whatever the key: with tasks of different keys, the first writer's
+        key is the one stored.
     :param logger: where the warning goes (e.g. an operator's ``self.log``); defaults to this module's.
-    :return: what was skipped, or None when nothing was.
+    :return: what was skipped (also to the callers that found the record written), or None when nothing was.
+    :raises InvalidArgument: ``ledger`` is not a lease store's event ledger.
     """
+    if ledger is not None and not hasattr(getattr(ledger, "db", None), "run"):
+        raise InvalidArgument(
+            "ledger", type(ledger).__name__, "must be a lease store's event ledger (LeaseStore(...).events)"
+        )
     skipped = skipped_catchup_slots(context)
     if skipped is None:
         return None
@@ -133,8 +137,6 @@ def record_skipped_catchup(
     dag_id, run_id = str(_value(dag_run, "dag_id")), str(_value(dag_run, "run_id"))
     job = key or dag_id
     if ledger is not None:
-        if _already_recorded(ledger, job, dag_id, run_id):
-            return skipped
         timetable = context["dag"].timetable
         detail = {
             **skipped.detail(),
@@ -142,9 +144,8 @@ def record_skipped_catchup(
             "run_id": run_id,
             "max_backfill": timetable.max_backfill,
         }
-        # A failed write is logged by the ledger and must not fail the task: the skip still happened,
-        # and the warning and metric below still say so.
-        ledger.record(SKIPPED_CATCHUP, job, owner=f"{dag_id}/{run_id}", detail=detail)
+        if not _insert_once(ledger, job, f"{dag_id}/{run_id}", detail):
+            return skipped  # another task or try wrote the record and counted it (or will)
     else:
         ti = context.get("ti")
         if ti is not None and (_value(ti, "try_number") or 1) > 1:

@@ -229,6 +229,50 @@ def test_catchup_false_is_airflows_latest_only(
     assert ours == theirs
 
 
+@pytest.mark.parametrize("data_interval", [True, False])
+def test_catchup_false_fixed_interval_keeps_its_phase_where_airflow_realigns(
+    clock: FrozenClock, data_interval: bool
+) -> None:
+    """docs/timetable.md: latest-only, but on the grid through the last run, not Airflow's.
+
+    Every 45 minutes, last run at 00:50 (5 minutes off the epoch grid), back at 12:00:30: we run the
+    newest due slot of the 00:50 grid (11:20); Airflow's DeltaDataIntervalTimetable moves to the epoch
+    grid (12:00) and DeltaTriggerTimetable runs at the current time (12:00:30).
+    """
+    from airflow.timetables.trigger import DeltaTriggerTimetable
+
+    every = datetime.timedelta(minutes=45)
+    timetable = CappedCatchupTimetable(every, max_backfill=4, data_interval=data_interval)
+    last_slot = minute(2025, 5, 1, 0, 50)
+    last = DataInterval(last_slot - every, last_slot) if data_interval else DataInterval.exact(last_slot)
+    restriction = TimeRestriction(earliest=minute(2025, 1, 1), latest=None, catchup=False)
+
+    runs, waiting = scheduled_runs(timetable, last, restriction, clock)
+    # Latest-only: one run, the newest due slot on the grid through 00:50 ...
+    assert [r.run_after for r in runs] == [minute(2025, 6, 15, 11, 20)]
+    assert (runs[0].run_after - last_slot).total_seconds() % every.total_seconds() == 0
+    # ... and the schedule stays on that phase.
+    assert waiting is not None and waiting.run_after == minute(2025, 6, 15, 12, 5)
+
+    reference: Any = DeltaDataIntervalTimetable(every) if data_interval else DeltaTriggerTimetable(every)
+    theirs = reference.next_dagrun_info(last_automated_data_interval=last, restriction=restriction)
+    assert theirs is not None
+    assert theirs.run_after == (minute(2025, 6, 15, 12, 0) if data_interval else clock.now)
+
+
+def test_catchup_false_fixed_interval_on_the_epoch_grid_equals_airflows(clock: FrozenClock) -> None:
+    """When the phase is the epoch grid's (hourly, last run on the hour) the two agree exactly."""
+    every = datetime.timedelta(hours=1)
+    timetable = CappedCatchupTimetable(every)
+    last = DataInterval(minute(2025, 5, 1, 0, 0), minute(2025, 5, 1, 1, 0))
+    restriction = TimeRestriction(earliest=minute(2025, 1, 1), latest=None, catchup=False)
+    assert timetable.next_dagrun_info(
+        last_automated_data_interval=last, restriction=restriction
+    ) == DeltaDataIntervalTimetable(every).next_dagrun_info(
+        last_automated_data_interval=last, restriction=restriction
+    )
+
+
 def test_catchup_false_matches_airflow_trigger_timetable(clock: FrozenClock) -> None:
     timetable = CappedCatchupTimetable("*/10 * * * *", max_backfill=5, data_interval=False)
     reference = CronTriggerTimetable("*/10 * * * *", timezone="UTC")

@@ -25,32 +25,6 @@ def at(*args: int) -> pendulum.DateTime:
     return pendulum.datetime(*args, tz="UTC")
 
 
-class FakeLedger:
-    """Keeps events in a list; the real EventLedger is exercised in the last test when a server is there."""
-
-    def __init__(self) -> None:
-        self.events: list[SimpleNamespace] = []
-
-    def record(
-        self,
-        kind: Any,
-        key: str,
-        *,
-        owner: str | None = None,
-        token: int | None = None,
-        detail: dict[str, Any] | None = None,
-    ) -> bool:
-        self.events.insert(
-            0, SimpleNamespace(kind=str(kind), key=key, owner=owner, token=token, detail=detail or {})
-        )
-        return True
-
-    def query(self, *, key: str | None = None, kind: Any = None, limit: int = 100) -> list[SimpleNamespace]:
-        return [e for e in self.events if (key is None or e.key == key) and (kind is None or e.kind == kind)][
-            :limit
-        ]
-
-
 class FakeTI:
     def __init__(self, previous: Any, try_number: int = 1) -> None:
         self.previous = previous
@@ -103,15 +77,21 @@ AFTER_GAP = dag_run("scheduled__2025-06-15T11:00:00+00:00", at(2025, 6, 15, 10),
 NEXT = dag_run("scheduled__2025-06-15T12:00:00+00:00", at(2025, 6, 15, 11), at(2025, 6, 15, 12))
 
 
-def test_first_run_after_a_gap_records_once(metrics: list, caplog: pytest.LogCaptureFixture) -> None:
-    ledger = FakeLedger()
+def events_of(ledger: Any) -> list[Any]:
+    return ledger.query(kind=SKIPPED_CATCHUP)
+
+
+def test_first_run_after_a_gap_records_once(
+    real_ledger: Any, metrics: list, caplog: pytest.LogCaptureFixture
+) -> None:
+    ledger = real_ledger
     with caplog.at_level(logging.WARNING):
         skipped = record_skipped_catchup(context(AFTER_GAP, BEFORE_GAP), ledger=ledger)
     # Slots ending 04:00 .. 10:00 never ran: 7 of them.
     assert skipped is not None and skipped.count == 7
     assert [r.getMessage() for r in caplog.records] == ["catch-up: 7 older slots of articles skipped"]
     assert metrics == [(METRIC, 7, {"dag_id": "articles"})]
-    (event,) = ledger.events
+    (event,) = events_of(ledger)
     assert event.kind == SKIPPED_CATCHUP and event.key == "articles"
     assert event.owner == f"articles/{AFTER_GAP.run_id}"
     assert event.detail == {
@@ -129,17 +109,28 @@ def test_first_run_after_a_gap_records_once(metrics: list, caplog: pytest.LogCap
     caplog.clear()
     assert record_skipped_catchup(context(AFTER_GAP, BEFORE_GAP), ledger=ledger) == skipped
     assert record_skipped_catchup(context(AFTER_GAP, BEFORE_GAP, try_number=2), ledger=ledger) == skipped
-    assert len(ledger.events) == 1 and len(metrics) == 1 and caplog.records == []
+    assert len(events_of(ledger)) == 1 and len(metrics) == 1 and caplog.records == []
 
     # The run after it skipped nothing.
     assert record_skipped_catchup(context(NEXT, AFTER_GAP), ledger=ledger) is None
-    assert len(ledger.events) == 1
+    assert len(events_of(ledger)) == 1
 
 
-def test_custom_key_and_logger(metrics: list) -> None:
-    ledger, logger = FakeLedger(), logging.getLogger("test.leased")
-    record_skipped_catchup(context(AFTER_GAP, BEFORE_GAP), ledger=ledger, key="lease:articles", logger=logger)
-    assert ledger.events[0].key == "lease:articles"
+def test_custom_key_and_logger(real_ledger: Any, metrics: list, caplog: pytest.LogCaptureFixture) -> None:
+    logger = logging.getLogger("test.leased")
+    with caplog.at_level(logging.WARNING, logger="test.leased"):
+        record_skipped_catchup(
+            context(AFTER_GAP, BEFORE_GAP), ledger=real_ledger, key="lease:articles", logger=logger
+        )
+    assert events_of(real_ledger)[0].key == "lease:articles"
+    assert [r.name for r in caplog.records] == ["test.leased"]
+
+
+def test_a_ledger_that_is_not_a_stores_is_refused_by_name() -> None:
+    from airflow_lease_provider.core.errors import InvalidArgument
+
+    with pytest.raises(InvalidArgument, match="ledger"):
+        record_skipped_catchup(context(AFTER_GAP, BEFORE_GAP), ledger=object())  # type: ignore[arg-type]
 
 
 def test_without_a_ledger_only_the_first_try_logs_and_counts(
@@ -152,10 +143,10 @@ def test_without_a_ledger_only_the_first_try_logs_and_counts(
 
 
 @pytest.mark.parametrize("run_type", ["manual", "backfill", DagRunType.MANUAL, DagRunType.ASSET_TRIGGERED])
-def test_only_scheduled_runs_record(run_type: Any, metrics: list) -> None:
+def test_only_scheduled_runs_record(run_type: Any, real_ledger: Any, metrics: list) -> None:
     run = dag_run("x", at(2025, 6, 15, 10), at(2025, 6, 15, 11), run_type=run_type)
-    assert record_skipped_catchup(context(run, BEFORE_GAP), ledger=FakeLedger()) is None
-    assert metrics == []
+    assert record_skipped_catchup(context(run, BEFORE_GAP), ledger=real_ledger) is None
+    assert metrics == [] and events_of(real_ledger) == []
 
 
 def test_enum_run_type_and_sdk_dag_run_model() -> None:
@@ -195,28 +186,10 @@ def test_first_run_counts_from_start_date_only_with_catchup() -> None:
     assert skipped_catchup_slots(context(first, None, catchup=False)) is None
 
 
-def test_unreadable_ledger_does_not_fail_the_task(metrics: list) -> None:
-    from airflow_lease_provider.core.errors import LeaseStoreUnavailable
-
-    class DownLedger(FakeLedger):
-        def query(self, **kwargs: Any) -> list[SimpleNamespace]:
-            raise LeaseStoreUnavailable("connection refused")
-
-    ledger = DownLedger()
-    assert record_skipped_catchup(context(AFTER_GAP, BEFORE_GAP), ledger=ledger) is not None
-    assert len(ledger.events) == 1 and metrics == [(METRIC, 7, {"dag_id": "articles"})]
-
-
 @pytest.fixture
 def real_ledger(request: pytest.FixtureRequest) -> Iterator[Any]:
-    """The real EventLedger on the test PostgreSQL (root conftest's ``store``), when both exist."""
-    core = pytest.importorskip("airflow_lease_provider.core")
-    if not hasattr(core, "EventLedger"):
-        pytest.skip("airflow_lease_provider.core has no EventLedger yet")
-    try:
-        store = request.getfixturevalue("store")
-    except pytest.FixtureLookupError:
-        pytest.skip("no `store` fixture (tests/conftest.py) to reach a PostgreSQL")
+    """The real EventLedger on the test PostgreSQL (root conftest's ``store``)."""
+    store = request.getfixturevalue("store")
     store.ensure_schema()
     yield store.events
 

@@ -76,6 +76,15 @@ INSERT INTO {schema}.event (kind, key, owner, token, detail)
 VALUES (%(kind)s, %(key)s, %(owner)s, %(token)s, %(detail)s)
 RETURNING id, at;
 
+-- name: record_skipped_catchup
+-- One record per gap per DAG in one statement: the unique index of migrations/0004 lets the first writer
+-- of a run (dag_id, run_id) insert and every other one insert nothing. A row back means "this call wrote
+-- it", and only that caller logs and counts the skipped slots.
+INSERT INTO {schema}.event (kind, key, owner, token, detail)
+VALUES ('skipped_catchup', %(key)s, %(owner)s, NULL, %(detail)s)
+ON CONFLICT ((detail->>'dag_id'), (detail->>'run_id')) WHERE kind = 'skipped_catchup' DO NOTHING
+RETURNING id, at;
+
 -- name: prune_events
 -- Deletes in bounded batches so a long-neglected table never holds a long lock.
 DELETE FROM {schema}.event

@@ -42,6 +42,9 @@ CREATE TABLE event (
 );
 CREATE INDEX event_at_idx ON event (at);
 CREATE INDEX event_key_at_idx ON event (key, at);
+-- One skipped-catch-up record per gap (the run after it) per DAG (migrations/0004).
+CREATE UNIQUE INDEX event_skipped_catchup_uq ON event ((detail->>'dag_id'), (detail->>'run_id'))
+ WHERE kind = 'skipped_catchup';
 
 CREATE FUNCTION fence_advance(p_resource text, p_key text, p_token bigint, p_owner text, p_idempotency_key text)
 RETURNS TABLE (outcome text, current_token bigint)

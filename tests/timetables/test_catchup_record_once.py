@@ -1,0 +1,232 @@
+"""One skipped-slots record per gap per DAG, enforced by the database, and the metric counted once.
+
+Issue 10 item 11: three leased tasks with different keys in the first run after a gap wrote three
+events and counted 12 for 4 skipped slots; six parallel instances with one key wrote two events. Here
+the record function is called the way ``LeasedOperator._record_catchup`` calls it
+(``record_skipped_catchup(context, ledger=store.events, key=key, logger=...)``), each caller with a
+store of its own (as each task has), from threads and from separate processes started together, on
+the real PostgreSQL.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+import pytest
+from psycopg2.extras import Json
+
+from airflow_lease_provider.core import LeaseStore
+from airflow_lease_provider.core.schema import ensure_schema
+from airflow_lease_provider.timetables.catchup_record import METRIC, record_skipped_catchup
+from tests.pg import execute, q
+from tests.timetables.test_catchup_record import AFTER_GAP, BEFORE_GAP, context
+
+# AFTER_GAP follows BEFORE_GAP after 7 skipped hourly slots (test_catchup_record).
+SKIPPED = 7
+
+
+@pytest.fixture
+def metric_calls(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int | None]]:
+    """Every increment of the task-side Stats, from any thread."""
+    from airflow.sdk.observability.stats import Stats
+
+    calls: list[tuple[str, int | None]] = []
+    lock = threading.Lock()
+
+    def incr(stat: str, count: int | None = None, rate: Any = None, *, tags: dict | None = None) -> None:
+        with lock:
+            calls.append((stat, count))
+
+    monkeypatch.setattr(Stats, "incr", incr)
+    return calls
+
+
+def _catchup_events(dsn: str, schema: str) -> list[tuple[Any, ...]]:
+    return execute(
+        dsn, q("SELECT key, detail FROM {schema}.event WHERE kind = 'skipped_catchup' ORDER BY id", schema)
+    )
+
+
+def _call_together(callers: int, target: Any) -> list[Any]:
+    barrier = threading.Barrier(callers)
+    results: list[Any] = [None] * callers
+    errors: list[BaseException] = []
+
+    def run(i: int) -> None:
+        try:
+            barrier.wait(timeout=30)
+            results[i] = target(i)
+        except BaseException as exc:  # surfaced below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(callers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(timeout=60)
+    assert not errors, errors
+    return results
+
+
+@pytest.mark.parametrize(
+    ("callers", "keys"),
+    [
+        pytest.param(3, ["articles.fetch", "articles.render", "articles.publish"], id="3-tasks-3-keys"),
+        pytest.param(6, ["articles.publish"] * 6, id="6-instances-1-key"),
+        pytest.param(12, [f"articles.task{i % 4}" for i in range(12)], id="12-callers-4-keys"),
+    ],
+)
+def test_parallel_callers_of_one_run_write_one_record_and_count_each_slot_once(
+    pg_dsn: str, schema: str, metric_calls: list, callers: int, keys: list[str]
+) -> None:
+    LeaseStore(pg_dsn, schema=schema).ensure_schema()  # as a deployment has it before its tasks run
+
+    def call(i: int) -> Any:
+        with LeaseStore(pg_dsn, schema=schema) as store:
+            return record_skipped_catchup(context(AFTER_GAP, BEFORE_GAP), ledger=store.events, key=keys[i])
+
+    results = _call_together(callers, call)
+
+    # Every caller learns what was skipped ...
+    assert all(r is not None and r.count == SKIPPED for r in results), results
+    # ... the database holds one record for the gap, written by exactly one of them ...
+    events = _catchup_events(pg_dsn, schema)
+    assert len(events) == 1, events
+    key, detail = events[0]
+    assert key in keys and detail["run_id"] == AFTER_GAP.run_id and detail["count"] == SKIPPED
+    # ... and the metric counted each skipped slot once.
+    counted = [count for stat, count in metric_calls if stat == METRIC]
+    assert counted == [SKIPPED], metric_calls
+
+
+def test_a_retry_and_a_later_task_of_the_run_find_the_record(
+    pg_dsn: str, schema: str, metric_calls: list
+) -> None:
+    with LeaseStore(pg_dsn, schema=schema) as store:
+        record_skipped_catchup(context(AFTER_GAP, BEFORE_GAP), ledger=store.events, key="a")
+        record_skipped_catchup(context(AFTER_GAP, BEFORE_GAP, try_number=2), ledger=store.events, key="a")
+        record_skipped_catchup(context(AFTER_GAP, BEFORE_GAP), ledger=store.events, key="b")
+    assert len(_catchup_events(pg_dsn, schema)) == 1
+    assert [c for s, c in metric_calls if s == METRIC] == [SKIPPED]
+
+
+def test_the_database_refuses_a_second_record_of_a_gap(pg_dsn: str, schema: str) -> None:
+    """The rule lives in the database: even a plain INSERT of a second record for the run fails."""
+    LeaseStore(pg_dsn, schema=schema).ensure_schema()
+    detail = Json({"dag_id": "articles", "run_id": "r1", "count": 3})
+    insert = q("INSERT INTO {schema}.event (kind, key, detail) VALUES ('skipped_catchup', %s, %s)", schema)
+    execute(pg_dsn, insert, ("k1", detail))
+    with pytest.raises(psycopg2.errors.UniqueViolation):
+        execute(pg_dsn, insert, ("k2", detail))
+    # Another run's gap, and events of other kinds with the same detail, are not affected.
+    execute(pg_dsn, insert, ("k1", Json({"dag_id": "articles", "run_id": "r2", "count": 1})))
+    other = q("INSERT INTO {schema}.event (kind, key, detail) VALUES ('acquired', %s, %s)", schema)
+    execute(pg_dsn, other, ("k1", detail))
+    execute(pg_dsn, other, ("k1", detail))
+
+
+def test_migration_keeps_the_oldest_of_records_written_twice(pg_dsn: str, schema: str) -> None:
+    """A store at version 3 that already holds duplicates (the old behaviour) migrates to one record."""
+    from airflow_lease_provider.core.db import Database
+    from airflow_lease_provider.core.schema import migrations
+
+    db = Database(pg_dsn, schema=schema)
+    with db.transaction() as cur:
+        cur.execute(q("CREATE SCHEMA {schema}; SET LOCAL search_path TO {schema}", schema))
+        cur.execute(
+            "CREATE TABLE schema_version (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        )
+        for migration in migrations():
+            if migration.version >= 4:
+                break
+            cur.execute(migration.sql)
+            cur.execute("INSERT INTO schema_version VALUES (%s, %s)", (migration.version, migration.name))
+        for key in ("first", "second", "third"):
+            cur.execute(
+                "INSERT INTO event (kind, key, detail) VALUES ('skipped_catchup', %s, %s)",
+                (key, Json({"dag_id": "d", "run_id": "r", "count": 4})),
+            )
+        cur.execute(
+            "INSERT INTO event (kind, key, detail) VALUES ('skipped_catchup', 'other', %s)",
+            (Json({"dag_id": "d", "run_id": "r2", "count": 2}),),
+        )
+    assert ensure_schema(db) >= 4
+    db.close()
+    assert [(k, d["run_id"]) for k, d in _catchup_events(pg_dsn, schema)] == [("first", "r"), ("other", "r2")]
+
+
+WORKER = """
+import json, sys, threading
+from airflow.sdk.observability.stats import Stats
+from airflow_lease_provider.core import LeaseStore
+from airflow_lease_provider.timetables.catchup_record import record_skipped_catchup
+from tests.timetables.test_catchup_record import AFTER_GAP, BEFORE_GAP, context
+
+counted = []
+Stats.incr = lambda stat, count=None, rate=None, *, tags=None: counted.append([stat, count])
+dsn, schema, key, go = sys.argv[1:5]
+ctx = context(AFTER_GAP, BEFORE_GAP)
+with LeaseStore(dsn, schema=schema) as store:
+    store.ensure_schema()
+    print("ready", flush=True)
+    sys.stdin.readline()  # all processes are released together
+    skipped = record_skipped_catchup(ctx, ledger=store.events, key=key)
+print(json.dumps({"count": skipped.count, "metrics": counted}), flush=True)
+"""
+
+
+def test_parallel_processes_write_one_record(pg_dsn: str, schema: str) -> None:
+    """Separate processes (as separate task processes on separate workers are), released together."""
+    LeaseStore(pg_dsn, schema=schema).ensure_schema()
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", WORKER, pg_dsn, schema, f"articles.task{i % 3}", "go"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        for i in range(6)
+    ]
+    try:
+        for proc in procs:
+            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
+        for proc in procs:
+            assert proc.stdin is not None
+            proc.stdin.write("go\n")
+            proc.stdin.flush()
+        outputs = [json.loads(proc.communicate(timeout=120)[0].strip().splitlines()[-1]) for proc in procs]
+    finally:
+        for proc in procs:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+    assert [o["count"] for o in outputs] == [SKIPPED] * 6
+    counted = [count for o in outputs for stat, count in o["metrics"] if stat == METRIC]
+    assert counted == [SKIPPED], outputs
+    assert len(_catchup_events(pg_dsn, schema)) == 1
+
+
+def test_an_unreachable_store_neither_fails_the_task_nor_counts(metric_calls: list, caplog: Any) -> None:
+    """The record cannot be written: the task goes on; the metric is left to a task or try that can write."""
+    import logging
+
+    store = LeaseStore("postgresql://postgres@127.0.0.1:1/none", schema="lease_down")
+    try:
+        with caplog.at_level(logging.WARNING):
+            skipped = record_skipped_catchup(context(AFTER_GAP, BEFORE_GAP), ledger=store.events, key="k")
+    finally:
+        store.close()
+    assert skipped is not None and skipped.count == SKIPPED
+    assert [c for s, c in metric_calls if s == METRIC] == []
+    assert any("could not record" in r.getMessage() for r in caplog.records), caplog.records
