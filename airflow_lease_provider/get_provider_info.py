@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from airflow_lease_provider import __version__
+
 
 def get_provider_info() -> dict[str, Any]:
     return {
@@ -16,7 +18,7 @@ def get_provider_info() -> dict[str, Any]:
             "Leases with fencing tokens around tasks, capped catch-up, and skips that are visible and "
             "counted apart from failures."
         ),
-        "versions": ["0.1.0"],
+        "versions": [__version__],
         "integrations": [
             {
                 "integration-name": "Lease",

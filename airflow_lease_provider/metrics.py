@@ -24,7 +24,7 @@ log = logging.getLogger(__name__)
 
 
 def _stats() -> Any:
-    from airflow.sdk.observability.stats import Stats
+    from airflow_lease_provider.version_compat import Stats
 
     return Stats
 

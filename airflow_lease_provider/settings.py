@@ -23,10 +23,8 @@ SINGLE_HOST_EXECUTORS = {"LocalExecutor", "SequentialExecutor", "DebugExecutor"}
 
 
 def _get(option: str, section: str = "lease") -> str:
-    try:
-        from airflow.sdk.configuration import conf
-    except ImportError:  # pragma: no cover - Airflow 3.0 without the SDK config module
-        from airflow.configuration import conf
+    from airflow_lease_provider.version_compat import conf
+
     value = conf.get(section, option, fallback=DEFAULTS.get(option, ""))
     return str(value).strip()
 

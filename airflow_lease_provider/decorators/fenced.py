@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from typing import Any
 
 from airflow.providers.standard.operators.python import PythonOperator
-from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
 
 from airflow_lease_provider.context import activated
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.operators.fenced import publishing_lease
 from airflow_lease_provider.operators.leased import check_name
+from airflow_lease_provider.version_compat import DecoratedOperator, TaskDecorator, task_decorator_factory
 
 TARGETS = ("postgres", "external")
 

@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from airflow.providers.standard.operators.python import PythonOperator
-from airflow.sdk.bases.decorator import DecoratedOperator, TaskDecorator, task_decorator_factory
 
 from airflow_lease_provider.operators.leased import LeasedOperator, validate_lease_kwargs
+from airflow_lease_provider.version_compat import DecoratedOperator, TaskDecorator, task_decorator_factory
 
 LeasedPythonOperator = LeasedOperator.wrap(PythonOperator)
 

@@ -14,19 +14,18 @@ Under a distributed executor a missing connection is an error that says what to 
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from dataclasses import dataclass
 from typing import Any
 
 import psycopg2.extensions
 from airflow.sdk import BaseHook
-from airflow.sdk.exceptions import AirflowNotFoundException
 
 from airflow_lease_provider import settings
 from airflow_lease_provider.core import FenceStore, LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.db import describe_dsn
 from airflow_lease_provider.core.embedded import EmbeddedPostgres
+from airflow_lease_provider.version_compat import AirflowNotFoundException, in_task_process
 
 log = logging.getLogger(__name__)
 
@@ -92,19 +91,13 @@ def embedded_dsn() -> str:
         return _embedded[str(data_dir)]
 
 
-def _in_task() -> bool:
-    """Whether this process runs a task (the SDK then reaches connections through the supervisor)."""
-    runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
-    return getattr(runner, "SUPERVISOR_COMMS", None) is not None
-
-
 def _get_connection(conn_id: str) -> Any:
-    if _in_task():
+    if in_task_process():
         return BaseHook.get_connection(conn_id)
     # Outside a task (the api-server serving the Leases page, the airflow-lease CLI) the SDK's lookup
     # reads only env vars and external secrets backends, so a connection defined in the UI would look
     # missing. The core lookup reads those and the metadata database.
-    from airflow.models.connection import Connection
+    from airflow_lease_provider.version_compat import Connection
 
     return Connection.get_connection_from_secrets(conn_id)
 

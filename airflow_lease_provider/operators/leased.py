@@ -33,7 +33,6 @@ from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator
-from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
 from airflow_lease_provider import metrics, settings
 from airflow_lease_provider.context import LeaseContext, activated
@@ -49,6 +48,7 @@ from airflow_lease_provider.core import (
 )
 from airflow_lease_provider.identity import RunRef
 from airflow_lease_provider.outcomes import Outcome, report
+from airflow_lease_provider.version_compat import AirflowSkipException, TaskDeferred
 
 log = logging.getLogger(__name__)
 

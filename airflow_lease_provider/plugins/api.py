@@ -17,8 +17,6 @@ from datetime import datetime, timedelta
 from importlib import resources
 from typing import Annotated, Any
 
-from airflow.api_fastapi.common.db.common import SessionDep
-from airflow.api_fastapi.core_api.security import GetUserDep, requires_authenticated
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
 from pydantic import BaseModel, Field
@@ -27,6 +25,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from airflow_lease_provider.core import InvalidArgument, LeaseError, LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.plugins import report
 from airflow_lease_provider.plugins.authz import may_force_release
+from airflow_lease_provider.version_compat import GetUserDep, SessionDep, requires_authenticated
 
 log = logging.getLogger(__name__)
 
@@ -71,7 +70,7 @@ def _user_name(user: Any) -> str:
 
 
 def _auth_manager() -> Any:
-    from airflow.api_fastapi.app import get_auth_manager
+    from airflow_lease_provider.version_compat import get_auth_manager
 
     return get_auth_manager()
 
@@ -175,8 +174,9 @@ def get_ttl_advice(
 
 def run_window(session: Any, dag_id: str, run_id: str) -> tuple[datetime | None, datetime | None]:
     """When the DAG run was alive, by Airflow's metadata, with a margin; (None, None) if unknown."""
-    from airflow.models.dagrun import DagRun
     from sqlalchemy import select
+
+    from airflow_lease_provider.version_compat import DagRun
 
     run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
     if run is None:

@@ -24,7 +24,7 @@ def may_force_release(auth_manager: Any, user: Any) -> bool:
         method=FORCE_RELEASE_METHOD, resource_name=RESOURCE_NAME, user=user
     ):
         return False
-    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import (
+    from airflow_lease_provider.version_compat import (
         SimpleAuthManager,
         SimpleAuthManagerRole,
     )

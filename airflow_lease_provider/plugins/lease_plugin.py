@@ -10,10 +10,10 @@ from __future__ import annotations
 from typing import Any
 from urllib.parse import urlsplit
 
-from airflow.configuration import conf
 from airflow.plugins_manager import AirflowPlugin
 
 from airflow_lease_provider.timetables.capped_catchup import CappedCatchupTimetable
+from airflow_lease_provider.version_compat import conf
 
 URL_PREFIX = "/lease"
 

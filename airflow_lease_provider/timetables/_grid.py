@@ -17,9 +17,9 @@ import datetime
 from typing import TYPE_CHECKING, Protocol
 
 import pendulum
-from airflow._shared.timezones.timezone import convert_to_utc, make_aware, make_naive
-from airflow.timetables._cron import CronMixin
 from croniter import croniter
+
+from airflow_lease_provider.version_compat import CronMixin, convert_to_utc, make_aware, make_naive
 
 if TYPE_CHECKING:
     from pendulum import DateTime

@@ -33,10 +33,11 @@ from airflow_lease_provider.core.errors import InvalidArgument
 from airflow_lease_provider.timetables._grid import CronGrid, DeltaGrid, Grid, to_utc
 
 if TYPE_CHECKING:
-    from airflow.models.dag import DagModel
     from airflow.timetables.base import TimeRestriction
     from pendulum import DateTime
     from pendulum.tz.timezone import FixedTimezone, Timezone
+
+    from airflow_lease_provider.version_compat import DagModel
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +94,7 @@ def _schedule_arg(value: object, timezone: Timezone | FixedTimezone) -> CronGrid
     expression = value.strip()
     if expression.lower() in _NOT_PERIODIC:
         raise InvalidArgument("schedule", value, "is not a periodic schedule; there is nothing to catch up")
-    from airflow.utils.dates import cron_presets
+    from airflow_lease_provider.version_compat import cron_presets
 
     expression = cron_presets.get(expression, expression)
     try:

@@ -1,0 +1,162 @@
+"""Every contact with Airflow beyond its public interface, and every difference between Airflow versions.
+
+Supported: Apache Airflow 3.1, 3.2 and 3.3. Modelled on the official providers' ``version_compat.py``:
+the version flags and the conditional imports live here, and every other module of this package
+imports such names from here (``tests/test_layout.py`` fails if one doesn't). Outside this module the
+package uses only Airflow's public interface: ``airflow.sdk``, the timetable, trigger and plugin base
+classes (``airflow.timetables.base``, ``airflow.triggers.base``, ``airflow.plugins_manager``) and
+provider packages.
+
+Where ``apache-airflow-providers-common-compat`` already knows where a name lives on each version, it is
+asked (exceptions, ``Stats``, ``conf``, the decorator base classes); where Airflow has a public API, it is
+used (``airflow.sdk.timezone``, pendulum). The rest are Airflow internals this package needs, each with
+the reason next to it.
+
+Names are resolved on first use (PEP 562 ``__getattr__``), so importing this module stays cheap: the
+API-server names (``SessionDep``, ``get_auth_manager``, ...) are only imported where the plugin's app
+is built, and the scheduler-side names only where a timetable or a task needs them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import sys
+from typing import TYPE_CHECKING, Any
+
+from airflow import __version__ as AIRFLOW_VERSION  # noqa: N812 - the official providers' spelling
+from packaging.version import Version
+
+from airflow_lease_provider import check_airflow_version
+
+check_airflow_version(AIRFLOW_VERSION)
+
+
+def get_base_airflow_version_tuple() -> tuple[int, int, int]:
+    version = Version(AIRFLOW_VERSION)
+    return version.major, version.minor, version.micro
+
+
+AIRFLOW_V_3_1_PLUS: bool = get_base_airflow_version_tuple() >= (3, 1, 0)
+AIRFLOW_V_3_2_PLUS: bool = get_base_airflow_version_tuple() >= (3, 2, 0)
+AIRFLOW_V_3_3_PLUS: bool = get_base_airflow_version_tuple() >= (3, 3, 0)
+
+if TYPE_CHECKING:
+    # For type checkers only; at run time each name comes from _LOCATIONS below.
+    import datetime
+
+    from airflow.api_fastapi.app import get_auth_manager as get_auth_manager
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import (
+        SimpleAuthManager as SimpleAuthManager,
+    )
+    from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import (
+        SimpleAuthManagerRole as SimpleAuthManagerRole,
+    )
+    from airflow.api_fastapi.common.db.common import SessionDep as SessionDep
+    from airflow.api_fastapi.core_api.security import GetUserDep as GetUserDep
+    from airflow.api_fastapi.core_api.security import requires_authenticated as requires_authenticated
+    from airflow.models.connection import Connection as Connection
+    from airflow.models.dag import DagModel as DagModel
+    from airflow.models.dagrun import DagRun as DagRun
+    from airflow.sdk.bases.decorator import DecoratedOperator as DecoratedOperator
+    from airflow.sdk.bases.decorator import TaskDecorator as TaskDecorator
+    from airflow.sdk.bases.decorator import task_decorator_factory as task_decorator_factory
+    from airflow.sdk.configuration import conf as conf
+    from airflow.sdk.exceptions import AirflowNotFoundException as AirflowNotFoundException
+    from airflow.sdk.exceptions import AirflowSkipException as AirflowSkipException
+    from airflow.sdk.exceptions import TaskDeferred as TaskDeferred
+    from airflow.sdk.observability.stats import Stats as Stats
+    from airflow.sdk.timezone import convert_to_utc as convert_to_utc
+    from airflow.sdk.timezone import make_naive as make_naive
+    from airflow.timetables._cron import CronMixin as CronMixin
+    from airflow.utils.dates import cron_presets as cron_presets
+    from pendulum.tz.timezone import FixedTimezone, Timezone
+
+_COMMON_COMPAT = "airflow.providers.common.compat.sdk"
+
+#: name -> (module, attribute). The module is imported on first use of the name.
+_LOCATIONS: dict[str, tuple[str, str]] = {
+    # Moved between versions (airflow.exceptions on 3.1, airflow.sdk.exceptions from 3.2; Stats from
+    # airflow.stats to airflow.sdk.observability.stats in 3.2; conf to airflow.sdk.configuration in 3.2):
+    # common-compat resolves each on the running version, so metrics are emitted on every one.
+    "AirflowSkipException": (_COMMON_COMPAT, "AirflowSkipException"),
+    "AirflowNotFoundException": (_COMMON_COMPAT, "AirflowNotFoundException"),
+    "TaskDeferred": (_COMMON_COMPAT, "TaskDeferred"),
+    "Stats": (_COMMON_COMPAT, "Stats"),
+    "conf": (_COMMON_COMPAT, "conf"),
+    "DecoratedOperator": (_COMMON_COMPAT, "DecoratedOperator"),
+    "TaskDecorator": (_COMMON_COMPAT, "TaskDecorator"),
+    "task_decorator_factory": (_COMMON_COMPAT, "task_decorator_factory"),
+    # Public since 3.0.
+    "convert_to_utc": ("airflow.sdk.timezone", "convert_to_utc"),
+    "make_naive": ("airflow.sdk.timezone", "make_naive"),
+    # Private: the core cron timetables' stepping (with their daylight-saving fixes). The capped
+    # catch-up grid reuses it so that its slots are exactly Airflow's; no public equivalent exists.
+    "CronMixin": ("airflow.timetables._cron", "CronMixin"),
+    # Internal: the presets (@daily, ...) Airflow's cron timetables accept, to accept the same ones.
+    "cron_presets": ("airflow.utils.dates", "cron_presets"),
+    # The core Connection model: outside a task (api-server, CLI) the SDK's lookup reads only env vars
+    # and secrets backends; this one also reads the metadata database (connections made in the UI).
+    "Connection": ("airflow.models.connection", "Connection"),
+    # Metadata-database models: the run a Leases page row links to, the DAG a timetable serves.
+    "DagRun": ("airflow.models.dagrun", "DagRun"),
+    "DagModel": ("airflow.models.dag", "DagModel"),
+    # The API server's FastAPI dependencies, for the plugin's routes (authentication, a DB session).
+    "SessionDep": ("airflow.api_fastapi.common.db.common", "SessionDep"),
+    "GetUserDep": ("airflow.api_fastapi.core_api.security", "GetUserDep"),
+    "requires_authenticated": ("airflow.api_fastapi.core_api.security", "requires_authenticated"),
+    "get_auth_manager": ("airflow.api_fastapi.app", "get_auth_manager"),
+    # The simple auth manager answers custom-view questions as reads; the admin check needs its type.
+    "SimpleAuthManager": (
+        "airflow.api_fastapi.auth.managers.simple.simple_auth_manager",
+        "SimpleAuthManager",
+    ),
+    "SimpleAuthManagerRole": (
+        "airflow.api_fastapi.auth.managers.simple.simple_auth_manager",
+        "SimpleAuthManagerRole",
+    ),
+}
+
+# The task runner's module; it holds SUPERVISOR_COMMS only in a process that runs a task.
+_TASK_RUNNER = "airflow.sdk.execution_time.task_runner"
+
+
+def __getattr__(name: str) -> Any:
+    try:
+        module, attribute = _LOCATIONS[name]
+    except KeyError:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), attribute)
+    globals()[name] = value  # resolved once
+    return value
+
+
+def make_aware(value: datetime.datetime, timezone: Timezone | FixedTimezone) -> datetime.datetime:
+    """A naive wall-clock time in ``timezone``, made aware as Airflow's cron timetables do.
+
+    Airflow's own ``make_aware`` (not public) takes the later of two ambiguous wall-clock times (fold=1)
+    and lets the pendulum zone convert it; pendulum's ``Timezone.convert`` is the public API it calls.
+    """
+    if value.tzinfo is not None and value.utcoffset() is not None:
+        raise ValueError(f"make_aware expects a naive datetime, got {value}")
+    return timezone.convert(value.replace(fold=1))
+
+
+def in_task_process() -> bool:
+    """Whether this process runs a task (the SDK then reaches connections through the supervisor).
+
+    Read through ``sys.modules``: asking must not import the task runner into a process that has none.
+    """
+    runner = sys.modules.get(_TASK_RUNNER)
+    return getattr(runner, "SUPERVISOR_COMMS", None) is not None
+
+
+__all__ = [
+    "AIRFLOW_VERSION",
+    "AIRFLOW_V_3_1_PLUS",
+    "AIRFLOW_V_3_2_PLUS",
+    "AIRFLOW_V_3_3_PLUS",
+    "get_base_airflow_version_tuple",
+    "in_task_process",
+    "make_aware",
+    *_LOCATIONS,
+]

@@ -1,0 +1,157 @@
+"""The built wheel on every supported Airflow (3.1, 3.2, 3.3), each in a fresh venv pinned by its lock.
+
+Per version: the provider, the plugin and the timetable load; the example DAGs import cleanly; and a
+smoke through ``airflow dags test`` (a leased task, a leased BashOperator, an overlap skip, a fenced
+publish, a fence rejection, metrics through statsd) plus the capped catch-up as the scheduler computes
+it (``airflow dags next-execution`` on the serialized DAG). ``scripts/compat`` runs this tier.
+"""
+
+from __future__ import annotations
+
+import datetime
+import inspect
+import sqlite3
+import textwrap
+
+import pytest
+
+from airflow_lease_provider.core import EventKind, FenceStore, LeaseStore
+from tests.airflow.harness import StatsdListener
+from tests.compat.conftest import Home
+from tests.pg import execute, q
+
+pytestmark = [pytest.mark.compat, pytest.mark.slow, pytest.mark.timeout(900)]
+
+DISTRIBUTION = "airflow-lease-provider"
+
+
+def test_the_installed_wheel_is_what_loads(home: Home) -> None:
+    out = home.python(
+        "import airflow, airflow_lease_provider as p; print(airflow.__version__, p.__version__, p.__file__)"
+    ).stdout.split()
+    assert out[0] == home.venv.airflow_version
+    assert out[2].startswith(str(home.venv.path)), out  # the venv's site-packages, not the checkout
+
+
+def test_every_name_of_the_compat_module_resolves(home: Home) -> None:
+    code = textwrap.dedent(
+        """
+        import airflow_lease_provider.version_compat as c
+        for name in c._LOCATIONS:
+            value = getattr(c, name)
+            print(name, getattr(value, "__module__", type(value).__module__))
+        """
+    )
+    lines = home.python(code).stdout.splitlines()
+    resolved = dict(line.split(" ", 1) for line in lines)
+    import airflow_lease_provider.version_compat as compat
+
+    assert set(resolved) == set(compat._LOCATIONS)
+
+
+def test_providers_list_shows_the_provider(home: Home) -> None:
+    providers = home.json_out("providers", "list")
+    ours = [p for p in providers if p["package_name"] == DISTRIBUTION]
+    assert len(ours) == 1, providers
+    from airflow_lease_provider import __version__
+
+    assert ours[0]["version"] == __version__
+
+
+def test_the_plugin_and_the_timetable_load(home: Home) -> None:
+    plugins = home.json_out("plugins")
+    lease = [p for p in plugins if p["name"] == "lease"]
+    assert len(lease) == 1, plugins
+    timetables = lease[0]["timetables"]
+    assert any("CappedCatchupTimetable" in str(t) for t in timetables), lease[0]
+
+
+def test_example_and_smoke_dags_import_cleanly(home: Home) -> None:
+    args = ["dags", "list-import-errors", "--local"]
+    result = home.airflow(*args, "-o", "json", check=False)
+    payload = next((line for line in reversed(result.stdout.splitlines()) if line.startswith("[")), None)
+    assert payload == "[]", result.stdout[-4000:] + result.stderr[-4000:]
+    listed = home.json_out("dags", "list", "--local")
+    ids = {d["dag_id"] for d in listed}
+    assert {"article_publisher", "billing_close", "compat_smoke", "compat_fence_rejected", "compat_catchup"} <= ids
+
+
+def _task_states(home: Home, dag_id: str) -> dict[str, str]:
+    conn = sqlite3.connect(home.path / "airflow.db")
+    try:
+        rows = conn.execute("SELECT task_id, state FROM task_instance WHERE dag_id = ?", (dag_id,)).fetchall()
+    finally:
+        conn.close()
+    return dict(rows)
+
+
+def _statsd_env(listener: StatsdListener) -> dict[str, str]:
+    return {
+        "AIRFLOW__METRICS__STATSD_ON": "True",
+        "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+        "AIRFLOW__METRICS__STATSD_PORT": str(listener.port),
+        "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
+    }
+
+
+def test_smoke_leased_task_overlap_skip_and_fenced_publish(home: Home, pg_dsn: str) -> None:
+    store = LeaseStore(pg_dsn, schema=home.schema)
+    listener = StatsdListener()
+    try:
+        held = store.acquire("compat-held", owner="someone-else/run", ttl=datetime.timedelta(minutes=5))
+        assert held is not None
+        result = home.airflow("dags", "test", "compat_smoke", timeout=600, check=False, **_statsd_env(listener))
+        states = _task_states(home, "compat_smoke")
+        assert states == {"publish": "success", "bash": "success", "overlapped": "skipped"}, (
+            result.stdout[-4000:] + result.stderr[-4000:]
+        )
+        # The fenced publish wrote its row with the lease's token; the skip is in the ledger.
+        rows = execute(pg_dsn, q("SELECT writer, token FROM {schema}.compat_articles", home.schema))
+        assert [writer for writer, _ in rows] == ["publish"]
+        skipped = store.events.query(key="compat-held", kind=EventKind.SKIPPED_OVERLAP)
+        assert len(skipped) == 1
+        assert store.holder("compat-held").owner == "someone-else/run"  # the skipped task took nothing
+        assert store.holder("compat-publish") is None  # released at the end
+        # Metrics are emitted on every supported Airflow (3.1's Stats lives elsewhere than 3.2's).
+        listener_deadline = datetime.datetime.now() + datetime.timedelta(seconds=5)
+        while listener.count("lease.acquired") < 2 and datetime.datetime.now() < listener_deadline:
+            pass
+        assert listener.count("lease.acquired") >= 2, listener.packets[-20:]
+        assert listener.count("scheduled.skipped_overlap") == 1, listener.packets[-20:]
+    finally:
+        listener.close()
+        store.close()
+
+
+def test_smoke_a_stale_token_cannot_publish(home: Home, pg_dsn: str) -> None:
+    fences = FenceStore(pg_dsn, schema=home.schema)
+    store = LeaseStore(pg_dsn, schema=home.schema)
+    try:
+        # A newer writer already published with a token larger than this lease will get.
+        kwargs = {"key": "compat-zombie"} if "key" in inspect.signature(fences.advance).parameters else {}
+        assert fences.advance("compat.zombie", 10**12, **kwargs).accepted
+        execute(pg_dsn, q("CREATE TABLE IF NOT EXISTS {schema}.compat_articles (writer text, token bigint)", home.schema))
+        result = home.airflow("dags", "test", "compat_fence_rejected", timeout=600, check=False)
+        assert _task_states(home, "compat_fence_rejected") == {"late_publish": "failed"}, (
+            result.stdout[-4000:] + result.stderr[-4000:]
+        )
+        # The only fence rejections in this home's schema are this test's.
+        rejected = store.events.query(kind=EventKind.FENCE_REJECTED)
+        assert len(rejected) >= 1
+        rows = execute(pg_dsn, q("SELECT writer FROM {schema}.compat_articles WHERE writer = 'zombie'", home.schema))
+        assert rows == []
+    finally:
+        fences.close()
+        store.close()
+
+
+def test_capped_catch_up_as_the_scheduler_computes_it(home: Home) -> None:
+    # The DAG starts on 2026-01-01 with catchup=True, hourly: without the cap the first run would be
+    # 2026-01-01T00:00; with max_backfill=2 it is one of the newest two slots.
+    home.airflow("dags", "reserialize", timeout=600)
+    result = home.airflow("dags", "next-execution", "compat_catchup", "-n", "2")
+    stamps = [line.strip() for line in result.stdout.splitlines() if line.strip()[:4].isdigit()]
+    assert len(stamps) == 2, result.stdout
+    first = datetime.datetime.fromisoformat(stamps[0])
+    now = datetime.datetime.now(datetime.timezone.utc)
+    assert now - datetime.timedelta(hours=3) <= first <= now, stamps

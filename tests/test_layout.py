@@ -1,0 +1,201 @@
+"""The package's layering, checked on its source: Airflow internals behind one module, a core without Airflow.
+
+- Outside ``airflow_lease_provider/version_compat.py`` a module may import from Airflow only its public
+  interface (``PUBLIC_AIRFLOW``); every private or internal name goes through the compat module, so that
+  one file says what changes between Airflow versions.
+- ``airflow_lease_provider.core`` imports nothing from Airflow, nor from the Airflow-facing parts of the
+  package, and imports in a process where Airflow cannot be imported at all.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[1]
+PACKAGE = ROOT / "airflow_lease_provider"
+COMPAT = PACKAGE / "version_compat.py"
+
+#: The Airflow modules any module may import: the Task SDK's top level, the timetable, trigger and
+#: plugin base classes Airflow documents for extension authors, and provider packages.
+PUBLIC_AIRFLOW = ("airflow.sdk", "airflow.timetables.base", "airflow.triggers.base", "airflow.plugins_manager")
+PUBLIC_AIRFLOW_PREFIXES = ("airflow.providers.",)
+
+
+def _sources(*roots: Path) -> list[Path]:
+    return sorted(p for root in roots for p in root.rglob("*.py"))
+
+
+def _airflow_imports(path: Path) -> list[tuple[int, str]]:
+    """(line, what) of every import of an Airflow module or name in ``path``, and every string that names one
+    where modules are looked up by name (``sys.modules``, ``importlib.import_module``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names if alias.name.split(".")[0] == "airflow"]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            if node.module.split(".")[0] == "airflow":
+                found += [(node.lineno, f"{node.module}:{alias.name}") for alias in node.names]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if re.fullmatch(r"airflow(\.\w+)+", node.value):
+                found.append((node.lineno, f"string {node.value!r}"))
+    return found
+
+
+def _is_public(what: str) -> bool:
+    if what.startswith("string "):
+        return False  # a module looked up by name is an internal contact by definition
+    module, _, name = what.partition(":")
+    if any(part.startswith("_") for part in module.split(".")) or name.startswith("_"):
+        return False
+    return module in PUBLIC_AIRFLOW or module.startswith(PUBLIC_AIRFLOW_PREFIXES)
+
+
+def test_the_check_itself_sees_private_and_internal_imports(tmp_path: Path) -> None:
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        textwrap.dedent(
+            """
+            import sys
+            from airflow._shared.timezones.timezone import make_aware
+            from airflow.timetables._cron import CronMixin
+            from airflow.models.connection import Connection
+            from airflow.sdk import BaseOperator, _private
+            import airflow.utils.dates
+            from airflow.providers.standard.operators.python import PythonOperator
+            runner = sys.modules.get("airflow.sdk.execution_time.task_runner")
+            """
+        )
+    )
+    private = [what for _, what in _airflow_imports(sample) if not _is_public(what)]
+    assert private == [
+        "airflow._shared.timezones.timezone:make_aware",
+        "airflow.timetables._cron:CronMixin",
+        "airflow.models.connection:Connection",
+        "airflow.sdk:_private",
+        "airflow.utils.dates",
+        "string 'airflow.sdk.execution_time.task_runner'",
+    ]
+
+
+def test_no_module_but_version_compat_reaches_airflow_internals() -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {what}"
+        for path in _sources(PACKAGE, ROOT / "dags_examples")
+        if path != COMPAT
+        for line, what in _airflow_imports(path)
+        if not _is_public(what)
+    ]
+    assert offenders == [], "import these from airflow_lease_provider.version_compat:\n" + "\n".join(offenders)
+
+
+def test_version_compat_is_where_the_internals_are() -> None:
+    # The check above would pass vacuously if the names had simply vanished; they live here instead.
+    internal = {what.partition(":")[0] for _, what in _airflow_imports(COMPAT) if not _is_public(what)}
+    assert {"airflow.timetables._cron", "airflow.models.connection", "airflow.utils.dates"} <= internal
+
+
+def test_core_source_imports_nothing_from_airflow_or_the_airflow_layer() -> None:
+    offenders = []
+    for path in _sources(PACKAGE / "core"):
+        tree = ast.parse(path.read_text(), filename=str(path))
+        for node in ast.walk(tree):
+            modules: list[str] = []
+            if isinstance(node, ast.Import):
+                modules = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                modules = [node.module]
+            for module in modules:
+                top = module.split(".")[0]
+                inside = module == "airflow_lease_provider" or module.startswith("airflow_lease_provider.core")
+                if top == "airflow" or (top == "airflow_lease_provider" and not inside):
+                    offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {module}")
+    assert offenders == []
+
+
+# Run in a fresh interpreter: a meta-path finder refuses every ``airflow`` module, as if Airflow were
+# not installed, then the core and each of its modules is imported.
+_NO_AIRFLOW = textwrap.dedent(
+    """
+    import importlib, importlib.abc, pkgutil, sys
+
+    class NoAirflow(importlib.abc.MetaPathFinder):
+        def find_spec(self, name, path=None, target=None):
+            if name == "airflow" or name.startswith("airflow."):
+                raise ModuleNotFoundError(f"No module named {name!r} (blocked by the test)", name=name)
+            return None
+
+    sys.meta_path.insert(0, NoAirflow())
+    import airflow_lease_provider.core as core
+    names = [m.name for m in pkgutil.walk_packages(core.__path__, "airflow_lease_provider.core.")]
+    for name in names:
+        importlib.import_module(name)
+    store = core.LeaseStore  # the public API is there
+    leaked = sorted(m for m in sys.modules if m == "airflow" or m.startswith("airflow."))
+    print(len(names), "modules", leaked)
+    try:
+        import airflow  # noqa: F401
+    except ModuleNotFoundError:
+        print("airflow blocked")
+    """
+)
+
+
+def test_core_imports_with_airflow_absent() -> None:
+    result = subprocess.run(
+        [sys.executable, "-c", _NO_AIRFLOW], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    count, _, rest = result.stdout.partition(" modules ")
+    assert int(count) >= 10, result.stdout  # every core module was imported, not just the package
+    assert rest.splitlines() == ["[]", "airflow blocked"], result.stdout
+
+
+def test_the_airflow_layer_does_need_airflow() -> None:
+    # The blocker works: the same process cannot import the Airflow-facing parts.
+    code = _NO_AIRFLOW.split("import airflow_lease_provider.core")[0] + "import airflow_lease_provider.hooks\n"
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode != 0
+    assert "blocked by the test" in result.stderr
+
+
+@pytest.mark.parametrize("found", ["2.11.0", "3.0.0", "3.0.6"])
+def test_airflow_older_than_3_1_is_refused_with_a_clear_message(found: str) -> None:
+    from airflow_lease_provider import MIN_AIRFLOW_VERSION, __version__, check_airflow_version
+
+    with pytest.raises(RuntimeError) as raised:
+        check_airflow_version(found)
+    assert str(raised.value).startswith(
+        f"The package `airflow-lease-provider:{__version__}` needs Apache Airflow {MIN_AIRFLOW_VERSION}+ "
+        f"(found Apache Airflow {found})"
+    )
+
+
+@pytest.mark.parametrize("found", ["3.1.0rc1", "3.1.0", "3.1.8", "3.2.2", "3.3.2", "3.4.0.dev0"])
+def test_supported_airflow_is_accepted(found: str) -> None:
+    from airflow_lease_provider import check_airflow_version
+
+    check_airflow_version(found)
+
+
+def test_the_version_is_read_from_the_distribution_metadata() -> None:
+    from importlib import metadata
+
+    import tomllib
+
+    from airflow_lease_provider import __version__
+    from airflow_lease_provider.get_provider_info import get_provider_info
+
+    declared = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    assert __version__ == metadata.version("airflow-lease-provider") == declared
+    assert get_provider_info()["versions"] == [declared]
+    # Written once: no module repeats the number.
+    repeats = [p for p in _sources(PACKAGE) if f'"{declared}"' in p.read_text() and p.name != "get_provider_info.py"]
+    assert repeats == []
