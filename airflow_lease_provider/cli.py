@@ -22,21 +22,35 @@ from __future__ import annotations
 import argparse
 import getpass
 import json
+import math
 import os
 import re
 import socket
 import sys
 from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
-from airflow_lease_provider.core import DEFAULT_SCHEMA, EventKind, LeaseError, LeaseStore
-from airflow_lease_provider.core.db import describe_dsn
+from airflow_lease_provider.core import (
+    DEFAULT_SCHEMA,
+    EventKind,
+    InvalidArgument,
+    LeaseError,
+    LeaseStore,
+    validation,
+)
+from airflow_lease_provider.core.db import describe_dsn, redact, remember_secrets
+from airflow_lease_provider.core.lease import LeaseChanged
+from airflow_lease_provider.core.schema import SchemaMissing
 from airflow_lease_provider.plugins import report
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_ADVICE, EXIT_NOT_CONFIRMED = 0, 1, 2, 3, 4
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
+#: The longest --since/--until look-back and --days window (the ledger keeps 30 days by default).
+MAX_DAYS = 3650
+#: The most events one call prints (the core's own limit).
+MAX_LIMIT = 10_000
 #: Cells longer than this are cut in tables (``--wide`` shows them whole; ``--json`` always does).
 MAX_CELL = 64
 
@@ -44,52 +58,131 @@ MAX_CELL = 64
 # -- arguments --------------------------------------------------------------------------------------
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with one-line usage errors: ``airflow-lease: error: argument --days: ...``, exit 2.
+
+    The message never carries a password: a ``--dsn`` given on the command line is redacted from it.
+    """
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(EXIT_USAGE, f"airflow-lease: error: {redact(' '.join(message.split()))}\n")
+
+
+def _usage_error(problem: str) -> argparse.ArgumentTypeError:
+    return argparse.ArgumentTypeError(problem)
+
+
 def when(value: str) -> datetime:
     """``30m``, ``24h``, ``7d`` (that long ago) or an ISO timestamp (UTC unless it says otherwise)."""
     match = _RELATIVE.match(value.strip())
     if match:
-        return datetime.now(timezone.utc) - timedelta(**{_UNITS[match[2]]: float(match[1])})
+        try:
+            return datetime.now(timezone.utc) - timedelta(**{_UNITS[match[2]]: float(match[1])})
+        except (OverflowError, ValueError):
+            raise _usage_error(f"{value!r} reaches before the year 1: use at most {MAX_DAYS}d") from None
     try:
         moment = datetime.fromisoformat(value.strip())
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: use 30m, 24h, 7d or an ISO timestamp") from None
+        raise _usage_error(f"{value!r}: use 30m, 24h, 7d or an ISO timestamp") from None
     return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
 
 
-def _positive_int(value: str) -> int:
-    number = int(value)
-    if number < 1:
-        raise argparse.ArgumentTypeError(f"{value!r}: must be at least 1")
+def _limit(value: str) -> int:
+    try:
+        number = int(value)
+    except ValueError:
+        raise _usage_error(f"{value!r}: must be a whole number from 1 to {MAX_LIMIT}") from None
+    if not 1 <= number <= MAX_LIMIT:
+        raise _usage_error(f"{value!r}: must be a whole number from 1 to {MAX_LIMIT}")
     return number
+
+
+def _days(value: str) -> float:
+    try:
+        number = float(value)
+    except ValueError:
+        raise _usage_error(f"{value!r}: must be a number of days, more than 0 and at most {MAX_DAYS}") from None
+    if not math.isfinite(number) or not 0 < number <= MAX_DAYS:
+        raise _usage_error(f"{value!r}: must be a number of days, more than 0 and at most {MAX_DAYS}")
+    return number
+
+
+def _token(value: str) -> int:
+    try:
+        return validation.token("token", int(value))
+    except (ValueError, InvalidArgument):
+        raise _usage_error(f"{value!r}: must be a positive whole number (a fencing token)") from None
+
+
+def _checked(check: Callable[[str, object], object]) -> Callable[[str], str]:
+    """An argparse type from a core validator: the core's own rule, reported as a usage error."""
+
+    def parse(value: str) -> str:
+        try:
+            check("value", value)
+        except InvalidArgument as exc:
+            raise _usage_error(f"{_shown(value)}: {exc.problem}") from None
+        return value
+
+    return parse
+
+
+def _shown(value: str) -> str:
+    shown = repr(value)
+    return shown if len(shown) <= 60 else shown[:57] + "..."
+
+
+def _reason(value: str) -> str:
+    if "\x00" in value or len(value) > validation.MAX_NAME_LENGTH:
+        raise _usage_error(f"must be at most {validation.MAX_NAME_LENGTH} characters, without NUL")
+    return value
+
+
+def _schema(value: str) -> str:
+    try:
+        return validation.schema(value)
+    except InvalidArgument as exc:
+        raise _usage_error(f"{_shown(value)}: {exc.problem}") from None
+
+
+def _dsn(value: str) -> str:
+    # The value is never echoed: it may hold a password.
+    if not value.strip() or "\x00" in value:
+        raise _usage_error("must be a non-empty libpq connection string or postgresql:// URI")
+    remember_secrets(value)
+    return value
 
 
 def _kind(value: str) -> str:
     kinds = [k.value for k in EventKind]
     if value not in kinds:
-        raise argparse.ArgumentTypeError(f"{value!r}: one of {', '.join(kinds)}")
+        raise _usage_error(f"{_shown(value)}: one of {', '.join(kinds)}")
     return value
 
 
 def build_parser() -> argparse.ArgumentParser:
     # The store and output options work before or after the command (airflow-lease --json status, or
     # airflow-lease status --json): SUPPRESS keeps a subcommand from resetting what was given before it.
-    def common(suppress: bool) -> argparse.ArgumentParser:
+    def common(suppress: bool) -> Parser:
         default: Any = argparse.SUPPRESS if suppress else None
-        parser = argparse.ArgumentParser(add_help=False)
+        parser = Parser(add_help=False)
         group = parser.add_argument_group("lease store")
         group.add_argument(
             "--conn-id",
             default=default,
+            type=_checked(validation.name),
             help="Airflow connection of the store (default: [lease] conn_id, lease_default)",
         )
         group.add_argument(
             "--dsn",
             default=default,
+            type=_dsn,
             help="a libpq DSN or postgresql:// URI; bypasses Airflow's configuration",
         )
         group.add_argument(
             "--schema",
             default=default,
+            type=_schema,
             help=f"the store's PostgreSQL schema (default: [lease] schema, or {DEFAULT_SCHEMA})",
         )
         out = parser.add_argument_group("output")
@@ -107,7 +200,7 @@ def build_parser() -> argparse.ArgumentParser:
         )
         return parser
 
-    parser = argparse.ArgumentParser(
+    parser = Parser(
         prog="airflow-lease",
         parents=[common(False)],
         description="Leases, skips and TTL advice of the Airflow lease provider. Times are UTC.",
@@ -117,37 +210,43 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", parents=sub, help="current leases: holder, token, expires in")
     status.add_argument("--held", action="store_true", help="only keys held right now")
-    status.add_argument("--key", help="only this key")
+    status.add_argument("--key", type=_checked(validation.name), help="only this key (one lookup, however many keys)")
 
     events = commands.add_parser("events", parents=sub, help="recent events, newest first")
-    events.add_argument("--key", help="only this key (for fence rejections: the fence resource)")
+    events.add_argument(
+        "--key", type=_checked(validation.name), help="only this key (for fence rejections: the fence resource)"
+    )
     events.add_argument("--kind", type=_kind, help="only this kind, e.g. skipped_overlap")
     events.add_argument("--since", type=when, help="30m, 24h, 7d or an ISO timestamp")
     events.add_argument("--until", type=when, help="30m, 24h, 7d or an ISO timestamp")
-    events.add_argument("--limit", type=_positive_int, default=50, help="at most this many (default 50)")
+    events.add_argument(
+        "--limit", type=_limit, default=50, help=f"at most this many (default 50, at most {MAX_LIMIT})"
+    )
 
     commands.add_parser("counts", parents=sub, help="per key and kind: events in the last 24 hours / 7 days")
 
     release = commands.add_parser(
         "release", parents=sub, help="force-release a lease (admin): frees it now and bumps its token"
     )
-    release.add_argument("key", help="the lease key")
+    release.add_argument("key", type=_checked(validation.name), help="the lease key")
     release.add_argument(
         "--force",
         action="store_true",
         help="required: a normal release belongs to the holder; this frees it for anyone",
     )
-    release.add_argument("--reason", default="", help="why, for the event ledger")
-    release.add_argument("--by", default=None, help="who, for the event ledger (default: user@host)")
+    release.add_argument("--reason", type=_reason, default="", help="why, for the event ledger")
     release.add_argument(
-        "--expected-token", type=int, default=None, help="release only if the lease still has this token"
+        "--by", type=_checked(validation.name), default=None, help="who, for the event ledger (default: user@host)"
+    )
+    release.add_argument(
+        "--expected-token", type=_token, default=None, help="release only if the lease still has this token"
     )
     release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation on a terminal")
 
     advise = commands.add_parser("advise-ttl", parents=sub, help="TTL vs 1.5-2x the worst observed hold")
-    advise.add_argument("--key", help="only this key")
+    advise.add_argument("--key", type=_checked(validation.name), help="only this key")
     advise.add_argument(
-        "--days", type=float, default=30.0, help="look at holds of the last N days (default 30)"
+        "--days", type=_days, default=30.0, help=f"look at holds of the last N days (default 30, at most {MAX_DAYS})"
     )
     advise.add_argument(
         "--check",
@@ -161,14 +260,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def open_store(args: argparse.Namespace) -> tuple[LeaseStore, str]:
-    """The store and a description of where it is (never with a password)."""
+    """The store and a description of where it is (never with a password).
+
+    Read-only: the CLI never creates a store where there is none (a mistyped DSN or schema says
+    "no lease store there"), even for ``release``.
+    """
     if args.dsn:
         schema = args.schema or DEFAULT_SCHEMA
-        return LeaseStore(args.dsn, schema=schema), f"{describe_dsn(args.dsn)} schema {schema}"
+        store = LeaseStore(args.dsn, schema=schema, read_only=True)
+        return store, f"{describe_dsn(args.dsn)} schema {schema}"
     # Only now is Airflow imported: its configuration names the connection and the schema.
     from airflow_lease_provider.hooks import LeaseHook
 
-    hook = LeaseHook(args.conn_id, schema=args.schema)
+    hook = LeaseHook(args.conn_id, schema=args.schema, read_only=True)
     return hook.get_store(), hook.location.where
 
 
@@ -213,11 +317,21 @@ def _run(run: dict[str, Any] | None, fallback: str | None = None) -> str | None:
 
 
 def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
-    data = report.leases(store, held_only=args.held)
     if args.key:
-        data["leases"] = [row for row in data["leases"] if row["key"] == args.key]
-        if not data["leases"]:
-            return _fail(f"no lease {args.key!r} in the store")
+        row = report.lease(store, args.key)
+        if row is None or (args.held and not row["held"]):
+            return _fail(f"no {'held ' if args.held else ''}lease {args.key!r} in the store")
+        data: dict[str, Any] = {"observed_at": row["observed_at"], "leases": [row]}
+    else:
+        data = {"observed_at": None, "leases": []}
+        cursor = None
+        while True:  # every key, a page at a time (keyset pagination: no page costs more than the first)
+            page = report.leases(store, held_only=args.held, cursor=cursor)
+            data["leases"] += page["leases"]
+            data["observed_at"] = page["observed_at"] or data["observed_at"]
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
     if args.json:
         return _json(data, out)
     table(
@@ -293,8 +407,6 @@ def _pair(counts: dict[str, int] | None) -> str:
 
 
 def cmd_advise(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
-    if args.days <= 0:
-        return _fail("--days must be positive", EXIT_USAGE)
     data = report.ttl_advice(store, window=timedelta(days=args.days), key=args.key)
     flagged = [a for a in data["advice"] if a["verdict"] in ("too_short", "too_long")]
     if args.json:
@@ -329,13 +441,12 @@ def cmd_release(
             "anyone and bumps its token, so the holder can no longer renew or publish",
             EXIT_USAGE,
         )
-    current = next((lease for lease in store.leases() if lease.key == args.key), None)
+    current = store.lease(args.key)
     if current is None:
         return _fail(f"no lease {args.key!r} in the store")
-    if args.expected_token is not None and current.token != args.expected_token:
-        return _fail(
-            f"lease {args.key!r} has token {current.token}, not {args.expected_token}: nothing released"
-        )
+    expected = args.expected_token
+    if expected is not None and current.token != expected:
+        return _fail(f"lease {args.key!r} has token {current.token}, not {expected}: nothing released")
     if not args.yes and sys.stdin.isatty():
         state = (
             f"held by {current.owner} with token {current.token}" if current.held else "not held right now"
@@ -344,16 +455,22 @@ def cmd_release(
         if answer.strip() != args.key:
             print("airflow-lease: not confirmed; nothing released", file=sys.stderr)
             return EXIT_NOT_CONFIRMED
+        # What was confirmed is what gets released: if the lease changed meanwhile, nothing is.
+        expected = current.token
     by = args.by or f"{getpass.getuser()}@{socket.gethostname()} (airflow-lease)"
-    previous = store.force_release(args.key, by=by, reason=args.reason or "force-released with airflow-lease")
+    try:
+        previous = store.force_release(
+            args.key, by=by, reason=args.reason or "force-released with airflow-lease", expected_token=expected
+        )
+    except LeaseChanged as exc:
+        return _fail(str(exc))
     if previous is None:
         return _fail(f"no lease {args.key!r} in the store")
-    after = next((lease for lease in store.leases() if lease.key == args.key), None)
     result = {
         "key": args.key,
         "by": by,
         "previous": report.lease_row(previous),
-        "new_token": after.token if after else None,
+        "new_token": previous.token + 1,
     }
     if args.json:
         return _json(result, out)
@@ -384,8 +501,13 @@ def _json(data: Any, out: TextIO) -> int:
 
 
 def _fail(message: str, code: int = EXIT_ERROR) -> int:
-    print(f"airflow-lease: {message}", file=sys.stderr)
+    print(f"airflow-lease: {' '.join(redact(message).split())}", file=sys.stderr)
     return code
+
+
+def _option(parameter: str) -> str:
+    """The command-line option a core parameter came from, for error messages."""
+    return {"dsn": "--dsn", "schema": "--schema"}.get(parameter, parameter)
 
 
 def main(
@@ -397,11 +519,10 @@ def main(
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
     if out is None:
         out = sys.stdout if args.dsn else _results_only_stdout()
+    store = None
+    where = "the lease store"
     try:
         store, where = open_store(args)
-    except LeaseError as exc:
-        return _fail(str(exc))
-    try:
         if args.command == "status":
             code = cmd_status(store, args, out)
         elif args.command == "events":
@@ -412,10 +533,19 @@ def main(
             code = cmd_advise(store, args, out)
         else:
             code = cmd_release(store, args, out, confirm)
+    except InvalidArgument as exc:
+        # A connection string or connection setting the store refused: usage, naming the option.
+        return _fail(f"error: {_option(exc.parameter)}: {redact(exc.problem)}", EXIT_USAGE)
+    except SchemaMissing as exc:
+        return _fail(redact(str(exc)))
     except LeaseError as exc:
-        return _fail(f"{exc} (store: {where})")
+        message = redact(str(exc))
+        return _fail(message if where in message else f"{message} (store: {where})")
+    except Exception as exc:  # never a traceback; never a password
+        return _fail(f"failed: {type(exc).__name__}: {redact(' '.join(str(exc).split()))}")
     finally:
-        store.close()
+        if store is not None:
+            store.close()
         out.flush()
     return code
 

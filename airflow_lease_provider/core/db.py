@@ -20,6 +20,7 @@ from datetime import timedelta
 from functools import cache
 from importlib import resources
 from typing import Any
+from urllib.parse import parse_qsl, unquote
 
 import psycopg2
 import psycopg2.errors
@@ -28,7 +29,7 @@ import psycopg2.extras
 from psycopg2 import sql
 
 from airflow_lease_provider.core import validation
-from airflow_lease_provider.core.errors import LeaseError, LeaseStoreUnavailable
+from airflow_lease_provider.core.errors import InvalidArgument, LeaseError, LeaseStoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -107,32 +108,151 @@ def named_queries() -> dict[str, str]:
     return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}
 
 
+#: A URI connection string (libpq accepts both schemes).
+_URI_RE = re.compile(r"^\s*postgres(?:ql)?://", re.IGNORECASE)
+#: What libpq may split an unencoded password at, and then echo a part of in its error message.
+_SPLIT_RE = re.compile(r"[/@:?#&=\s]+")
+_PASSWORD_KEYWORD_RE = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)", re.IGNORECASE)
+_PASSWORD_QUERY_RE = re.compile(r"[?&]password=([^&]*)", re.IGNORECASE)
+#: Passwords of every connection string this process has described or opened: removed from every
+#: message :func:`translate` builds, whichever connection the error came from.
+_known_secrets: set[str] = set()
+_secrets_lock = threading.Lock()
+REDACTED = "***"
+
+
+def _secrets_of(dsn: str) -> tuple[set[str], set[str]]:
+    """(whole passwords, fragments) a connection string may carry, under every reading of it.
+
+    A password with an unencoded ``/ @ : ?`` is read differently by libpq (part of it becomes the
+    host, the port or the database), so every candidate is collected: the parsed password, the URI's
+    userinfo after the user, a ``password=`` query parameter or keyword, each raw and percent-decoded;
+    and their pieces between those characters, which libpq may quote in an error message.
+    """
+    whole: set[str] = set()
+    try:
+        parsed = psycopg2.extensions.parse_dsn(dsn).get("password")
+    except psycopg2.Error:
+        parsed = None
+    if parsed:
+        whole.add(parsed)
+    if _URI_RE.match(dsn):
+        rest = _URI_RE.sub("", dsn, count=1)
+        if "@" in rest:
+            userinfo = rest.rsplit("@", 1)[0]
+            if ":" in userinfo:
+                whole.add(userinfo.split(":", 1)[1])
+        whole.update(m for m in _PASSWORD_QUERY_RE.findall(rest))
+    for match in _PASSWORD_KEYWORD_RE.finditer(dsn):
+        value = match.group(1)
+        whole.add(value)
+        if value.startswith("'"):
+            whole.add(value.strip("'").replace("\\'", "'").replace("\\\\", "\\"))
+    whole |= {unquote(w) for w in whole}
+    whole.discard("")
+    fragments = {part for w in whole for part in _SPLIT_RE.split(w) if part} - whole
+    return whole, fragments
+
+
+def remember_secrets(dsn: str) -> None:
+    """Redact this connection string's password from every message translated from now on."""
+    whole, fragments = _secrets_of(dsn)
+    with _secrets_lock:
+        _known_secrets.update(whole)
+        _known_secrets.update("\x00" + f for f in fragments)  # a NUL marks a fragment: see redact()
+
+
+def redact(text: str, dsn: str | None = None) -> str:
+    """``text`` with every known password (and ``dsn``'s) replaced by ``***``.
+
+    Whole passwords go wherever they appear; a fragment of one (a piece between ``/ @ : ?``, which
+    libpq may echo after mis-reading an unencoded password) only where it stands as a word of its own.
+    """
+    with _secrets_lock:
+        known = set(_known_secrets)
+    whole = {s for s in known if not s.startswith("\x00")}
+    fragments = {s[1:] for s in known if s.startswith("\x00")}
+    if dsn is not None:
+        more_whole, more_fragments = _secrets_of(dsn)
+        whole |= more_whole
+        fragments |= more_fragments
+    for secret in sorted(whole, key=len, reverse=True):
+        text = text.replace(secret, REDACTED)
+    for fragment in sorted(fragments, key=len, reverse=True):
+        text = re.sub(rf"(?<![A-Za-z0-9]){re.escape(fragment)}(?![A-Za-z0-9])", REDACTED, text)
+    return text
+
+
+def _describe_uri(dsn: str) -> str:
+    rest = _URI_RE.sub("", dsn.strip(), count=1)
+    user = ""
+    if "@" in rest:
+        # The last @ ends the userinfo: a password with an unencoded @ or / stays on the left of it.
+        userinfo, rest = rest.rsplit("@", 1)
+        user = unquote(userinfo.split(":", 1)[0])
+    hostport, _, path = rest.partition("/")
+    dbname, _, query = path.partition("?")
+    if "?" in hostport:
+        hostport, _, query = hostport.partition("?")
+    host, port = hostport, ""
+    if hostport.startswith("["):  # [IPv6]:port
+        host, _, tail = hostport.partition("]")
+        host += "]"
+        port = tail.removeprefix(":")
+    elif hostport.count(":") == 1:
+        host, port = hostport.split(":")
+    params = dict(parse_qsl(query, keep_blank_values=True))
+    host = params.get("host") or unquote(host)
+    port = params.get("port") or port
+    dbname = params.get("dbname") or unquote(dbname)
+    user = params.get("user") or user
+    return f"{user or '?'}@{host or 'local socket'}:{port or '5432'}/{dbname or '?'}"
+
+
 def describe_dsn(dsn: str) -> str:
-    """Where a DSN points, without its password: safe for logs and error messages."""
+    """Where a DSN points, without its password: safe for logs and error messages.
+
+    A URI is read here, not by libpq: libpq mis-reads a password with an unencoded ``/`` (part of it
+    becomes the host or the database), so the userinfo ends at the *last* ``@``; and whatever is
+    printed has every reading of the password removed.
+    """
+    remember_secrets(dsn)
+    if _URI_RE.match(dsn):
+        return redact(_describe_uri(dsn), dsn)
     try:
         info = psycopg2.extensions.parse_dsn(dsn)
     except psycopg2.ProgrammingError:
         return "<unparsable connection string>"
     host = info.get("host") or "local socket"
     port = info.get("port") or "5432"
-    return f"{info.get('user') or '?'}@{host}:{port}/{info.get('dbname') or '?'}"
+    return redact(f"{info.get('user') or '?'}@{host}:{port}/{info.get('dbname') or '?'}", dsn)
 
 
 # SQLSTATE classes that mean "the store cannot serve us now": connection exceptions, insufficient
 # resources (too many connections, disk full), operator intervention (shutdown, cancel, timeouts).
 _UNAVAILABLE_CLASSES = ("08", "53", "57")
+#: libpq's words for a connection string it cannot read (raised before any network contact).
+_BAD_DSN = ("invalid dsn", "for connection option", "invalid connection option", "invalid URI")
+_DSN_ADVICE = "percent-encode / @ : ? # and % in a URI's user or password (e.g. / as %2F)"
 
 
 def translate(exc: BaseException, where: str) -> LeaseError:
-    """Turn a driver error into the library's own. The single place where this happens."""
+    """Turn a driver error into the library's own. The single place where this happens.
+
+    Every message is redacted here: no password (nor a piece of one) of any connection string this
+    process knows reaches an exception, a log line, the CLI or the UI.
+    """
+    text = redact(_first_line(exc))
     if isinstance(exc, psycopg2.errors.QueryCanceled):
-        return LeaseStoreUnavailable(f"lease store at {where} did not answer in time: {_first_line(exc)}")
+        return LeaseStoreUnavailable(f"lease store at {where} did not answer in time: {text}")
     code = getattr(exc, "pgcode", None)
+    if code is None and isinstance(exc, psycopg2.Error) and any(w in str(exc) for w in _BAD_DSN):
+        return InvalidArgument("dsn", "<hidden>", f"the connection string does not parse: {text} ({_DSN_ADVICE})")
     if isinstance(exc, psycopg2.InterfaceError) or (
         isinstance(exc, psycopg2.OperationalError) and (code is None or code[:2] in _UNAVAILABLE_CLASSES)
     ):
-        return LeaseStoreUnavailable(f"lease store at {where} is unreachable: {_first_line(exc)}")
-    return LeaseStoreError(f"lease store at {where} failed: {_first_line(exc)}")
+        return LeaseStoreUnavailable(f"lease store at {where} is unreachable: {text}")
+    return LeaseStoreError(f"lease store at {where} failed: {text}")
 
 
 def _first_line(exc: BaseException) -> str:
@@ -178,20 +298,44 @@ class Database:
 
     def _connect(self) -> Any:
         try:
-            conn = psycopg2.connect(
-                self.dsn,
-                connect_timeout=max(1, round(self.connect_timeout.total_seconds())),
-                application_name=self.application_name,
-                # Dead peers are noticed in seconds rather than the kernel's two hours.
-                keepalives=1,
-                keepalives_idle=10,
-                keepalives_interval=5,
-                keepalives_count=3,
-            )
+            conn = psycopg2.connect(self.dsn, **self._connect_options())
         except psycopg2.Error as exc:
             raise translate(exc, self.where) from exc
         conn.autocommit = True
         return conn
+
+    def _connect_options(self) -> dict[str, Any]:
+        """The store's connection settings, except those the connection string sets itself.
+
+        ``connect_timeout``, ``application_name`` and ``keepalives*`` given in the DSN (or a connection's
+        extras) are honoured, not overridden; values that would defeat failing closed are refused.
+        """
+        options: dict[str, Any] = {
+            "connect_timeout": max(1, round(self.connect_timeout.total_seconds())),
+            "application_name": self.application_name,
+            # Dead peers are noticed in seconds rather than the kernel's two hours.
+            "keepalives": 1,
+            "keepalives_idle": 10,
+            "keepalives_interval": 5,
+            "keepalives_count": 3,
+        }
+        try:
+            given = psycopg2.extensions.parse_dsn(self.dsn)
+        except psycopg2.Error:
+            return options  # connect() says what is wrong with it, redacted
+        for name in list(options):
+            if name not in given:
+                continue
+            value = given[name]
+            if name != "application_name":
+                minimum = 0 if name == "keepalives" else 1
+                if not value.strip().isdigit() or int(value) < minimum:
+                    raise InvalidArgument(
+                        name, value, f"in the connection string must be a whole number of at least {minimum}"
+                        + (" (0 would wait forever: the store fails closed instead)" if name == "connect_timeout" else "")
+                    )
+            del options[name]
+        return options
 
     def _connection(self) -> Any:
         # A connection inherited through fork() belongs to the parent: never use it from the child.

@@ -8,12 +8,13 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import timedelta
+from collections.abc import Collection
+from datetime import datetime, timedelta
 from typing import Any
 
 from airflow_lease_provider.core import validation
-from airflow_lease_provider.core.errors import InvalidArgument
-from airflow_lease_provider.core.events import EventKind
+from airflow_lease_provider.core.errors import InvalidArgument, LeaseError
+from airflow_lease_provider.core.events import Event, EventCount, EventKind, HoldStats, event_kind
 from airflow_lease_provider.core.keeper import LeaseKeeper
 from airflow_lease_provider.core.store import Store
 from airflow_lease_provider.core.types import Acquisition, Lease, checked, lease_from_row
@@ -27,6 +28,39 @@ def positive_limit(value: object, parameter: str = "limit", maximum: int = 100_0
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
         raise InvalidArgument(parameter, value, f"must be an integer from 1 to {maximum}")
     return value
+
+
+class LeaseChanged(LeaseError):
+    """A force-release with an expected token found another token: nothing was released.
+
+    :ivar current: the lease as it is now.
+    """
+
+    def __init__(self, key: str, expected: int | None, current: Lease) -> None:
+        super().__init__(
+            f"lease {key!r} has token {current.token}, not {expected}: it changed since you looked; "
+            "nothing was released"
+        )
+        self.key = key
+        self.expected = expected
+        self.current = current
+
+
+def _dag_list(dag_ids: Collection[str] | None) -> list[str] | None:
+    if dag_ids is None:
+        return None
+    if isinstance(dag_ids, str) or not all(isinstance(d, str) for d in dag_ids):
+        raise InvalidArgument("dag_ids", dag_ids, "must be a collection of DAG ids or None")
+    return sorted(dag_ids)
+
+
+def _aware(parameter: str, value: object) -> None:
+    if value is not None and not (isinstance(value, datetime) and value.tzinfo is not None):
+        raise InvalidArgument(parameter, value, "must be a timezone-aware datetime or None")
+
+
+def _event(row: tuple[Any, ...]) -> Event:
+    return Event(row[0], row[1], row[2], row[3], row[4], row[5], row[6] or {})
 
 
 class LeaseStore(Store):
@@ -113,12 +147,28 @@ class LeaseStore(Store):
             )
         return bool(rows)
 
-    def force_release(self, key: str, *, by: str = "admin", reason: str = "") -> Lease | None:
+    def lease(self, key: str) -> Lease | None:
+        """The row of ``key``, held or not (see :attr:`Lease.held`); ``None`` when it was never acquired.
+
+        One index lookup, whatever the number of keys (unlike scanning :meth:`leases`).
+        """
+        validation.name("key", key)
+        rows = self._ready().run("lease_by_key", {"key": key})
+        return lease_from_row(rows[0]) if rows else None
+
+    def force_release(
+        self, key: str, *, by: str = "admin", reason: str = "", expected_token: int | None = None
+    ) -> Lease | None:
         """Admin action: free ``key`` whoever holds it, and bump its token so the old holder is fenced out.
 
+        One statement: with ``expected_token`` the row is compared and released under one row lock, so a
+        lease re-acquired or bumped since the caller looked is never released by mistake.
+
         :param by: who did it, for the ledger.
-        :returns: the lease as it was just before (whether or not it was still valid), or ``None`` when
-            the key was never acquired.
+        :param expected_token: release only if the lease still has this token; otherwise raise
+            :class:`LeaseChanged` (carrying the lease as it is) and write nothing.
+        :returns: the lease as it was just before (whether or not it was still valid); its token is now
+            ``previous.token + 1``. ``None`` when the key was never acquired.
         """
         validation.name("key", key)
         validation.name("by", by)
@@ -126,10 +176,16 @@ class LeaseStore(Store):
             raise InvalidArgument(
                 "reason", reason, f"must be a string of at most {validation.MAX_NAME_LENGTH} characters without NUL"
             )
-        rows = self._ready().run("force_release", {"key": key}, durable=True)
+        if expected_token is not None:
+            validation.token("expected_token", expected_token)
+        rows = self._ready().run(
+            "force_release_expected", {"key": key, "expected_token": expected_token}, durable=True
+        )
         if not rows:
             return None
         previous = lease_from_row(rows[0][:9])
+        if rows[0][9] is None:
+            raise LeaseChanged(key, expected_token, previous)
         new_token = int(rows[0][9])
         if self.record_events:
             self.events.record(
@@ -139,12 +195,109 @@ class LeaseStore(Store):
         log.warning("lease %r force-released by %s (was %s)", key, by, previous.describe())
         return previous
 
-    def leases(self, limit: int = 1000) -> list[Lease]:
-        """Every key the store knows, held or not (see :attr:`Lease.held`)."""
+    def leases(
+        self,
+        limit: int = 1000,
+        *,
+        after: str | None = None,
+        held_only: bool = False,
+        dag_ids: Collection[str] | None = None,
+    ) -> list[Lease]:
+        """Keys the store knows, held or not (see :attr:`Lease.held`), in key order, a page at a time.
+
+        :param limit: at most this many.
+        :param after: the keys after this one (the last key of the previous page): keyset pagination,
+            so every page costs one index range scan however many keys there are.
+        :param held_only: only the leases valid right now.
+        :param dag_ids: only the leases whose owner's DAG (the owner up to its first ``/``) is one of
+            these; ``None`` for all, including owners that name no DAG.
+        """
         positive_limit(limit)
+        if after is not None:
+            validation.name("after", after)
+        params = {"limit": limit, "after": after, "held_only": bool(held_only), "dag_ids": _dag_list(dag_ids)}
         db = self._ready()
         sent_at = time.monotonic()
-        return [lease_from_row(row, sent_at) for row in db.run("list_leases", {"limit": limit})]
+        return [lease_from_row(row, sent_at) for row in db.run("lease_page", params)]
+
+    def event_page(
+        self,
+        *,
+        key: str | None = None,
+        kind: EventKind | str | None = None,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        before: tuple[datetime, int] | None = None,
+        dag_ids: Collection[str] | None = None,
+        limit: int = 100,
+    ) -> list[Event]:
+        """Events newest first, like :meth:`EventLedger.query`, keyset-paginated and scoped to DAGs.
+
+        :param before: ``(at, id)`` of the last event of the previous page: the page continues after it.
+        :param dag_ids: only events of these DAGs (the detail's ``dag_id``, else the owner's DAG).
+        """
+        if kind is not None:
+            kind = event_kind(kind)
+        if key is not None:
+            validation.name("key", key)
+        _aware("since", since)
+        _aware("until", until)
+        before_at, before_id = None, None
+        if before is not None:
+            if not (isinstance(before, tuple) and len(before) == 2 and isinstance(before[1], int)):
+                raise InvalidArgument("before", before, "must be (at, id) of an event")
+            _aware("before", before[0])
+            before_at, before_id = before
+        positive_limit(limit, maximum=10_000)
+        rows = self._ready().run(
+            "event_page",
+            {
+                "key": key, "kind": kind, "since": since, "until": until, "limit": limit,
+                "before_at": before_at, "before_id": before_id, "dag_ids": _dag_list(dag_ids),
+            },
+        )
+        return [_event(r) for r in rows]
+
+    def run_events(
+        self,
+        dag_id: str,
+        run_id: str,
+        *,
+        since: datetime | None = None,
+        until: datetime | None = None,
+        limit: int = 10_000,
+    ) -> list[Event]:
+        """The events of one DAG run, newest first, selected in SQL (by the detail's run, or the owner).
+
+        Owners of the run are ``dag_id/run_id`` (run-scoped) and ``dag_id/run_id/...`` (its tasks).
+        """
+        validation.name("dag_id", dag_id)
+        validation.name("run_id", run_id)
+        _aware("since", since)
+        _aware("until", until)
+        positive_limit(limit, maximum=100_000)
+        owner = f"{dag_id}/{run_id}"
+        rows = self._ready().run(
+            "run_events",
+            {
+                "dag_id": dag_id, "run_id": run_id, "run_owner": owner, "run_prefix": owner + "/",
+                "since": since, "until": until, "limit": limit,
+            },
+        )
+        return [_event(r) for r in rows]
+
+    def event_counts(self, *, dag_ids: Collection[str] | None = None) -> list[EventCount]:
+        """:meth:`EventLedger.counts`, limited to the events of ``dag_ids`` when given."""
+        rows = self._ready().run("count_events_scoped", {"dag_ids": _dag_list(dag_ids)})
+        return [EventCount(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
+
+    def hold_stats(
+        self, window: timedelta, *, dag_ids: Collection[str] | None = None
+    ) -> list[HoldStats]:
+        """:meth:`EventLedger.hold_stats`, limited to the events of ``dag_ids`` when given."""
+        validation.positive_timedelta("window", window)
+        rows = self._ready().run("hold_stats_scoped", {"window": window, "dag_ids": _dag_list(dag_ids)})
+        return [HoldStats(r[0], int(r[1]), float(r[2]), float(r[3]), r[4]) for r in rows]
 
     def keep(
         self,

@@ -63,6 +63,29 @@ def installed_version(db: Database) -> int:
     return int(rows[0][0])
 
 
+class SchemaMissing(SchemaError):
+    """A read-only user found no lease store where it points (and created none)."""
+
+
+def check_schema(db: Database) -> int:
+    """The read-only counterpart of :func:`ensure_schema`: never creates a store where there is none.
+
+    A connection or schema that names no lease store (a typo, the wrong database) raises
+    :class:`SchemaMissing` and leaves the database as it was. An existing store of an older version is
+    migrated like every user migrates it (migrations are additive), so an upgraded api-server can read
+    it before the first task runs.
+    """
+    version = installed_version(db)
+    if version == 0:
+        raise SchemaMissing(
+            f"no lease store at {db.where} in schema {db.schema!r}: nothing was created there. Check the "
+            "connection and the schema; a leased task (or LeaseStore.ensure_schema()) creates the store"
+        )
+    if version == latest_version():
+        return version
+    return ensure_schema(db)
+
+
 def ensure_schema(db: Database) -> int:
     """Create or migrate the schema to the latest version. Cheap when it is already current.
 

@@ -1,4 +1,5 @@
-"""What the lease store and the fence store share: a database boundary, a ledger, the schema on first use."""
+"""What the lease store and the fence store share: a database boundary, a ledger, the schema on first use
+(or, read-only, a check that it is there)."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from airflow_lease_provider.core.db import (
     Database,
 )
 from airflow_lease_provider.core.events import DEFAULT_RETENTION, EventLedger
-from airflow_lease_provider.core.schema import ensure_schema
+from airflow_lease_provider.core.schema import check_schema, ensure_schema
 
 
 class Store:
@@ -24,6 +25,9 @@ class Store:
     :param statement_timeout: a statement that runs longer fails closed.
     :param record_events: write what happens to the event ledger.
     :param event_retention: how long the ledger keeps events.
+    :param read_only: never create the schema: a connection or schema with no store there raises
+        :class:`~airflow_lease_provider.core.schema.SchemaMissing` (for status pages and the CLI, where a
+        typo must say "no lease store there" rather than create one).
     """
 
     def __init__(
@@ -35,12 +39,14 @@ class Store:
         statement_timeout: timedelta = DEFAULT_STATEMENT_TIMEOUT,
         record_events: bool = True,
         event_retention: timedelta = DEFAULT_RETENTION,
+        read_only: bool = False,
     ) -> None:
         self.db = Database(
             dsn, schema=schema, connect_timeout=connect_timeout, statement_timeout=statement_timeout
         )
         self.events = EventLedger(self.db, retention=event_retention, prepare=self._ready)
         self.record_events = record_events
+        self.read_only = read_only
         self._schema_ready = False
 
     @property
@@ -49,7 +55,10 @@ class Store:
 
     def _ready(self) -> Database:
         if not self._schema_ready:
-            ensure_schema(self.db)
+            if self.read_only:
+                check_schema(self.db)
+            else:
+                ensure_schema(self.db)
             self._schema_ready = True
         return self.db
 

@@ -4,7 +4,8 @@ The connection is any PostgreSQL connection: a ``postgresql://`` URI in ``AIRFLO
 a JSON connection, one defined in the UI (conn type ``postgres`` or ``lease``), or the Postgres
 connection you already have (``[lease] conn_id = my_postgres``). Extras that libpq understands
 (``sslmode``, ``options``, ``host`` for a Unix socket, ...) are passed through; ``lease_schema`` picks the
-schema.
+schema. ``connect_timeout``, ``application_name`` and ``keepalives*`` extras are honoured (they replace
+the store's own defaults; a ``connect_timeout`` of 0, which would wait forever, is refused).
 
 With no connection defined on a single-host Airflow (LocalExecutor), an embedded PostgreSQL under
 ``AIRFLOW_HOME`` is started (or attached to), with a loud log line that it protects this host only.
@@ -40,6 +41,10 @@ _LIBPQ_EXTRAS = {
 
 class LeaseConnectionMissing(LeaseStoreUnavailable):
     """No lease connection is defined where one is required (a distributed executor)."""
+
+
+class LeaseConnectionInvalid(LeaseStoreUnavailable):
+    """The lease connection is defined but Airflow could not read it (e.g. a URI that does not parse)."""
 
 
 @dataclass(frozen=True)
@@ -102,14 +107,28 @@ def _get_connection(conn_id: str) -> Any:
     return Connection.get_connection_from_secrets(conn_id)
 
 
+def _unreadable(conn_id: str, exc: BaseException) -> LeaseConnectionInvalid:
+    # Airflow's message is left out on purpose: a URI with an unencoded / @ : ? in its password is
+    # split there, and the message would quote a piece of the password (as the port, say).
+    return LeaseConnectionInvalid(
+        f"lease connection {conn_id!r} could not be read ({type(exc).__name__}): if it is a URI, "
+        "percent-encode / @ : ? # and % in its user and password (e.g. / as %2F)"
+    )
+
+
 def resolve(conn_id: str | None, schema: str | None = None) -> StoreLocation:
     """Find the store for ``conn_id`` (default ``[lease] conn_id``), falling back to the embedded one."""
     conn_id = conn_id or settings.conn_id()
     try:
         conn = _get_connection(conn_id)
+        location = _location(conn, conn_id, schema)
     except AirflowNotFoundException:
-        conn = None
-    return _location(conn, conn_id, schema)
+        location = _location(None, conn_id, schema)
+    except LeaseStoreUnavailable:
+        raise
+    except Exception as exc:
+        raise _unreadable(conn_id, exc) from None
+    return location
 
 
 async def location_async(conn_id: str | None, schema: str | None = None) -> StoreLocation:
@@ -117,9 +136,14 @@ async def location_async(conn_id: str | None, schema: str | None = None) -> Stor
     conn_id = conn_id or settings.conn_id()
     try:
         conn = await BaseHook.aget_connection(conn_id)
+        location = _location(conn, conn_id, schema)
     except AirflowNotFoundException:
-        conn = None
-    return _location(conn, conn_id, schema)
+        location = _location(None, conn_id, schema)
+    except LeaseStoreUnavailable:
+        raise
+    except Exception as exc:
+        raise _unreadable(conn_id, exc) from None
+    return location
 
 
 def _location(conn: Any, conn_id: str, schema: str | None) -> StoreLocation:
@@ -152,11 +176,12 @@ class _StoreHook(BaseHook):
     conn_type = "lease"
     hook_name = "Lease store (PostgreSQL)"
 
-    def __init__(self, conn_id: str | None = None, *, schema: str | None = None) -> None:
+    def __init__(self, conn_id: str | None = None, *, schema: str | None = None, read_only: bool = False) -> None:
         super().__init__()
         self.conn_id = conn_id or settings.conn_id()
         setattr(self, self.conn_name_attr, self.conn_id)
         self.schema = schema
+        self.read_only = read_only
         self._location: StoreLocation | None = None
         self._store: Any = None
 
@@ -197,13 +222,22 @@ class LeaseHook(_StoreHook):
     :param lease_conn_id: the connection (default ``[lease] conn_id``, itself ``lease_default``).
     :param schema: the PostgreSQL schema (default: the connection's ``lease_schema`` extra, then
         ``[lease] schema``).
+    :param read_only: for status pages and the CLI: never create the store's schema; where there is
+        none, the store says so (:class:`~airflow_lease_provider.core.schema.SchemaMissing`).
     """
 
-    def __init__(self, lease_conn_id: str | None = None, *, schema: str | None = None) -> None:
-        super().__init__(lease_conn_id, schema=schema)
+    def __init__(
+        self, lease_conn_id: str | None = None, *, schema: str | None = None, read_only: bool = False
+    ) -> None:
+        super().__init__(lease_conn_id, schema=schema, read_only=read_only)
 
     def _make_store(self, location: StoreLocation) -> LeaseStore:
-        return LeaseStore(location.dsn, schema=location.schema, event_retention=settings.event_retention())
+        return LeaseStore(
+            location.dsn,
+            schema=location.schema,
+            event_retention=settings.event_retention(),
+            read_only=self.read_only,
+        )
 
     def get_store(self) -> LeaseStore:
         store: LeaseStore = super().get_store()

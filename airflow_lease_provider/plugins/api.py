@@ -2,10 +2,10 @@
 
 Every route needs a logged-in Airflow user: Airflow leaves plugin routes open, so the app carries
 Airflow's own ``requires_authenticated()`` as an app-wide dependency (the page, its assets and the JSON
-alike). Force-release also needs an admin (:mod:`airflow_lease_provider.plugins.authz`).
+alike). What each user sees, and who may force-release, is :mod:`airflow_lease_provider.plugins.authz`.
 
-Routes are plain ``def``: FastAPI runs them in its thread pool, so the store's blocking calls never
-stall the api-server's event loop. Endpoints are documented in docs/ui.md.
+Routes are plain ``def`` (FastAPI runs them in its thread pool) or hand their blocking calls to it, so
+the store never stalls the api-server's event loop. Endpoints are documented in docs/ui.md.
 """
 
 from __future__ import annotations
@@ -18,13 +18,17 @@ from importlib import resources
 from typing import Annotated, Any
 
 from fastapi import Depends, FastAPI, HTTPException, Query, Request, status
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Response
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_lease_provider.core import InvalidArgument, LeaseError, LeaseStore, LeaseStoreUnavailable
-from airflow_lease_provider.plugins import report
-from airflow_lease_provider.plugins.authz import may_force_release
+from airflow_lease_provider.core.db import redact
+from airflow_lease_provider.core.lease import LeaseChanged
+from airflow_lease_provider.core.schema import SchemaMissing
+from airflow_lease_provider.plugins import authz, report
+from airflow_lease_provider.plugins.authz import Scope, may_force_release
 from airflow_lease_provider.version_compat import GetUserDep, SessionDep, requires_authenticated
 
 log = logging.getLogger(__name__)
@@ -38,6 +42,8 @@ _ASSETS = {
     "task.js": "text/javascript; charset=utf-8",
 }
 MAX_EVENTS = 1000
+#: The longest page of leases (``limit``); the default page is shorter, the page asks for more.
+MAX_LEASES = report.MAX_PAGE
 
 
 # -- the store --------------------------------------------------------------------------------------
@@ -45,6 +51,8 @@ MAX_EVENTS = 1000
 _store_lock = threading.Lock()
 _store: LeaseStore | None = None
 _store_info: dict[str, Any] = {}
+#: How the store's messages name it (user@host:port/dbname): kept out of every response.
+_store_where: list[str] = []
 
 
 def get_store() -> LeaseStore:
@@ -54,11 +62,15 @@ def get_store() -> LeaseStore:
         if _store is None:
             from airflow_lease_provider.hooks import LeaseHook
 
-            hook = LeaseHook()
+            # Read-only: the page never creates a store where its connection points (a typo in it says
+            # "no lease store there"); the tasks create it.
+            hook = LeaseHook(read_only=True)
             location = hook.location
-            _store = hook.get_store()
+            store = hook.get_store()
             # Only what a viewer may know: never the host, user or password of the store.
             _store_info.update(schema=location.schema, embedded=location.embedded)
+            _store_where[:] = sorted({location.where, store.db.where}, key=len, reverse=True)
+            _store = store
         return _store
 
 
@@ -75,19 +87,40 @@ def _auth_manager() -> Any:
     return get_auth_manager()
 
 
+def get_scope(user: GetUserDep) -> Scope:
+    """What this user may see: every lease (admins) or those of the DAGs they may read."""
+    return authz.scope(_auth_manager(), user)
+
+
+ScopeDep = Annotated[Scope, Depends(get_scope)]
+
+
 # -- errors -----------------------------------------------------------------------------------------
 
 
+def public_message(exc: BaseException) -> str:
+    """An error's message as every user may read it: no password, nor the store's user and host.
+
+    The page hides where the store is from viewers, so its errors do too (for everyone: the api-server
+    log has the full message). Passwords are already redacted by the core's ``translate``.
+    """
+    message = redact(str(exc))
+    schema = _store_info.get("schema")
+    for where in _store_where:
+        message = message.replace(where, f"the lease store (schema {schema})" if schema else "the lease store")
+    return message
+
+
 def _lease_error(request: Request, exc: Exception) -> Response:
-    if isinstance(exc, InvalidArgument):
+    if isinstance(exc, InvalidArgument | report.BadCursor):
         code = status.HTTP_400_BAD_REQUEST
-    elif isinstance(exc, LeaseStoreUnavailable):
+    elif isinstance(exc, LeaseStoreUnavailable | SchemaMissing):
         code = status.HTTP_503_SERVICE_UNAVAILABLE
+        log.warning("lease plugin: %s", redact(str(exc)))
     else:
         code = status.HTTP_500_INTERNAL_SERVER_ERROR
-        log.warning("lease plugin: %s", exc)
-    # The library's messages name the store by describe_dsn() (no password), so they can be shown.
-    return JSONResponse({"detail": str(exc)}, status_code=code)
+        log.warning("lease plugin: %s", redact(str(exc)))
+    return JSONResponse({"detail": public_message(exc)}, status_code=code)
 
 
 def _http_error(request: Request, exc: Exception) -> Response:
@@ -143,33 +176,55 @@ def asset(name: str) -> Response:
 # -- JSON -------------------------------------------------------------------------------------------
 
 
-def me(user: GetUserDep) -> dict[str, Any]:
-    return {"user": _user_name(user), "can_force_release": may_force_release(_auth_manager(), user)}
+def me(user: GetUserDep, scope: ScopeDep) -> dict[str, Any]:
+    return {"user": _user_name(user), "can_force_release": scope.admin}
 
 
-def get_leases(store: StoreDep, held_only: bool = False) -> dict[str, Any]:
-    return {**report.leases(store, held_only=held_only), "store": dict(_store_info)}
+def get_leases(
+    store: StoreDep,
+    scope: ScopeDep,
+    held_only: bool = False,
+    limit: Annotated[int, Query(ge=1, le=MAX_LEASES)] = 100,
+    cursor: str | None = None,
+) -> dict[str, Any]:
+    page = report.leases(store, held_only=held_only, limit=limit, cursor=cursor or None, dag_ids=scope.dag_ids)
+    return {**page, "store": dict(_store_info)}
+
+
+def get_lease(store: StoreDep, scope: ScopeDep, key: Annotated[str, Query(min_length=1, max_length=512)]) -> dict[str, Any]:
+    row = report.lease(store, key, dag_ids=scope.dag_ids)
+    if row is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no lease {key!r} in the store")
+    return {"lease": row, "store": dict(_store_info)}
 
 
 def get_events(
     store: StoreDep,
+    scope: ScopeDep,
     key: str | None = None,
     kind: str | None = None,
     since: datetime | None = None,
     until: datetime | None = None,
     limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = 100,
+    cursor: str | None = None,
 ) -> dict[str, Any]:
-    return report.events(store, key=key or None, kind=kind or None, since=since, until=until, limit=limit)
+    return report.events(
+        store, key=key or None, kind=kind or None, since=since, until=until, limit=limit,
+        cursor=cursor or None, dag_ids=scope.dag_ids,
+    )
 
 
-def get_counts(store: StoreDep) -> dict[str, Any]:
-    return report.counts(store)
+def get_counts(store: StoreDep, scope: ScopeDep) -> dict[str, Any]:
+    return report.counts(store, dag_ids=scope.dag_ids)
 
 
 def get_ttl_advice(
-    store: StoreDep, days: Annotated[float, Query(gt=0, le=3650)] = 30, key: str | None = None
+    store: StoreDep,
+    scope: ScopeDep,
+    days: Annotated[float, Query(gt=0, le=3650)] = 30,
+    key: str | None = None,
 ) -> dict[str, Any]:
-    return report.ttl_advice(store, window=timedelta(days=days), key=key or None)
+    return report.ttl_advice(store, window=timedelta(days=days), key=key or None, dag_ids=scope.dag_ids)
 
 
 def run_window(session: Any, dag_id: str, run_id: str) -> tuple[datetime | None, datetime | None]:
@@ -191,11 +246,15 @@ def run_window(session: Any, dag_id: str, run_id: str) -> tuple[datetime | None,
 def get_task_instance(
     store: StoreDep,
     session: SessionDep,
+    user: GetUserDep,
+    scope: ScopeDep,
     dag_id: str,
     run_id: str,
     task_id: str,
     map_index: str | None = None,
 ) -> dict[str, Any]:
+    if not scope.admin and not authz.may_read_dag(_auth_manager(), user, dag_id):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, f"you may not read DAG {dag_id!r}")
     # The UI substitutes {MAP_INDEX} only for mapped instances; anything else means "not mapped".
     index = int(map_index) if map_index and map_index.lstrip("-").isdigit() else -1
     since, until = run_window(session, dag_id, run_id)
@@ -211,37 +270,54 @@ class ForceReleaseBody(BaseModel):
     expected_token: int | None = None
 
 
-def force_release(
-    request: Request, body: ForceReleaseBody, user: GetUserDep, store: StoreDep
-) -> dict[str, Any]:
-    if not may_force_release(_auth_manager(), user):
+async def force_release(request: Request, user: GetUserDep, store: StoreDep) -> dict[str, Any]:
+    """Admins only, checked before the body is even read (a non-admin's malformed body gets 403)."""
+    auth_manager = _auth_manager()
+    if not await run_in_threadpool(may_force_release, auth_manager, user):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "force-release is for admins only")
     # A JSON body forces a CORS preflight on cross-site requests, on top of the SameSite cookie.
     if not request.headers.get("content-type", "").startswith("application/json"):
         raise HTTPException(status.HTTP_415_UNSUPPORTED_MEDIA_TYPE, "send JSON")
+    try:
+        body = ForceReleaseBody.model_validate_json(await request.body())
+    except ValidationError as exc:
+        errors = exc.errors(include_url=False, include_context=False, include_input=False)
+        raise HTTPException(status.HTTP_422_UNPROCESSABLE_CONTENT, errors) from None
     if body.confirm != body.key:
         raise HTTPException(status.HTTP_400_BAD_REQUEST, "confirm must repeat the key exactly")
-    if body.expected_token is not None:
-        current = next((lease for lease in store.leases() if lease.key == body.key), None)
-        if current is None or current.token != body.expected_token:
-            raise HTTPException(
-                status.HTTP_409_CONFLICT,
-                f"lease {body.key!r} changed since you looked (token is now "
-                f"{current.token if current else 'none'}); reload and check again",
-            )
+    return await run_in_threadpool(_force_release, auth_manager, user, store, body)
+
+
+def _force_release(auth_manager: Any, user: Any, store: LeaseStore, body: ForceReleaseBody) -> dict[str, Any]:
+    current = store.lease(body.key)
+    if current is None:
+        raise HTTPException(status.HTTP_404_NOT_FOUND, f"no lease {body.key!r} in the store")
+    dag_id = report.owner_dag(current.owner)
+    if dag_id is not None and not authz.may_edit_dag(auth_manager, user, dag_id):
+        raise HTTPException(
+            status.HTTP_403_FORBIDDEN, f"force-release needs edit rights on DAG {dag_id!r}, whose run holds it"
+        )
+    # The lease whose DAG was checked is the one released: compared and released in one statement.
+    expected = body.expected_token if body.expected_token is not None else current.token
     by = _user_name(user)
-    previous = store.force_release(
-        body.key, by=by, reason=body.reason or "force-released from the Airflow UI"
-    )
+    try:
+        previous = store.force_release(
+            body.key, by=by, reason=body.reason or "force-released from the Airflow UI", expected_token=expected
+        )
+    except LeaseChanged as exc:
+        raise HTTPException(
+            status.HTTP_409_CONFLICT,
+            f"lease {body.key!r} changed since you looked (token is now {exc.current.token}); "
+            "reload and check again",
+        ) from None
     if previous is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no lease {body.key!r} in the store")
-    new = next((lease for lease in store.leases() if lease.key == body.key), None)
     log.warning("lease %r force-released by %s from the Airflow UI", body.key, by)
     return {
         "key": body.key,
         "by": by,
         "previous": report.lease_row(previous),
-        "new_token": new.token if new else None,
+        "new_token": previous.token + 1,
     }
 
 
@@ -266,6 +342,7 @@ def create_app() -> FastAPI:
     app.add_api_route("/static/{name}", asset, methods=["GET"])
     app.add_api_route("/api/me", me, methods=["GET"])
     app.add_api_route("/api/leases", get_leases, methods=["GET"])
+    app.add_api_route("/api/lease", get_lease, methods=["GET"])
     app.add_api_route("/api/events", get_events, methods=["GET"])
     app.add_api_route("/api/counts", get_counts, methods=["GET"])
     app.add_api_route("/api/ttl-advice", get_ttl_advice, methods=["GET"])

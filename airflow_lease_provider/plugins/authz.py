@@ -1,16 +1,24 @@
-"""Who may force-release a lease: admins, as Airflow's auth manager sees them.
+"""Who may see and do what on the Leases page, asked of Airflow's auth manager through its public API.
 
-Reading leases needs only a logged-in user (``requires_authenticated``). Force-release frees a lease
-whoever holds it, so it is asked of the auth manager as an action on the plugin's own resource:
-``is_authorized_custom_view(method="DELETE", resource_name="Leases")``. That is the auth manager API for
-plugin views, so FAB and Keycloak deployments grant it like any other permission.
+- **Admins** (:func:`may_force_release`) see every lease and event, those of keys with no DAG included,
+  and may force-release. It is asked as an action on the plugin's own resource:
+  ``is_authorized_custom_view(method="DELETE", resource_name="Leases")``, the auth manager API for plugin
+  views, so FAB and Keycloak deployments grant it like any other permission (FAB: ``can_delete`` on
+  ``Leases``, which its Admin role gets once the permission exists). The SimpleAuthManager answers every
+  custom-view question as a read that any viewer may do; for it the user's own role must be ``admin``.
+- **Everyone else** sees the leases and events of the DAGs they may read
+  (``get_authorized_dag_ids(method="GET")``): a lease's DAG is its owner up to the first ``/``, an
+  event's DAG the ``dag_id`` of its detail, else its owner's. Keys whose owner names no DAG (core API
+  users, scripts) are for admins only: nothing says who else may see them.
+- **Force-release** needs an admin *and* edit rights on the lease's DAG
+  (``is_authorized_dag(method="PUT")``).
 
-The SimpleAuthManager answers every custom-view question as a read that any viewer may do, whatever
-the method; for it the user's own role must be ``admin`` as well.
+Nothing here is specific to one auth manager but the SimpleAuthManager's role check.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 #: The resource name the auth manager is asked about.
@@ -18,8 +26,21 @@ RESOURCE_NAME = "Leases"
 FORCE_RELEASE_METHOD = "DELETE"
 
 
+@dataclass(frozen=True)
+class Scope:
+    """What one user may see: everything (``dag_ids is None``, admins) or the leases of these DAGs."""
+
+    admin: bool
+    dag_ids: frozenset[str] | None
+
+    def sees_dag(self, dag_id: str | None) -> bool:
+        if self.dag_ids is None:
+            return True
+        return dag_id is not None and dag_id in self.dag_ids
+
+
 def may_force_release(auth_manager: Any, user: Any) -> bool:
-    """Whether ``user`` may force-release leases, by ``auth_manager`` (an Airflow ``BaseAuthManager``)."""
+    """Whether ``user`` is a lease admin, by ``auth_manager`` (an Airflow ``BaseAuthManager``)."""
     if not auth_manager.is_authorized_custom_view(
         method=FORCE_RELEASE_METHOD, resource_name=RESOURCE_NAME, user=user
     ):
@@ -32,3 +53,22 @@ def may_force_release(auth_manager: Any, user: Any) -> bool:
     if isinstance(auth_manager, SimpleAuthManager):
         return str(getattr(user, "role", None) or "").upper() == SimpleAuthManagerRole.ADMIN.name
     return True
+
+
+def scope(auth_manager: Any, user: Any) -> Scope:
+    """What ``user`` may see on the Leases page and its JSON."""
+    if may_force_release(auth_manager, user):
+        return Scope(admin=True, dag_ids=None)
+    return Scope(admin=False, dag_ids=frozenset(auth_manager.get_authorized_dag_ids(user=user, method="GET")))
+
+
+def may_read_dag(auth_manager: Any, user: Any, dag_id: str) -> bool:
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+    return bool(auth_manager.is_authorized_dag(method="GET", details=DagDetails(id=dag_id), user=user))
+
+
+def may_edit_dag(auth_manager: Any, user: Any, dag_id: str) -> bool:
+    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+
+    return bool(auth_manager.is_authorized_dag(method="PUT", details=DagDetails(id=dag_id), user=user))

@@ -7,8 +7,10 @@ by the owner format the operators write (:mod:`airflow_lease_provider.identity`)
 
 from __future__ import annotations
 
+import base64
+import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Collection, Iterable, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
@@ -101,12 +103,79 @@ def lease_row(lease: Lease) -> dict[str, Any]:
     }
 
 
-def leases(store: LeaseStore, *, held_only: bool = False) -> dict[str, Any]:
-    rows = [lease_row(lease) for lease in store.leases()]
-    if held_only:
-        rows = [row for row in rows if row["held"]]
+#: The longest page the lists return (the JSON's ``limit``, the CLI's page size).
+MAX_PAGE = 1000
+
+
+class BadCursor(ValueError):
+    """A ``cursor`` that is not a ``next_cursor`` this read model handed out."""
+
+
+def encode_cursor(value: Any) -> str:
+    """An opaque, URL-safe cursor for keyset pagination (the last row of a page)."""
+    return base64.urlsafe_b64encode(json.dumps(value, separators=(",", ":")).encode()).decode().rstrip("=")
+
+
+def decode_cursor(cursor: str) -> Any:
+    try:
+        return json.loads(base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)))
+    except (ValueError, TypeError):
+        raise BadCursor("cursor is not one this API handed out: pass next_cursor back unchanged") from None
+
+
+def leases(
+    store: LeaseStore,
+    *,
+    held_only: bool = False,
+    limit: int = MAX_PAGE,
+    cursor: str | None = None,
+    dag_ids: Collection[str] | None = None,
+) -> dict[str, Any]:
+    """One page of leases in key order; ``next_cursor`` continues after its last key (``None``: done).
+
+    :param dag_ids: only the leases of these DAGs (see :meth:`LeaseStore.leases`); ``None`` for all.
+    """
+    after = None
+    if cursor:
+        after = decode_cursor(cursor)
+        if not isinstance(after, str):
+            raise BadCursor("cursor is not one this API handed out: pass next_cursor back unchanged")
+    found = store.leases(limit, after=after, held_only=held_only, dag_ids=dag_ids)
+    rows = [lease_row(lease) for lease in found]
     observed = max((row["observed_at"] for row in rows), default=None)
-    return {"observed_at": observed, "leases": rows}
+    more = len(found) == limit
+    return {
+        "observed_at": observed,
+        "leases": rows,
+        "limit": limit,
+        "next_cursor": encode_cursor(found[-1].key) if more else None,
+    }
+
+
+def lease(store: LeaseStore, key: str, *, dag_ids: Collection[str] | None = None) -> dict[str, Any] | None:
+    """The row of one key (``None`` when unknown, or not of one of ``dag_ids`` when given)."""
+    found = store.lease(key)
+    if found is None or (dag_ids is not None and owner_dag(found.owner) not in dag_ids):
+        return None
+    return lease_row(found)
+
+
+def owner_dag(owner: str | None) -> str | None:
+    """The DAG an owner belongs to: the part before its first ``/``; ``None`` for an owner with no ``/``.
+
+    Owners are ``dag_id/run_id/task_id[map_index]`` (task-scoped) or ``dag_id/run_id`` (run-scoped);
+    nothing past the first ``/`` is relied on, so run ids with ``/`` in them change nothing.
+    """
+    if not owner or "/" not in owner:
+        return None
+    dag = owner.split("/", 1)[0]
+    return dag or None
+
+
+def event_dag(event: Event) -> str | None:
+    """The DAG an event belongs to: its detail's ``dag_id`` when the operator wrote one, else its owner's."""
+    dag = event.detail.get("dag_id")
+    return str(dag) if dag else owner_dag(event.owner)
 
 
 # -- events -----------------------------------------------------------------------------------------
@@ -204,9 +273,28 @@ def events(
     since: datetime | None = None,
     until: datetime | None = None,
     limit: int = 100,
+    cursor: str | None = None,
+    dag_ids: Collection[str] | None = None,
 ) -> dict[str, Any]:
-    found = store.events.query(key=key, kind=kind, since=since, until=until, limit=limit)
-    return {"events": [event_row(e) for e in found], "limit": limit}
+    """One page of events, newest first; ``next_cursor`` continues with the older ones (``None``: done)."""
+    before = None
+    if cursor:
+        value = decode_cursor(cursor)
+        try:
+            before = (datetime.fromisoformat(value[0]), int(value[1]))
+        except (TypeError, ValueError, IndexError, KeyError):
+            raise BadCursor("cursor is not one this API handed out: pass next_cursor back unchanged") from None
+        if before[0].tzinfo is None:
+            raise BadCursor("cursor is not one this API handed out: pass next_cursor back unchanged")
+    found = store.event_page(
+        key=key, kind=kind, since=since, until=until, limit=limit, before=before, dag_ids=dag_ids
+    )
+    more = len(found) == limit
+    return {
+        "events": [event_row(e) for e in found],
+        "limit": limit,
+        "next_cursor": encode_cursor([found[-1].at.isoformat(), found[-1].id]) if more else None,
+    }
 
 
 def _about(event: Event, dag_id: str, run_id: str, task_id: str, map_index: int) -> bool:
@@ -225,7 +313,10 @@ def _about(event: Event, dag_id: str, run_id: str, task_id: str, map_index: int)
         return d.get("task_id") == task_id and _int(d.get("map_index")) in (map_index, -1)
     ref = parse_owner(event.owner)
     return (
-        ref is not None and (ref.dag_id, ref.run_id) == (dag_id, run_id) and ref.map_index in (map_index, -1)
+        ref is not None
+        and (ref.dag_id, ref.run_id) == (dag_id, run_id)
+        and ref.task_id in (task_id, None)
+        and ref.map_index in (map_index, -1)
     )
 
 
@@ -238,14 +329,13 @@ def task_instance_events(
     *,
     since: datetime | None = None,
     until: datetime | None = None,
-    limit: int = 2000,
 ) -> dict[str, Any]:
     """The events one task instance caused, and why it was skipped if it was.
 
-    The ledger is indexed by time, not by run, so this reads the events of the run's time window
-    (``since``/``until``, from Airflow's metadata) and keeps those about this task instance.
+    The run's events are selected in SQL (by the run named in their detail, or an owner of that run),
+    within the run's time window when Airflow knows it; of those, the ones about this task instance.
     """
-    found = store.events.query(since=since, until=until, limit=limit)
+    found = store.run_events(dag_id, run_id, since=since, until=until)
     rows = [event_row(e) for e in found if _about(e, dag_id, run_id, task_id, map_index)]
     skip = next((r for r in rows if r["kind"] in (EventKind.SKIPPED_OVERLAP, EventKind.OVERLAP_FAILED)), None)
     return {
@@ -261,10 +351,10 @@ def task_instance_events(
 # -- counts -----------------------------------------------------------------------------------------
 
 
-def counts(store: LeaseStore) -> dict[str, Any]:
-    """Per key: events by kind in the last 24 hours and 7 days (database clock)."""
+def counts(store: LeaseStore, *, dag_ids: Collection[str] | None = None) -> dict[str, Any]:
+    """Per key: events by kind in the last 24 hours and 7 days (database clock), of ``dag_ids`` if given."""
     by_key: dict[str, dict[str, dict[str, int]]] = {}
-    for c in store.events.counts():
+    for c in store.event_counts(dag_ids=dag_ids):
         by_key.setdefault(c.key, {})[c.kind] = {"last_24h": c.last_24h, "last_7d": c.last_7d}
     return {
         "kinds": [k.value for k in EventKind],
@@ -342,12 +432,21 @@ def advise(ttl: timedelta | None, stats: HoldStats | None, *, lost: int = 0, lat
 
 
 def ttl_advice(
-    store: LeaseStore, *, window: timedelta = DEFAULT_RETENTION, key: str | None = None
+    store: LeaseStore,
+    *,
+    window: timedelta = DEFAULT_RETENTION,
+    key: str | None = None,
+    dag_ids: Collection[str] | None = None,
 ) -> dict[str, Any]:
-    """TTL advice for every key with a lease or with holds in the ledger."""
-    stats = {s.key: s for s in store.events.hold_stats(window)}
-    ttls = {lease.key: lease.ttl for lease in store.leases()}
-    troubles = {(c.key, c.kind): c.last_7d for c in store.events.counts()}
+    """TTL advice for every key with a lease or with holds in the ledger (of ``dag_ids`` if given)."""
+    stats = {s.key: s for s in store.hold_stats(window, dag_ids=dag_ids)}
+    if key is not None:
+        found = store.lease(key)
+        current = [found] if found is not None and (dag_ids is None or owner_dag(found.owner) in dag_ids) else []
+    else:
+        current = list(_all_leases(store, dag_ids))
+    ttls = {lease.key: lease.ttl for lease in current}
+    troubles = {(c.key, c.kind): c.last_7d for c in store.event_counts(dag_ids=dag_ids)}
     keys: Iterable[str] = sorted(set(stats) | set(ttls))
     rows = []
     for k in keys:
@@ -365,6 +464,17 @@ def ttl_advice(
             }
         )
     return {"window_seconds": _seconds(window), "low": ADVICE_LOW, "high": ADVICE_HIGH, "advice": rows}
+
+
+def _all_leases(store: LeaseStore, dag_ids: Collection[str] | None) -> Iterator[Lease]:
+    """Every lease, a page at a time (keyset pagination: no page costs more than the first)."""
+    after = None
+    while True:
+        page = store.leases(MAX_PAGE, after=after, dag_ids=dag_ids)
+        yield from page
+        if len(page) < MAX_PAGE:
+            return
+        after = page[-1].key
 
 
 def format_duration(seconds: float) -> str:

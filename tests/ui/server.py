@@ -145,8 +145,61 @@ class AirflowServer:
         )
 
 
+OTHER_DAG_ID = "lease_ui_other"
+FAB_AUTH_MANAGER = "airflow.providers.fab.auth_manager.fab_auth_manager.FabAuthManager"
+#: FAB users and their roles. Viewer and Op are FAB's own; the others are made by FAB_SETUP below.
+FAB_USERS = {
+    "admin": "Admin",  # Admin, granted can_delete on Leases: a lease admin with every DAG
+    "viewer": "Viewer",  # reads every DAG, no lease admin
+    "op": "Op",  # edits every DAG, no lease admin
+    "demo_reader": "DemoReader",  # reads lease_ui_demo only
+    "lease_keeper": "LeaseKeeper",  # lease admin; reads both DAGs, edits only lease_ui_other
+}
+#: Run with the server's Python and environment: the permission the admin check asks about, and roles
+#: with DAG-level access, through FAB's security manager (what an operator does once per deployment).
+FAB_SETUP = f"""
+import json, sys
+from airflow.providers.fab.auth_manager.cli_commands.utils import get_application_builder
+users = json.loads(sys.argv[1])
+with get_application_builder() as appbuilder:
+    sm = appbuilder.sm
+    grant = lambda role, action, resource: sm.add_permission_to_role(role, sm.create_permission(action, resource))
+    grant(sm.find_role("Admin"), "can_delete", "Leases")
+    reader = sm.add_role("DemoReader")
+    grant(reader, "can_read", "DAG:{DAG_ID}")
+    keeper = sm.add_role("LeaseKeeper")
+    grant(keeper, "can_delete", "Leases")
+    grant(keeper, "can_read", "DAG:{DAG_ID}")
+    grant(keeper, "can_read", "DAG:{OTHER_DAG_ID}")
+    grant(keeper, "can_edit", "DAG:{OTHER_DAG_ID}")
+    for name, role in users.items():
+        made = sm.add_user(name, name, "test", name + "@example.com", [sm.find_role(role)], password=name + "-pw")
+        assert made, name
+"""
+
+
+def make_fab_server(pg_dsn: str, schema: str) -> AirflowServer:
+    """An api-server under the FAB auth manager, with users of different roles (FAB_USERS)."""
+    server = _prepare(pg_dsn, schema, fab=True)
+    try:
+        # The DAGs must be in the metadata database: DAG-level access is checked against it.
+        server.airflow("dags", "reserialize")
+        subprocess.run(
+            [str(VENV_BIN / "python"), "-c", FAB_SETUP, json.dumps(FAB_USERS)],
+            env=server.env, check=True, capture_output=True, timeout=300, start_new_session=True,
+        )
+    except BaseException:
+        server.cleanup()
+        raise
+    return server
+
+
 def make_server(pg_dsn: str, schema: str) -> AirflowServer:
     """Prepare the home (migrate, users, connection); the caller starts the server and runs the DAGs."""
+    return _prepare(pg_dsn, schema)
+
+
+def _prepare(pg_dsn: str, schema: str, *, fab: bool = False, conn_uri: str | None = None) -> AirflowServer:
     root = scratch_dir("lease-ui-")
     home = root / "home"
     home.mkdir()
@@ -166,11 +219,13 @@ def make_server(pg_dsn: str, schema: str) -> AirflowServer:
         AIRFLOW__LEASE__SCHEMA=schema,
         PATH=f"{VENV_BIN}:{env.get('PATH', '')}",
     )
+    if fab:
+        env["AIRFLOW__CORE__AUTH_MANAGER"] = FAB_AUTH_MANAGER
     server = AirflowServer(root=root, env=env, port=free_port(), log=root / "api-server.log")
     try:
         server.airflow("db", "migrate")
         # In the metadata database, not in an env var: the api-server must find it there by itself.
-        server.airflow("connections", "add", "lease_default", "--conn-uri", pg_dsn)
+        server.airflow("connections", "add", "lease_default", "--conn-uri", conn_uri or pg_dsn)
     except BaseException:
         server.cleanup()
         raise

@@ -121,3 +121,102 @@ SELECT key, count(*), max((detail->>'held_seconds')::float8),
    AND jsonb_typeof(detail->'held_seconds') = 'number'
  GROUP BY key
  ORDER BY key;
+
+-- Reads of the status pages and the CLI. A row's DAG is the part of its owner before the first '/'
+-- (owners are dag_id/run_id/task_id[map_index] or dag_id/run_id); an owner with no '/' (a core API
+-- user) belongs to no DAG. %(dag_ids)s NULL means "every row"; an array keeps the rows of those DAGs.
+
+-- name: lease_by_key
+-- The row of one key, held or not (see Lease.held): one index lookup, however many keys there are.
+SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+       clock_timestamp()
+  FROM {schema}.lease l
+ WHERE l.key = %(key)s;
+
+-- name: force_release_expected
+-- Force-release as one statement: the row is locked, compared with the expected token (when one is
+-- given) and released with its token bumped, or left alone. Returns the state before, and the new
+-- token (NULL when the token did not match: nothing was written). No row: the key was never acquired.
+WITH old AS (
+    SELECT key, owner, token, ttl, acquired_at, renewed_at, expires_at, released_at
+      FROM {schema}.lease WHERE key = %(key)s FOR UPDATE
+), upd AS (
+    UPDATE {schema}.lease AS l
+       SET token = l.token + 1, expires_at = LEAST(l.expires_at, clock_timestamp()),
+           released_at = clock_timestamp()
+      FROM old
+     WHERE l.key = old.key AND (%(expected_token)s::bigint IS NULL OR old.token = %(expected_token)s::bigint)
+ RETURNING l.token
+)
+SELECT old.key, old.owner, old.token, old.ttl, old.acquired_at, old.renewed_at, old.expires_at,
+       old.released_at, clock_timestamp(), (SELECT token FROM upd)
+  FROM old;
+
+-- name: lease_page
+-- Keyset pagination by key: the keys after %(after)s (NULL: from the first), at most %(limit)s.
+SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+       clock_timestamp()
+  FROM {schema}.lease l
+ WHERE (%(after)s::text IS NULL OR l.key > %(after)s::text)
+   AND (NOT %(held_only)s OR (l.released_at IS NULL AND l.expires_at > clock_timestamp()))
+   AND (%(dag_ids)s::text[] IS NULL
+        OR (CASE WHEN strpos(l.owner, '/') > 1 THEN split_part(l.owner, '/', 1) END) = ANY(%(dag_ids)s::text[]))
+ ORDER BY l.key
+ LIMIT %(limit)s;
+
+-- name: event_page
+-- Newest first, keyset-paginated by (at, id): the events older than the cursor (NULL: the newest).
+-- An event's DAG is its detail's dag_id when the operator wrote one, else its owner's.
+SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+  FROM {schema}.event e
+ WHERE (%(key)s::text IS NULL OR e.key = %(key)s::text)
+   AND (%(kind)s::text IS NULL OR e.kind = %(kind)s::text)
+   AND (%(since)s::timestamptz IS NULL OR e.at >= %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR e.at < %(until)s::timestamptz)
+   AND (%(before_at)s::timestamptz IS NULL OR (e.at, e.id) < (%(before_at)s::timestamptz, %(before_id)s::bigint))
+   AND (%(dag_ids)s::text[] IS NULL
+        OR coalesce(e.detail->>'dag_id',
+                    CASE WHEN strpos(e.owner, '/') > 1 THEN split_part(e.owner, '/', 1) END)
+           = ANY(%(dag_ids)s::text[]))
+ ORDER BY e.at DESC, e.id DESC
+ LIMIT %(limit)s;
+
+-- name: run_events
+-- The events of one DAG run, newest first: those whose detail names the run, and those whose owner
+-- is the run (dag_id/run_id) or one of its task instances (dag_id/run_id/...). Within the run's time
+-- window when one is given (the event_at_idx index), filtered in SQL, not after a LIMIT.
+SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+  FROM {schema}.event e
+ WHERE ((e.detail->>'dag_id' = %(dag_id)s AND e.detail->>'run_id' = %(run_id)s)
+        OR e.owner = %(run_owner)s OR starts_with(e.owner, %(run_prefix)s))
+   AND (%(since)s::timestamptz IS NULL OR e.at >= %(since)s::timestamptz)
+   AND (%(until)s::timestamptz IS NULL OR e.at < %(until)s::timestamptz)
+ ORDER BY e.at DESC, e.id DESC
+ LIMIT %(limit)s;
+
+-- name: count_events_scoped
+-- count_events limited to the events of some DAGs (see event_page for an event's DAG).
+SELECT e.key, e.kind, count(*) FILTER (WHERE e.at >= clock_timestamp() - interval '24 hours'),
+       count(*) FILTER (WHERE e.at >= clock_timestamp() - interval '7 days')
+  FROM {schema}.event e
+ WHERE e.at >= clock_timestamp() - interval '7 days'
+   AND (%(dag_ids)s::text[] IS NULL
+        OR coalesce(e.detail->>'dag_id',
+                    CASE WHEN strpos(e.owner, '/') > 1 THEN split_part(e.owner, '/', 1) END)
+           = ANY(%(dag_ids)s::text[]))
+ GROUP BY e.key, e.kind
+ ORDER BY e.key, e.kind;
+
+-- name: hold_stats_scoped
+-- hold_stats limited to the released events of some DAGs.
+SELECT e.key, count(*), max((e.detail->>'held_seconds')::float8),
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY (e.detail->>'held_seconds')::float8), max(e.at)
+  FROM {schema}.event e
+ WHERE e.kind = 'released' AND e.at >= clock_timestamp() - %(window)s
+   AND jsonb_typeof(e.detail->'held_seconds') = 'number'
+   AND (%(dag_ids)s::text[] IS NULL
+        OR coalesce(e.detail->>'dag_id',
+                    CASE WHEN strpos(e.owner, '/') > 1 THEN split_part(e.owner, '/', 1) END)
+           = ANY(%(dag_ids)s::text[]))
+ GROUP BY e.key
+ ORDER BY e.key;

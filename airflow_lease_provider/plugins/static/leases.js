@@ -7,7 +7,10 @@
   const RANGES = { "1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400 };
   const REFRESH_MS = 15000;
 
+  const LEASE_PAGE = 100;
   let me = { user: "", can_force_release: false };
+  let leasePages = 1;        // pages of leases shown: a refresh reloads as many (keyset cursors)
+  let eventCursor = null;    // next_cursor of the events shown: "Show older events" continues there
   let countdowns = [];   // [{node, seconds, at}] ticking from the server's own "expires in"
   let timer = null;
 
@@ -49,6 +52,7 @@
   function renderLeases(data) {
     countdowns = [];
     const now = performance.now();
+    $("more-leases").hidden = !data.next_cursor;
     const rows = data.leases.map((l) => {
       const expires = el("span", { class: "mono" }, l.held ? duration(l.expires_in_seconds) : "—");
       if (l.held) countdowns.push({ node: expires, seconds: l.expires_in_seconds, at: now });
@@ -77,8 +81,8 @@
     }
   }
 
-  function renderEvents(data) {
-    const rows = data.events.map((e) => el("tr", { "data-kind": e.kind },
+  function eventRows(data) {
+    return data.events.map((e) => el("tr", { "data-kind": e.kind },
       cell("When", time(e.at)),
       cell("Kind", badge(e.kind)),
       cellKey(el("a", { href: "#events", onclick: () => filterKey(e.key) }, e.key)),
@@ -86,7 +90,13 @@
       cell("What happened", el("span", { class: "wrap" }, e.summary),
         e.blocked_by ? el("span", { class: "small" }, "blocked by run ", runBlock(e.blocked_by)) : null),
     ));
-    fill($("events").tBodies[0], rows, "No events match these filters.", 5);
+  }
+
+  function renderEvents(data, append = false) {
+    eventCursor = data.next_cursor;
+    $("more-events").hidden = !eventCursor;
+    if (append) $("events").tBodies[0].append(...eventRows(data));
+    else fill($("events").tBodies[0], eventRows(data), "No events match these filters.", 5);
   }
 
   function renderAdvice(data) {
@@ -144,9 +154,31 @@
     }
   }
 
+  async function moreEvents() {
+    if (!eventCursor) return;
+    try {
+      renderEvents(await api("events?" + eventQuery() + "&cursor=" + encodeURIComponent(eventCursor)), true);
+    } catch (error) {
+      flash(`Could not load events: ${error.message}`, true);
+    }
+  }
+
+  // The first `leasePages` pages of leases, one after the other (each continues at the last one's cursor).
+  async function loadLeases() {
+    let page = await api(`leases?limit=${LEASE_PAGE}`);
+    const all = { ...page, leases: [...page.leases] };
+    for (let n = 1; n < leasePages && page.next_cursor; n++) {
+      page = await api(`leases?limit=${LEASE_PAGE}&cursor=${encodeURIComponent(page.next_cursor)}`);
+      all.leases.push(...page.leases);
+      all.next_cursor = page.next_cursor;
+    }
+    if (!page.next_cursor) all.next_cursor = null;
+    return all;
+  }
+
   async function load() {
     try {
-      const [leases, counts, advice] = await Promise.all([api("leases"), api("counts"), api("ttl-advice")]);
+      const [leases, counts, advice] = await Promise.all([loadLeases(), api("counts"), api("ttl-advice")]);
       renderCounts(counts);
       renderLeases(leases);
       renderAdvice(advice);
@@ -218,6 +250,8 @@
   form.addEventListener("submit", (event) => { event.preventDefault(); writeFilters(); loadEvents(); });
   $("clear-filters").addEventListener("click", () => { form.reset(); writeFilters(); loadEvents(); });
   $("refresh").addEventListener("click", load);
+  $("more-leases").addEventListener("click", () => { leasePages += 1; load(); });
+  $("more-events").addEventListener("click", moreEvents);
   $("auto").addEventListener("change", schedule);
   readFilters();
   api("me").then((who) => { me = who; }).catch(() => {}).finally(() => { load(); schedule(); });

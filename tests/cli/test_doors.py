@@ -1,0 +1,341 @@
+"""The CLI as a person meets it: a store with more than 1,000 keys, bad input, bad DSNs, typos.
+
+Issue 11 items 5-8, through ``airflow-lease`` itself (in-process ``cli.main`` and the console script).
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+import subprocess
+import sys
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from pathlib import Path
+from urllib.parse import quote
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from airflow_lease_provider import cli
+from airflow_lease_provider.core import EventKind, LeaseStore
+from airflow_lease_provider.core.db import describe_dsn
+from tests.pg import execute, new_schema_name, q
+
+VENV_BIN = Path(sys.executable).parent
+KEYS = 1005
+#: Passwords with the characters a URI gives meaning to, unencoded and encoded.
+#: Their pieces between those characters are distinctive, so finding one anywhere in the output is a leak.
+PASSWORDS = ["Qz7x/Wk3p@Rm9v:Ty4u?Hb2n", "Jd8s/Lq2w", "Vn5c@Gh6j/Pf3k:Xr8t?Zm1", "Ku4e:/@?Bw7y"]
+
+Run = Callable[..., tuple[int, str, str]]
+
+
+@pytest.fixture
+def run(pg_dsn: str, schema: str, capsys: pytest.CaptureFixture[str]) -> Run:
+    """``airflow-lease --dsn ... --schema ... ARGS`` in-process: (exit code, stdout, stderr)."""
+
+    def invoke(*args: str, dsn: str | None = None, answer: str = "") -> tuple[int, str, str]:
+        out = io.StringIO()
+        capsys.readouterr()
+        code = cli.main(
+            ["--dsn", dsn or pg_dsn, "--schema", schema, *args], out=out, confirm=lambda _prompt: answer
+        )
+        return code, out.getvalue(), capsys.readouterr().err
+
+    return invoke
+
+
+@pytest.fixture
+def many(pg_dsn: str, schema: str) -> Iterator[LeaseStore]:
+    """1,005 keys (``key-0000`` .. ``key-1004``), each acquired once; the last one is the one we look up."""
+    store = LeaseStore(pg_dsn, schema=schema, record_events=False)
+    store.ensure_schema()
+    execute(
+        pg_dsn,
+        q(
+            "INSERT INTO {schema}.lease (key, owner, token, ttl, acquired_at, renewed_at, expires_at) "
+            "SELECT 'key-' || lpad(i::text, 4, '0'), 'dag_' || mod(i, 7) || '/run_' || i || '/t', 1, "
+            "interval '10 minutes', clock_timestamp(), clock_timestamp(), clock_timestamp() + interval '10 minutes' "
+            "FROM generate_series(0, %s) AS i",
+            schema,
+        ),
+        (KEYS - 1,),
+    )
+    yield store
+    store.close()
+
+
+# -- item 5: any size ---------------------------------------------------------------------------------
+
+
+def test_status_and_release_find_a_key_past_the_first_thousand(run: Run, many: LeaseStore) -> None:
+    last = f"key-{KEYS - 1:04d}"
+    code, out, err = run("status", "--key", last, "--json")
+    assert code == 0, err
+    (row,) = json.loads(out)["leases"]
+    assert row["key"] == last and row["held"] and row["token"] == 1
+
+    everything = json.loads(run("status", "--json")[1])["leases"]
+    assert len(everything) == KEYS
+    assert [r["key"] for r in everything] == sorted(r["key"] for r in everything)
+
+    code, out, err = run("release", "--force", last, "--by", "ops", "--yes", "--json")
+    assert code == 0, err
+    result = json.loads(out)
+    assert result["previous"]["token"] == 1 and result["new_token"] == 2
+    after = many.lease(last)
+    assert after is not None and not after.held and after.token == 2
+
+
+def test_release_with_a_stale_expected_token_releases_nothing(run: Run, many: LeaseStore) -> None:
+    key = f"key-{KEYS - 2:04d}"
+    code, _, err = run("release", "--force", key, "--expected-token", "7", "--yes")
+    assert code == cli.EXIT_ERROR
+    assert "token 1, not 7" in err and "nothing released" in err
+    current = many.lease(key)
+    assert current is not None and current.held and current.token == 1
+    assert run("release", "--force", key, "--expected-token", "1", "--yes")[0] == 0
+    current = many.lease(key)
+    assert current is not None and not current.held and current.token == 2
+
+
+def test_confirmed_release_does_not_free_a_lease_that_changed_meanwhile(
+    run: Run, store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """What the operator confirmed (token N) is what is released: compared and released in one statement."""
+    first = store.acquire("job", "dag/run_1/t", timedelta(minutes=5))
+    assert first is not None
+    monkeypatch.setattr(sys.stdin, "isatty", lambda: True, raising=False)
+
+    def answer_after_a_reacquire(_prompt: str) -> str:
+        assert store.acquire("job", "dag/run_1/t", timedelta(minutes=5)) is not None  # token bumps
+        return "job"
+
+    out = io.StringIO()
+    code = cli.main(
+        ["--dsn", store.db.dsn, "--schema", store.schema, "release", "--force", "job"],
+        out=out,
+        confirm=answer_after_a_reacquire,
+    )
+    assert code == cli.EXIT_ERROR
+    holder = store.holder("job")
+    assert holder is not None and holder.token == first.token + 1
+    assert store.events.query(key="job", kind=EventKind.FORCE_RELEASED) == []
+
+
+def test_core_force_release_compares_in_sql(store: LeaseStore) -> None:
+    from airflow_lease_provider.core.lease import LeaseChanged
+
+    assert store.force_release("never", by="ops", expected_token=1) is None
+    lease = store.acquire("k", "dag/run/t", timedelta(minutes=5))
+    assert lease is not None
+    with pytest.raises(LeaseChanged) as caught:
+        store.force_release("k", by="ops", expected_token=lease.token + 1)
+    assert caught.value.current.token == lease.token
+    assert store.events.query(key="k", kind=EventKind.FORCE_RELEASED) == []
+    previous = store.force_release("k", by="ops", expected_token=lease.token)
+    assert previous is not None and previous.token == lease.token
+    row = store.lease("k")
+    assert row is not None and row.token == lease.token + 1 and not row.held
+    assert store.lease("nope") is None
+
+
+def test_lease_pages_are_keyset_paginated(many: LeaseStore) -> None:
+    seen: list[str] = []
+    after = None
+    while True:
+        page = many.leases(400, after=after)
+        seen += [lease.key for lease in page]
+        if len(page) < 400:
+            break
+        after = page[-1].key
+    assert len(seen) == KEYS == len(set(seen))
+    only = many.leases(1000, dag_ids={"dag_3"})
+    assert only and all(lease.owner.startswith("dag_3/") for lease in only)
+    assert len(only) == len([i for i in range(KEYS) if i % 7 == 3])
+    assert many.leases(10, dag_ids=set()) == []
+
+
+# -- item 6: bad input ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("args", "option"),
+    [
+        (["events", "--since", "999999999w"], "--since"),
+        (["events", "--until", "99999999999999999999d"], "--until"),
+        (["events", "--since", "yesterday"], "--since"),
+        (["advise-ttl", "--days", "nan"], "--days"),
+        (["advise-ttl", "--days", "1e12"], "--days"),
+        (["advise-ttl", "--days", "inf"], "--days"),
+        (["advise-ttl", "--days", "-1"], "--days"),
+        (["advise-ttl", "--days", "0"], "--days"),
+        (["events", "--limit", "0"], "--limit"),
+        (["events", "--limit", "1e3"], "--limit"),
+        (["events", "--limit", "99999999999999999999"], "--limit"),
+        (["events", "--kind", "nope"], "--kind"),
+        (["events", "--key", "x" * 600], "--key"),
+        (["status", "--key", "   "], "--key"),
+        (["release", "--force", "k", "--expected-token", "0"], "--expected-token"),
+        (["release", "--force", "k", "--expected-token", str(2**63)], "--expected-token"),
+        (["release", "--force", "k", "--expected-token", "abc"], "--expected-token"),
+        (["release", "--force", "k", "--reason", "r" * 600], "--reason"),
+        (["release", "--force", "k", "--by", ""], "--by"),
+        (["release", "--force", "x" * 600], "key"),
+        (["--schema", "Bad-Schema", "status"], "--schema"),
+        (["--schema", "pg_catalog", "status"], "--schema"),
+        (["status", "--nope"], "--nope"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_option_and_exit_2(
+    run: Run, store: LeaseStore, args: list[str], option: str
+) -> None:
+    store.ensure_schema()
+    code, out, err = run(*args)
+    assert code == cli.EXIT_USAGE, err
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert option in err and "Traceback" not in err
+
+
+_OPTIONS = {
+    "status": [["--key"], ["--held"]],
+    "events": [["--key"], ["--kind"], ["--since"], ["--until"], ["--limit"]],
+    "counts": [],
+    "advise-ttl": [["--key"], ["--days"], ["--check"]],
+    "release": [["--reason"], ["--by"], ["--expected-token"]],
+}
+_FLAGS = {"--held", "--check"}
+_text = st.one_of(
+    st.text(min_size=0, max_size=40),
+    st.from_regex(r"-?[0-9]{1,25}(\.[0-9]{0,5})?(e[0-9]{1,4})?[smhdw]?", fullmatch=True),
+    st.sampled_from(["nan", "inf", "-inf", "1e308", "0", "-0", "2026-02-30", "9999-12-31T23:59:59+14:00"]),
+)
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(data=st.data())
+def test_fuzzed_options_never_crash(run: Run, store: LeaseStore, data: st.DataObject) -> None:
+    """Any value of any option: exit 0, 1 or 2; an error is one line; never a traceback."""
+    store.ensure_schema()
+    command = data.draw(st.sampled_from(sorted(_OPTIONS)))
+    args = [command]
+    if command == "release":
+        args += ["--force", data.draw(_text), "--yes"]
+    for (option,) in data.draw(st.lists(st.sampled_from(_OPTIONS[command]), unique_by=tuple, max_size=3)) if _OPTIONS[command] else []:
+        args += [option] if option in _FLAGS else [option, data.draw(_text)]
+    if any("\x00" in a for a in args):
+        args = [a.replace("\x00", "") for a in args]  # a real argv cannot carry NUL
+    code, _, err = run(*args)
+    assert code in (0, 1, 2), (args, code, err)
+    assert "Traceback" not in err
+    if code != 0:
+        assert len(err.strip().splitlines()) == 1, (args, err)
+    if code == 1:
+        # Only the store's answers are exit 1 here: an unknown key, a release of a key never acquired.
+        assert re.search(r"no (held )?lease|nothing released", err), (args, err)
+
+
+# -- item 7: no secret in any message -------------------------------------------------------------
+
+
+def _fragments(password: str) -> set[str]:
+    return {p for p in re.split(r"[/@:?]", password) if len(p) >= 2}
+
+
+@pytest.mark.parametrize("password", PASSWORDS)
+@pytest.mark.parametrize("encode", [False, True])
+def test_a_password_never_shows_when_the_dsn_fails(run: Run, password: str, encode: bool) -> None:
+    secret = quote(password, safe="") if encode else password
+    # Port 9: nothing listens, so the connection fails (or the URI does not even parse).
+    dsn = f"postgresql://lease_user:{secret}@127.0.0.1:9/leases"
+    code, out, err = run("status", dsn=dsn)
+    assert code in (cli.EXIT_ERROR, cli.EXIT_USAGE), err
+    assert len(err.strip().splitlines()) == 1, err
+    for shown in (out, err):
+        assert password not in shown and secret not in shown
+        for fragment in _fragments(password):
+            assert fragment not in shown, (fragment, shown)
+    if encode:
+        assert "unreachable" in err and "lease_user@127.0.0.1:9/leases" in err
+
+
+@pytest.mark.parametrize("password", PASSWORDS)
+def test_describe_dsn_never_prints_the_password(password: str) -> None:
+    for dsn in (
+        f"postgresql://lease_user:{password}@db.example:6543/leases",
+        f"postgresql://lease_user:{quote(password, safe='')}@db.example:6543/leases",
+        f"host=db.example port=6543 user=lease_user dbname=leases password='{password}'",
+    ):
+        where = describe_dsn(dsn)
+        assert where == "lease_user@db.example:6543/leases", (dsn, where)
+        assert password not in where
+
+
+def test_console_script_with_a_bad_dsn_prints_no_password() -> None:
+    password = PASSWORDS[0]
+    result = subprocess.run(
+        [str(VENV_BIN / "airflow-lease"), "--dsn", f"postgresql://u:{password}@127.0.0.1:9/db", "counts"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert result.returncode in (1, 2)
+    assert "Traceback" not in result.stderr
+    for fragment in {password} | _fragments(password):
+        assert fragment not in result.stdout + result.stderr, result.stderr
+
+
+# -- item 8: readers never create a store --------------------------------------------------------------
+
+
+def _schema_exists(dsn: str, name: str) -> bool:
+    return bool(execute(dsn, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (name,)))
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["status"], ["status", "--key", "k"], ["events"], ["counts"], ["advise-ttl"], ["release", "--force", "k", "--yes"]],
+)
+def test_a_mistyped_schema_says_no_store_there_and_creates_none(
+    pg_dsn: str, capsys: pytest.CaptureFixture[str], args: list[str]
+) -> None:
+    typo = new_schema_name()
+    code = cli.main(["--dsn", pg_dsn, "--schema", typo, *args], out=io.StringIO())
+    err = capsys.readouterr().err
+    assert code == cli.EXIT_ERROR
+    assert "no lease store at" in err and "nothing was created" in err
+    assert not _schema_exists(pg_dsn, typo)
+
+
+def test_connection_settings_in_the_dsn_are_honoured(pg_dsn: str, schema: str) -> None:
+    sep = "&" if "?" in pg_dsn else "?"
+    store = LeaseStore(
+        f"{pg_dsn}{sep}application_name=lease-ops&connect_timeout=3&keepalives_idle=42", schema=schema
+    )
+    try:
+        store.ensure_schema()
+        rows = execute(pg_dsn, "SELECT application_name FROM pg_stat_activity WHERE application_name = 'lease-ops'")
+        assert rows == [("lease-ops",)]
+        conn = store.db._connection()
+        params = conn.get_dsn_parameters()
+        assert params["connect_timeout"] == "3" and params["keepalives_idle"] == "42"
+    finally:
+        store.close()
+
+
+@pytest.mark.parametrize(
+    ("setting", "problem"),
+    [("connect_timeout=0", "connect_timeout"), ("keepalives_count=-1", "keepalives_count")],
+)
+def test_connection_settings_that_defeat_failing_closed_are_refused(
+    run: Run, pg_dsn: str, setting: str, problem: str
+) -> None:
+    sep = "&" if "?" in pg_dsn else "?"
+    code, _, err = run("status", dsn=f"{pg_dsn}{sep}{setting}")
+    assert code == cli.EXIT_USAGE
+    assert problem in err and len(err.strip().splitlines()) == 1
