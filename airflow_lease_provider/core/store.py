@@ -24,6 +24,8 @@ class Store:
     :param statement_timeout: a statement that runs longer fails closed.
     :param record_events: write what happens to the event ledger.
     :param event_retention: how long the ledger keeps events.
+    :param idle_close: close the connection after it has been idle this long (``timedelta(0)``: after each
+        operation); ``None`` keeps it open (see :class:`~airflow_lease_provider.core.db.Database`).
     """
 
     def __init__(
@@ -35,9 +37,14 @@ class Store:
         statement_timeout: timedelta = DEFAULT_STATEMENT_TIMEOUT,
         record_events: bool = True,
         event_retention: timedelta = DEFAULT_RETENTION,
+        idle_close: timedelta | None = None,
     ) -> None:
         self.db = Database(
-            dsn, schema=schema, connect_timeout=connect_timeout, statement_timeout=statement_timeout
+            dsn,
+            schema=schema,
+            connect_timeout=connect_timeout,
+            statement_timeout=statement_timeout,
+            idle_close=idle_close,
         )
         self.events = EventLedger(self.db, retention=event_retention, prepare=self._ready)
         self.record_events = record_events
