@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from typing import Any
 
@@ -26,6 +27,8 @@ class Store:
     :param event_retention: how long the ledger keeps events.
     :param idle_close: close the connection after it has been idle this long (``timedelta(0)``: after each
         operation); ``None`` keeps it open (see :class:`~airflow_lease_provider.core.db.Database`).
+    :param host: the host name recorded with each lease this store acquires (default: this machine's),
+        so that a skipped run can say where the holder runs.
     """
 
     def __init__(
@@ -38,6 +41,7 @@ class Store:
         record_events: bool = True,
         event_retention: timedelta = DEFAULT_RETENTION,
         idle_close: timedelta | None = None,
+        host: str | None = None,
     ) -> None:
         self.db = Database(
             dsn,
@@ -48,6 +52,7 @@ class Store:
         )
         self.events = EventLedger(self.db, retention=event_retention, prepare=self._ready)
         self.record_events = record_events
+        self.host = host or socket.gethostname()
         self._schema_ready = False
 
     @property

@@ -167,6 +167,17 @@ def _location(conn: Any, conn_id: str, schema: str | None) -> StoreLocation:
     return StoreLocation(dsn, schema or conn_schema or settings.schema(), embedded=False)
 
 
+def _hostname() -> str | None:
+    """This worker's host name as Airflow reports it ([core] hostname_callable), recorded with leases."""
+    try:
+        from airflow.sdk.api.client import get_hostname
+
+        return str(get_hostname())
+    except Exception:  # an unimportable or failing callable: the core falls back to the machine's name
+        log.debug("lease: [core] hostname_callable failed; recording the machine's host name", exc_info=True)
+        return None
+
+
 def _idle() -> timedelta | None:
     """``idle_close`` of the stores made here: none when ``[lease] hold_connection``, else at once."""
     return None if settings.hold_connection() else timedelta(0)
@@ -232,7 +243,8 @@ class LeaseHook(_StoreHook):
 
     def _make_store(self, location: StoreLocation) -> LeaseStore:
         return LeaseStore(
-            location.dsn, schema=location.schema, event_retention=settings.event_retention(), idle_close=_idle()
+            location.dsn, schema=location.schema, event_retention=settings.event_retention(),
+            idle_close=_idle(), host=_hostname(),
         )
 
     def get_store(self) -> LeaseStore:
