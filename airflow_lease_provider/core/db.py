@@ -48,8 +48,9 @@ class _Watchdog:
     attribute write, nothing on the hot path takes a lock); four times a second this thread looks, and
     past a deadline shuts that socket down, so the blocked call fails at once and the caller fails closed.
 
-    On the same tick it closes the connection of a store opened with ``idle_close`` that nobody has used
-    for that long, so an idle lease (between two renewals) holds no server connection.
+    On the same tick it closes the connection of a store opened with a positive ``idle_close`` that
+    nobody has used for that long (``idle_close == 0`` closes it as each operation ends), so an idle
+    lease (between two renewals) holds no server connection.
     """
 
     TICK = 0.25
@@ -79,7 +80,7 @@ class _Watchdog:
                     db._inflight = None
                     db._cut_off = True
                     _shutdown(inflight[1])
-                elif db.idle_close is not None and db._conn is not None:
+                elif db.idle_close and db._conn is not None:
                     db._close_if_idle(now)
 
 
@@ -97,6 +98,37 @@ def _shutdown(fd: int) -> None:
 
 
 _watchdog = _Watchdog()
+
+
+class _StoreLock:
+    """The store's re-entrant lock. With ``idle_close == 0`` the connection is closed as the outermost
+    holder lets go, i.e. as soon as an operation (a statement, a transaction) is done."""
+
+    def __init__(self, db: Database) -> None:
+        self._lock = threading.RLock()
+        self._depth = 0  # only the holding thread changes it
+        self._db = weakref.ref(db)
+
+    def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
+        acquired = self._lock.acquire(blocking, timeout)
+        if acquired:
+            self._depth += 1
+        return acquired
+
+    def release(self) -> None:
+        try:
+            self._depth -= 1
+            db = self._db()
+            if self._depth == 0 and db is not None and db.idle_close == timedelta(0) and db._conn is not None:
+                db._drop()
+        finally:
+            self._lock.release()
+
+    def __enter__(self) -> bool:
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
 
 
 class LeaseStoreError(LeaseError):
@@ -153,7 +185,7 @@ class Database:
     :param connect_timeout: how long to wait for a connection before failing closed.
     :param statement_timeout: how long one statement may run before failing closed.
     :param idle_close: close the connection once it has been idle this long (``timedelta(0)``: as soon as
-        an operation is done, within a quarter of a second), and open a new one for the next operation.
+        an operation is done), and open a new one for the next operation.
         ``None`` (the default) keeps one connection open for the store's life: cheaper per operation,
         but a thousand idle stores then hold a thousand server connections.
     """
@@ -177,7 +209,7 @@ class Database:
             raise validation.InvalidArgument("idle_close", idle_close, "must be None or a timedelta >= 0")
         self.idle_close = idle_close
         self.where = describe_dsn(dsn)
-        self._lock = threading.RLock()
+        self._lock = _StoreLock(self)
         self._conn: Any = None
         self._pid = 0
         self._compiled: dict[str, str] = {}

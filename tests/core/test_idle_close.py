@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import time
+import uuid
 from datetime import timedelta
 
 import pytest
@@ -24,26 +25,45 @@ def _wait_gone(dsn: str, pid: int, timeout: float = 3.0) -> float:
     return time.monotonic() - started
 
 
-def _closed_within(store: LeaseStore, dsn: str) -> float:
-    """Seconds until the store's current connection is gone on the server (0 if already dropped)."""
-    with store.db._lock:  # the watchdog needs the lock to close it, so the connection is stable here
-        conn = store.db._conn
-        pid = None if conn is None else conn.get_backend_pid()
-    return 0.0 if pid is None else _wait_gone(dsn, pid)
+def _backends(dsn: str, store: LeaseStore) -> int:
+    """Server connections this store has open now (by its own application_name)."""
+    rows = execute(dsn, "SELECT count(*) FROM pg_stat_activity WHERE application_name = %s", (store.db.application_name,))
+    return int(rows[0][0])  # type: ignore[call-overload]
+
+
+def _none_left(dsn: str, store: LeaseStore, within: float = 1.0) -> bool:
+    """No server connection of the store's is left within ``within`` s (a backend exits just after)."""
+    deadline = time.monotonic() + within
+    while _backends(dsn, store):
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.02)
+    return True
+
+
+def _named(store: LeaseStore) -> LeaseStore:
+    store.db.application_name = f"lease-idle-{uuid.uuid4().hex[:8]}"
+    return store
 
 
 def test_an_idle_close_store_gives_its_connection_back_between_renewals(pg_dsn: str, schema: str) -> None:
-    store = LeaseStore(pg_dsn, schema=schema, idle_close=timedelta(0))
+    store = _named(LeaseStore(pg_dsn, schema=schema, idle_close=timedelta(0)))
     try:
         lease = store.acquire("job", "worker-1", timedelta(seconds=10))
         assert lease is not None
-        assert _closed_within(store, pg_dsn) < 1.0  # closed within a watchdog tick or so
+        assert _none_left(pg_dsn, store)  # closed as the operation ended
+        with store.db.transaction() as cur:  # while an operation runs, it has its connection
+            cur.execute("SELECT 1")
+            assert _backends(pg_dsn, store) == 1
+        assert _none_left(pg_dsn, store)
+        before = store.db.connects
         with store.keep(lease, renew_every=timedelta(seconds=0.5)) as keeper:
             time.sleep(2.2)
             assert keeper.renewals >= 3 and not keeper.lost
-        # Each renewal opened a connection and gave it back; nothing is left open on the server.
-        assert store.db.connects >= 4
-        assert _closed_within(store, pg_dsn) < 1.0  # the release's connection too
+            assert _none_left(pg_dsn, store)
+        # Each renewal (and the release) opened a connection of its own and gave it back.
+        assert store.db.connects - before >= 4
+        assert _none_left(pg_dsn, store)
         assert store.holder("job") is None  # released on exit
     finally:
         store.close()
@@ -67,3 +87,20 @@ def test_idle_close_must_be_a_non_negative_timedelta(pg_dsn: str, schema: str) -
     for bad in (timedelta(seconds=-1), 5):
         with pytest.raises(InvalidArgument, match="idle_close"):
             LeaseStore(pg_dsn, schema=schema, idle_close=bad)  # type: ignore[arg-type]
+
+
+def test_a_positive_idle_close_keeps_the_connection_for_that_long_then_closes_it(pg_dsn: str, schema: str) -> None:
+    store = LeaseStore(pg_dsn, schema=schema, idle_close=timedelta(seconds=1.5))
+    try:
+        lease = store.acquire("job", "worker-1", timedelta(seconds=10))
+        assert lease is not None
+        with store.db._lock:
+            pid = store.db._conn.get_backend_pid()
+        assert store.renew(lease) is not None
+        with store.db._lock:
+            assert store.db._conn.get_backend_pid() == pid  # reused within the idle time
+        started = time.monotonic()
+        gone_after = _wait_gone(pg_dsn, pid, timeout=5.0)
+        assert 0.8 <= time.monotonic() - started <= 3.0, gone_after
+    finally:
+        store.close()
