@@ -81,8 +81,8 @@ def get_provider_info() -> dict[str, Any]:
                         "description": (
                             "Airflow connection of the lease store: a PostgreSQL connection (conn type "
                             "postgres, e.g. AIRFLOW_CONN_LEASE_DEFAULT='postgresql://user:pw@host:5432/db'). "
-                            "When it is not defined and the executor runs on one host (LocalExecutor), an "
-                            "embedded PostgreSQL under AIRFLOW_HOME is used, which protects that host only."
+                            "When it is not defined, a leased task fails with an error naming it, except "
+                            "where [lease] embedded allows the embedded PostgreSQL under AIRFLOW_HOME."
                         ),
                         "version_added": "0.1.0",
                         "type": "string",
@@ -132,6 +132,32 @@ def get_provider_info() -> dict[str, Any]:
                         "type": "string",
                         "example": "/var/lib/airflow/lease-postgres",
                         "default": "",
+                    },
+                    "embedded": {
+                        "description": (
+                            "Whether a missing lease connection falls back to the embedded PostgreSQL, "
+                            "which protects one host only. auto: only where no second host can exist "
+                            "(every executor local and the metadata database on SQLite, as airflow "
+                            "standalone has it); true: always (you promise Airflow runs on one host); "
+                            "false: never."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "string",
+                        "example": "true",
+                        "default": "auto",
+                    },
+                    "hold_connection": {
+                        "description": (
+                            "Keep one open store connection per running leased task. False (the "
+                            "default): the connection is closed as soon as it is idle and opened again "
+                            "for the next renewal, so a thousand running leases do not need a thousand "
+                            "server connections. True saves a connect per renewal (behind pgbouncer, "
+                            "where client connections are cheap)."
+                        ),
+                        "version_added": "0.1.0",
+                        "type": "boolean",
+                        "example": "True",
+                        "default": "False",
                     },
                 },
             }

@@ -16,6 +16,8 @@ DEFAULTS = {
     "event_retention_days": "30",
     "clock_skew_warning_seconds": "2",
     "embedded_dir": "",
+    "embedded": "auto",
+    "hold_connection": "False",
 }
 
 # Executors whose tasks all run on the scheduler's host: the embedded store protects them fully.
@@ -85,3 +87,44 @@ def executors() -> list[str]:
 def single_host() -> bool:
     """Whether every configured executor runs tasks on this host only."""
     return all(name in SINGLE_HOST_EXECUTORS for name in executors())
+
+
+def embedded() -> str:
+    """``[lease] embedded``: ``auto`` (the default), ``true`` or ``false``."""
+    raw = _get("embedded").lower() or "auto"
+    if raw in ("true", "1", "yes", "on"):
+        return "true"
+    if raw in ("false", "0", "no", "off"):
+        return "false"
+    if raw != "auto":
+        raise ValueError(f"[lease] embedded={raw!r}: must be auto, true or false")
+    return raw
+
+
+def metadata_on_sqlite() -> bool:
+    """Whether Airflow's metadata database is SQLite: a file on one host, so no second host can exist."""
+    return _get("sql_alchemy_conn", section="database").lower().startswith("sqlite")
+
+
+def embedded_allowed() -> bool:
+    """Whether a missing lease connection may fall back to the embedded store on this host.
+
+    Only where no second host can exist (every executor local, metadata on SQLite: ``airflow
+    standalone`` as installed) or where ``[lease] embedded = true`` turns it on by name. A local executor
+    on a shared metadata database is not enough: HA schedulers, or a triggerer in a pod of its own,
+    would each start an embedded store of their own and hand out the same lease twice.
+    """
+    choice = embedded()
+    if choice != "auto":
+        return choice == "true"
+    return single_host() and metadata_on_sqlite()
+
+
+def hold_connection() -> bool:
+    """``[lease] hold_connection``: keep one store connection open per running task (default: no)."""
+    raw = _get("hold_connection").lower() or "false"
+    if raw in ("true", "1", "yes", "on"):
+        return True
+    if raw in ("false", "0", "no", "off"):
+        return False
+    raise ValueError(f"[lease] hold_connection={raw!r}: must be true or false")

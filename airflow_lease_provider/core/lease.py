@@ -95,13 +95,29 @@ class LeaseStore(Store):
             if self.record_events:
                 self.events.record(
                     EventKind.ACQUIRED, key, owner=owner, token=lease.token,
-                    detail={"ttl_seconds": ttl.total_seconds(), "expires_at": lease.expires_at.isoformat()},
+                    detail={
+                        "ttl_seconds": ttl.total_seconds(),
+                        "expires_at": lease.expires_at.isoformat(),
+                        "host": self.host,
+                    },
                 )
             return Acquisition(lease, None)
         if not lease.held:
             # We lost a race to a holder our snapshot could not see yet: read who it is.
             return Acquisition(None, self.holder(key))
         return Acquisition(None, lease)
+
+    def holder_host(self, lease: Lease) -> str | None:
+        """The host that acquired ``lease`` (from its ``acquired`` event), or None if unrecorded."""
+        try:
+            events = self.events.query(key=lease.key, kind=EventKind.ACQUIRED, limit=20)
+        except LeaseError:
+            return None
+        for event in events:
+            if event.owner == lease.owner and event.token == lease.token:
+                host = event.detail.get("host")
+                return str(host) if host else None
+        return None
 
     def acquire(self, key: str, owner: str, ttl: timedelta) -> Lease | None:
         """The lease, or ``None`` when someone else holds it (:meth:`try_acquire` says who)."""

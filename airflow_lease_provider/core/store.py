@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import socket
 from datetime import timedelta
 from typing import Any
 
@@ -28,6 +29,10 @@ class Store:
     :param read_only: never create the schema: a connection or schema with no store there raises
         :class:`~airflow_lease_provider.core.schema.SchemaMissing` (for status pages and the CLI, where a
         typo must say "no lease store there" rather than create one).
+    :param idle_close: close the connection after it has been idle this long (``timedelta(0)``: after each
+        operation); ``None`` keeps it open (see :class:`~airflow_lease_provider.core.db.Database`).
+    :param host: the host name recorded with each lease this store acquires (default: this machine's),
+        so that a skipped run can say where the holder runs.
     """
 
     def __init__(
@@ -40,13 +45,20 @@ class Store:
         record_events: bool = True,
         event_retention: timedelta = DEFAULT_RETENTION,
         read_only: bool = False,
+        idle_close: timedelta | None = None,
+        host: str | None = None,
     ) -> None:
         self.db = Database(
-            dsn, schema=schema, connect_timeout=connect_timeout, statement_timeout=statement_timeout
+            dsn,
+            schema=schema,
+            connect_timeout=connect_timeout,
+            statement_timeout=statement_timeout,
+            idle_close=idle_close,
         )
         self.events = EventLedger(self.db, retention=event_retention, prepare=self._ready)
         self.record_events = record_events
         self.read_only = read_only
+        self.host = host or socket.gethostname()
         self._schema_ready = False
 
     @property

@@ -7,9 +7,13 @@ connection you already have (``[lease] conn_id = my_postgres``). Extras that lib
 schema. ``connect_timeout``, ``application_name`` and ``keepalives*`` extras are honoured (they replace
 the store's own defaults; a ``connect_timeout`` of 0, which would wait forever, is refused).
 
-With no connection defined on a single-host Airflow (LocalExecutor), an embedded PostgreSQL under
-``AIRFLOW_HOME`` is started (or attached to), with a loud log line that it protects this host only.
-Under a distributed executor a missing connection is an error that says what to configure.
+With no connection defined where no second host can exist (a local executor on a SQLite metadata
+database, as ``airflow standalone`` has it), or with ``[lease] embedded = true``, an embedded PostgreSQL
+under ``AIRFLOW_HOME`` is started (or attached to), with a loud log line that it protects this host
+only. Anywhere else a missing connection is an error that names the connection to define.
+
+Stores made here close their connection as soon as it is idle (``[lease] hold_connection = false``),
+so a running leased task holds no server connection between renewals.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import logging
 import threading
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import Any
 
 import psycopg2.extensions
@@ -146,6 +151,17 @@ async def location_async(conn_id: str | None, schema: str | None = None) -> Stor
     return location
 
 
+def _why_not_embedded() -> str:
+    if settings.embedded() == "false":
+        return "[lease] embedded = false"
+    if not settings.single_host():
+        return f"the executor ({', '.join(settings.executors())}) runs tasks on several hosts"
+    return (
+        "Airflow's metadata database is not SQLite, so more than one host may run Airflow "
+        "(HA schedulers, a triggerer of its own)"
+    )
+
+
 def _location(conn: Any, conn_id: str, schema: str | None) -> StoreLocation:
     configured = settings.conn_id()
     if conn is None:
@@ -155,17 +171,33 @@ def _location(conn: Any, conn_id: str, schema: str | None) -> StoreLocation:
                 "='postgresql://user:password@host:5432/dbname', or in the UI), or leave the connection "
                 "id unset to use [lease] conn_id"
             ) from None
-        if not settings.single_host():
+        if not settings.embedded_allowed():
             raise LeaseConnectionMissing(
-                f"no lease connection {conn_id!r} is defined and the executor "
-                f"({', '.join(settings.executors())}) runs tasks on several hosts, so an embedded store "
-                f"would not protect anything: define AIRFLOW_CONN_{conn_id.upper()}="
-                "'postgresql://user:password@host:5432/dbname' (any PostgreSQL all workers reach), or set "
-                "[lease] conn_id to an existing Postgres connection"
+                f"no lease connection {conn_id!r} is defined and {_why_not_embedded()}, so an embedded "
+                f"store would not protect anything: define AIRFLOW_CONN_{conn_id.upper()}="
+                "'postgresql://user:password@host:5432/dbname' (any PostgreSQL every scheduler, worker "
+                "and triggerer reaches), or set [lease] conn_id to an existing Postgres connection "
+                "([lease] embedded = true forces the single-host embedded store)"
             ) from None
         return StoreLocation(embedded_dsn(), schema or settings.schema(), embedded=True)
     dsn, conn_schema = dsn_from_connection(conn)
     return StoreLocation(dsn, schema or conn_schema or settings.schema(), embedded=False)
+
+
+def _hostname() -> str | None:
+    """This worker's host name as Airflow reports it ([core] hostname_callable), recorded with leases."""
+    try:
+        from airflow.sdk.api.client import get_hostname
+
+        return str(get_hostname())
+    except Exception:  # an unimportable or failing callable: the core falls back to the machine's name
+        log.debug("lease: [core] hostname_callable failed; recording the machine's host name", exc_info=True)
+        return None
+
+
+def _idle() -> timedelta | None:
+    """``idle_close`` of the stores made here: none when ``[lease] hold_connection``, else at once."""
+    return None if settings.hold_connection() else timedelta(0)
 
 
 class _StoreHook(BaseHook):
@@ -237,6 +269,8 @@ class LeaseHook(_StoreHook):
             schema=location.schema,
             event_retention=settings.event_retention(),
             read_only=self.read_only,
+            idle_close=_idle(),
+            host=_hostname(),
         )
 
     def get_store(self) -> LeaseStore:
@@ -258,7 +292,9 @@ class FenceHook(_StoreHook):
         super().__init__(fence_conn_id, schema=schema)
 
     def _make_store(self, location: StoreLocation) -> FenceStore:
-        return FenceStore(location.dsn, schema=location.schema, event_retention=settings.event_retention())
+        return FenceStore(
+            location.dsn, schema=location.schema, event_retention=settings.event_retention(), idle_close=_idle()
+        )
 
     def get_store(self) -> FenceStore:
         store: FenceStore = super().get_store()

@@ -379,6 +379,9 @@ class LeasedOperator(BaseOperator):
     ) -> Any:
         tags = task_tags(context, key)
         who = holder.describe() if holder else "held by another run (it was released just now)"
+        holder_host = store.holder_host(holder) if holder else None
+        if holder_host:
+            who += f" on host {holder_host}"
         if self.on_overlap == "wait":
             now = datetime.now(timezone.utc)
             end = datetime.fromisoformat(waited) if waited else now + (self.lease_wait_timeout or self._ttl())
@@ -393,6 +396,7 @@ class LeasedOperator(BaseOperator):
             holder_owner=holder.owner if holder else None,
             holder_token=holder.token if holder else None,
             holder_expires_at=holder.expires_at.isoformat() if holder else None,
+            holder_host=holder_host,
             policy=self.on_overlap,
         )
         if self.on_overlap == "fail":

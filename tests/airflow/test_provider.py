@@ -72,3 +72,79 @@ def test_clock_skew_is_warned_about_and_changes_nothing(caplog) -> None:
         assert not caplog.records
         warn_on_clock_skew(lease, now + timedelta(minutes=10), logger)
     assert "differs from the database's by 600.0 s" in caplog.text
+
+
+@pytest.fixture
+def no_connection(monkeypatch):
+    """No lease connection, and an embedded store that is only recorded, not started."""
+    from airflow_lease_provider.hooks import lease as hook_module
+
+    monkeypatch.delenv("AIRFLOW_CONN_LEASE_DEFAULT", raising=False)
+    monkeypatch.delenv("AIRFLOW__LEASE__EMBEDDED", raising=False)
+    started: list[str] = []
+
+    def fake_embedded() -> str:
+        started.append("embedded")
+        return "postgresql://embedded@/postgres?host=/tmp/none"
+
+    monkeypatch.setattr(hook_module, "embedded_dsn", fake_embedded)
+    return started
+
+
+def test_a_local_executor_on_a_shared_metadata_database_without_a_connection_is_an_error(
+    monkeypatch, no_connection
+) -> None:
+    # HA schedulers or a triggerer of its own may run on other hosts: each would start its own store.
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql+psycopg2://airflow@db:5432/airflow")
+    with pytest.raises(LeaseConnectionMissing) as info:
+        resolve(None)
+    message = str(info.value)
+    assert "AIRFLOW_CONN_LEASE_DEFAULT" in message and "'lease_default'" in message
+    assert "metadata database is not SQLite" in message and "[lease] embedded = true" in message
+    assert no_connection == []
+
+
+def test_a_local_executor_on_sqlite_falls_back_to_the_embedded_store(monkeypatch, no_connection) -> None:
+    # airflow standalone as installed: one host, one SQLite file, no second host can exist.
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite:////tmp/airflow.db")
+    location = resolve(None)
+    assert location.embedded and no_connection == ["embedded"]
+
+
+def test_embedded_true_turns_the_fallback_on_by_name_even_on_a_distributed_executor(
+    monkeypatch, no_connection
+) -> None:
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "CeleryExecutor")
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "postgresql+psycopg2://airflow@db:5432/airflow")
+    monkeypatch.setenv("AIRFLOW__LEASE__EMBEDDED", "true")
+    assert resolve(None).embedded and no_connection == ["embedded"]
+
+
+def test_embedded_false_refuses_the_fallback_even_on_sqlite(monkeypatch, no_connection) -> None:
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "sqlite:////tmp/airflow.db")
+    monkeypatch.setenv("AIRFLOW__LEASE__EMBEDDED", "false")
+    with pytest.raises(LeaseConnectionMissing, match=r"\[lease\] embedded = false"):
+        resolve(None)
+    assert no_connection == []
+
+
+def test_a_bad_embedded_setting_is_an_error_naming_it(monkeypatch, no_connection) -> None:
+    monkeypatch.setenv("AIRFLOW__LEASE__EMBEDDED", "sometimes")
+    with pytest.raises(ValueError, match=r"\[lease\] embedded='sometimes'"):
+        resolve(None)
+    assert no_connection == []
+
+
+def test_hook_stores_close_their_connection_when_idle_unless_told_to_hold_it(monkeypatch, pg_dsn) -> None:
+    from datetime import timedelta as td
+
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_IDLE", pg_dsn)
+    assert LeaseHook("lease_idle").get_store().db.idle_close == td(0)
+    monkeypatch.setenv("AIRFLOW__LEASE__HOLD_CONNECTION", "True")
+    assert LeaseHook("lease_idle").get_store().db.idle_close is None
+    monkeypatch.setenv("AIRFLOW__LEASE__HOLD_CONNECTION", "maybe")
+    with pytest.raises(ValueError, match=r"\[lease\] hold_connection='maybe'"):
+        LeaseHook("lease_idle").get_store()

@@ -176,3 +176,20 @@ def test_the_ledger_can_be_the_first_thing_used(pg_dsn: str, schema: str) -> Non
     assert fresh.events.query() == []
     assert fresh.events.record("skipped_catchup", "job", detail={"count": 3}) is True
     assert fresh.events.query(kind="skipped_catchup")[0].detail == {"count": 3}
+
+
+def test_the_host_that_acquired_a_lease_is_recorded_and_found_by_its_holder(pg_dsn, schema) -> None:
+    worker_a = LeaseStore(pg_dsn, schema=schema, host="worker-a.example")
+    worker_b = LeaseStore(pg_dsn, schema=schema, host="worker-b.example")
+    try:
+        lease = worker_a.acquire("nightly", "etl/run-1", timedelta(seconds=30))
+        assert lease is not None
+        outcome = worker_b.try_acquire("nightly", "etl/run-2", timedelta(seconds=30))
+        assert outcome.holder is not None and outcome.holder.token == lease.token
+        assert worker_b.holder_host(outcome.holder) == "worker-a.example"
+        # A re-entry by the same owner elsewhere (a retry on another worker) is found with its own token.
+        again = worker_b.acquire("nightly", "etl/run-1", timedelta(seconds=30))
+        assert again is not None and worker_a.holder_host(again) == "worker-b.example"
+    finally:
+        worker_a.close()
+        worker_b.close()
