@@ -8,8 +8,13 @@ What each piece is for:
 - ``@task.leased(lease_ttl=80 min)``: a run takes up to ~45 minutes at worst, so the TTL is about
   1.5-2x that; the lease renews every TTL/3 while the task runs. A run that starts while the previous
   one still writes is **skipped** (not failed), with the holder named in the reason.
+- ``slot_idempotency_key("article_publisher", context)``: one key per slot (the data interval's start)
+  for scheduled, backfilled and manual runs with a logical date; a manual run without a logical date
+  (the Airflow 3 default from the UI, ``airflow dags trigger`` and the REST API) has no slot and is keyed
+  by its run id.
 - ``lease.fenced_transaction(...)``: the article row and the fence advance commit in one transaction,
-  and the per-slot idempotency key means a slot is published at most once.
+  and the per-slot idempotency key means a slot is published at most once: a retry or a cleared re-run
+  of a published slot writes nothing and ends **skipped** ("published already").
 - ``lease.fence(...)`` + a git push carrying the token: the external side effect. The fence advances
   first; the repository's own pre-receive hook then refuses a push whose token is not larger than the
   last one it accepted (the resource-side gate), so a zombie that woke late cannot push either.
@@ -20,6 +25,7 @@ it is not defined) and ``blog_db`` for the articles table (falls back to the lea
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import tempfile
@@ -29,9 +35,13 @@ from pathlib import Path
 
 import pendulum
 from airflow.sdk import DAG, Param, task
+from airflow.sdk.exceptions import AirflowSkipException
 from psycopg2 import sql
 
+from airflow_lease_provider.core import DuplicatePublish
 from airflow_lease_provider.timetables import CappedCatchupTimetable, slot_idempotency_key
+
+log = logging.getLogger(__name__)
 
 # The blog's database; without a blog_db connection the example writes next to the leases.
 BLOG_CONN = "blog_db" if os.environ.get("AIRFLOW_CONN_BLOG_DB") else None
@@ -56,7 +66,7 @@ done
 
 def ensure_blog_repo() -> Path:
     if not (BLOG_REPO / "HEAD").exists():
-        subprocess.run(["git", "init", "--quiet", "--bare", str(BLOG_REPO)], check=True)
+        subprocess.run(["git", "init", "--quiet", "--bare", "--initial-branch=main", str(BLOG_REPO)], check=True)
         hook = BLOG_REPO / "hooks" / "pre-receive"
         hook.write_text(PRE_RECEIVE)
         hook.chmod(0o755)
@@ -87,25 +97,35 @@ with DAG(
 ):
 
     @task.leased(lease_key="article-publisher", lease_ttl=timedelta(minutes=80))
-    def write_and_publish(lease=None, data_interval_start=None, data_interval_end=None, params=None):
+    def write_and_publish(lease=None, params=None, **context):
         time.sleep(params["work_seconds"])  # writing the article takes a while
-        slot = slot_idempotency_key(data_interval_start, data_interval_end)
-        article = f"# Article for {data_interval_start}\n\nWritten under lease token {lease.token}.\n"
+        # The slot's key for scheduled, backfilled and manual runs with a logical date; a manual run
+        # without one (the Airflow 3 default) has no slot and is keyed by its run id instead.
+        slot = slot_idempotency_key("article_publisher", context)
+        article = f"# Article for {slot}\n\nWritten under lease token {lease.token}.\n"
 
-        # Exactly once into PostgreSQL: the row commits together with the fence advance.
-        with lease.fenced_transaction("blog.articles", conn_id=BLOG_CONN, idempotency_key=slot) as cur:
-            cur.execute(
-                sql.SQL(
-                    "CREATE TABLE IF NOT EXISTS {} (slot text PRIMARY KEY, body text NOT NULL, token bigint NOT NULL)"
-                ).format(ARTICLES)
-            )
-            cur.execute(
-                sql.SQL("INSERT INTO {} (slot, body, token) VALUES (%s, %s, %s)").format(ARTICLES),
-                (slot, article, lease.token),
-            )
+        # Exactly once into PostgreSQL: the row commits together with the fence advance. A retry or a
+        # cleared re-run of a slot that was published already writes nothing (DuplicatePublish).
+        try:
+            with lease.fenced_transaction("blog.articles", conn_id=BLOG_CONN, idempotency_key=slot) as cur:
+                cur.execute(
+                    sql.SQL(
+                        "CREATE TABLE IF NOT EXISTS {} "
+                        "(slot text PRIMARY KEY, body text NOT NULL, token bigint NOT NULL)"
+                    ).format(ARTICLES)
+                )
+                cur.execute(
+                    sql.SQL("INSERT INTO {} (slot, body, token) VALUES (%s, %s, %s)").format(ARTICLES),
+                    (slot, article, lease.token),
+                )
+        except DuplicatePublish:
+            log.info("%s is in blog.articles already; not written again", slot)
 
-        # An external side effect: advance the fence first, then push carrying the token.
-        lease.fence("blog.git")
+        # An external side effect: advance the fence first (once per slot), then push carrying the token.
+        try:
+            lease.fence("blog.git", idempotency_key=slot)
+        except DuplicatePublish:
+            raise AirflowSkipException(f"{slot} was published already; nothing to do") from None
         push_article(article, lease.token)
         return {"slot": slot, "token": lease.token}
 

@@ -2,8 +2,14 @@
 
 Unlike an article, a missed billing hour still has to be closed, so after downtime the newest
 ``max_backfill=24`` slots run (older ones are skipped, recorded and counted, for a person to look at).
-Each slot's publish carries an idempotency key derived from its data interval, so a retried or re-run
-slot is never billed twice, whatever its token.
+Each slot's publish carries an idempotency key from ``slot_idempotency_key("billing_close", context)``
+(the data interval's start), so a retried or re-run slot is never billed twice, whatever its token: a
+cleared re-run of a closed slot ends with ``publish_invoices`` **skipped** (``on_duplicate="skip"``),
+nothing written. A manual run without a logical date (the Airflow 3 default) has no slot; it is keyed
+by its run id, so it bills once however often it is cleared. To re-close a given hour, trigger a run with
+that logical date, or backfill it. The key is computed once, in ``collect_usage``, and reaches the
+publish through XCom: no template refers to ``data_interval_start``, which a run without a logical date
+does not have.
 
 The whole run holds one **run-scoped lease**: ``acquire_run_lease`` (a setup task) takes it,
 ``release_run_lease`` (a teardown task) always gives it back, and the tasks in between renew it while
@@ -21,7 +27,7 @@ import pendulum
 from airflow.sdk import DAG, Param, task
 
 from airflow_lease_provider.operators import FencedSQLOperator, run_lease
-from airflow_lease_provider.timetables import CappedCatchupTimetable
+from airflow_lease_provider.timetables import CappedCatchupTimetable, slot_idempotency_key
 
 # Where the invoices table lives (in the lease store's database unless a billing_db connection exists).
 BILLING_SCHEMA = os.environ.get("LEASE_EXAMPLES_SCHEMA", "public")
@@ -39,9 +45,9 @@ with DAG(
     acquire, release = run_lease(lease_key="billing-close", lease_ttl=timedelta(minutes=30))
 
     @task.leased(lease_key="billing-close", lease_scope="run")  # renews the run's lease while it runs
-    def collect_usage(data_interval_start=None, params=None):
+    def collect_usage(params=None, **context):
         time.sleep(params["work_seconds"])
-        return {"hour": str(data_interval_start), "units": 42}
+        return {"slot": slot_idempotency_key("billing_close", context), "units": 42}
 
     @task.leased(lease_key="billing-close", lease_scope="run")
     def price(usage):
@@ -51,7 +57,8 @@ with DAG(
         task_id="publish_invoices",
         resource="billing.invoices",
         lease_key="billing-close",
-        idempotency_key="{{ data_interval_start }}/{{ data_interval_end }}",
+        idempotency_key="{{ ti.xcom_pull(task_ids='price')['slot'] }}",
+        on_duplicate="skip",  # a cleared re-run of a closed slot writes nothing and says so
         sql=[
             "CREATE TABLE IF NOT EXISTS {invoices} "
             "(slot text PRIMARY KEY, amount_cents bigint NOT NULL, token bigint NOT NULL)",
@@ -61,7 +68,7 @@ with DAG(
         identifiers={"invoices": [BILLING_SCHEMA, "example_invoices"]},
         fence_conn_id="billing_db" if os.environ.get("AIRFLOW_CONN_BILLING_DB") else None,
         parameters={
-            "slot": "{{ data_interval_start }}",
+            "slot": "{{ ti.xcom_pull(task_ids='price')['slot'] }}",
             "amount": "{{ ti.xcom_pull(task_ids='price')['amount_cents'] }}",
         },
     )

@@ -23,9 +23,13 @@ from airflow.sdk import BaseOperator
 from psycopg2 import sql
 
 from airflow_lease_provider.context import LeaseContext, _current
-from airflow_lease_provider.core import LeaseLost, validation
+from airflow_lease_provider.core import DuplicatePublish, LeaseLost, validation
 from airflow_lease_provider.operators.leased import check_name, event_detail, run_ref, task_tags
 from airflow_lease_provider.outcomes import Outcome, report
+from airflow_lease_provider.version_compat import AirflowSkipException
+
+#: What ``FencedSQLOperator(on_duplicate=...)`` accepts.
+ON_DUPLICATE = ("fail", "skip")
 
 
 def publishing_lease(context: Any, lease_key: str | None, lease_conn_id: str | None) -> LeaseContext:
@@ -69,6 +73,9 @@ class FencedSQLOperator(BaseOperator):
     :param fence_conn_id: the target database's connection (default: the lease store's).
     :param idempotency_key: optional per-slot key (templated, e.g. ``"{{ data_interval_start }}"``): a
         slot already published is refused whatever the token, so retries and re-runs publish once.
+    :param on_duplicate: what a publish whose ``idempotency_key`` was published already does (a retry
+        or a cleared re-run of a published slot): ``"fail"`` (default, ``DuplicatePublish``) or
+        ``"skip"`` (the task is skipped with the reason; nothing is written).
     :param lease_key: the run-scoped lease to publish under (templated; default the DAG id, the run
         lease's default key).
     :param lease_conn_id: the lease store's connection.
@@ -90,11 +97,14 @@ class FencedSQLOperator(BaseOperator):
         identifiers: dict[str, str | Sequence[str]] | None = None,
         fence_conn_id: str | None = None,
         idempotency_key: str | None = None,
+        on_duplicate: str = "fail",
         lease_key: str | None = None,
         lease_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
+        if on_duplicate not in ON_DUPLICATE:
+            raise validation.InvalidArgument("on_duplicate", on_duplicate, f"must be one of {', '.join(ON_DUPLICATE)}")
         check_name("resource", resource)
         check_name("lease_key", lease_key, optional=True)
         check_name("idempotency_key", idempotency_key, optional=True)
@@ -114,11 +124,22 @@ class FencedSQLOperator(BaseOperator):
         self.identifiers = identifiers
         self.fence_conn_id = fence_conn_id
         self.idempotency_key = idempotency_key
+        self.on_duplicate = on_duplicate
         self.lease_key = lease_key
         self.lease_conn_id = lease_conn_id
 
     def execute(self, context: Any) -> int:
         lease = publishing_lease(context, self.lease_key, self.lease_conn_id)
+        try:
+            rows = self._publish(lease)
+        except DuplicatePublish as exc:
+            if self.on_duplicate != "skip":
+                raise
+            raise AirflowSkipException(f"{exc.args[0]}: nothing written (on_duplicate='skip')") from None
+        self.log.info("fence: published to %r with token %s (%s rows)", self.resource, lease.token, rows)
+        return lease.token
+
+    def _publish(self, lease: LeaseContext) -> int:
         with lease.fenced_transaction(
             self.resource, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key
         ) as cur:
@@ -129,8 +150,7 @@ class FencedSQLOperator(BaseOperator):
             for statement in [self.sql] if isinstance(self.sql, str) else self.sql:
                 cur.execute(self._compose(statement), parameters)
                 rows += max(cur.rowcount, 0)
-        self.log.info("fence: published to %r with token %s (%s rows)", self.resource, lease.token, rows)
-        return lease.token
+        return rows
 
     def _compose(self, statement: str) -> str | sql.Composed:
         if not self.identifiers:

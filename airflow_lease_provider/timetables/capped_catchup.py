@@ -23,12 +23,14 @@ import dataclasses
 import datetime
 import logging
 import zoneinfo
+from collections.abc import Mapping
 from typing import TYPE_CHECKING, Any
 
 import pendulum
 from airflow.timetables.base import DagRunInfo, DataInterval, Timetable
 from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, croniter
 
+from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.errors import InvalidArgument
 from airflow_lease_provider.timetables._grid import CronGrid, DeltaGrid, Grid, to_utc
 
@@ -172,19 +174,66 @@ class SkippedSlots:
         }
 
 
-def slot_idempotency_key(job: str, slot: DataInterval | datetime.datetime) -> str:
+def slot_idempotency_key(job: str, slot: DataInterval | datetime.datetime | Mapping[str, Any]) -> str:
     """A stable key for one slot of ``job``: the same for every retry and re-run of that slot.
 
     Use it as the idempotency key of an irreversible publish (billing, notifications) so a slot that is
     retried, cleared or caught up twice is published at most once.
 
+    Pass the task context (``slot_idempotency_key("billing_close", context)``) to cover every kind of
+    run: a run with a data interval (scheduled, backfilled, or manual with a logical date) is keyed by
+    the interval's start, ``"billing_close@2025-06-15T09:00:00Z"``; an Airflow 3 manual run triggered
+    without a logical date (the UI's default, ``airflow dags trigger`` and the REST API) has no slot, so it
+    is keyed by its run id, ``"billing_close@run:manual__2025-06-15T09:12:44.120+00:00"``: its retries
+    and clears publish once, and two manual runs are two publishes.
+
     :param job: what is published (a DAG id, a lease key); part of the key.
-    :param slot: the run's data interval, or its logical date.
+    :param slot: the task context, the run's data interval, or its logical date (a datetime).
+    :raises InvalidArgument: a ``ValueError`` naming ``job`` or ``slot``, e.g. for ``slot=None`` (the
+        ``data_interval_start`` of a run without a logical date: pass the context instead).
     """
-    start = to_utc(slot.start if isinstance(slot, DataInterval) else slot)
+    validation.name("job", job)
+    if isinstance(slot, Mapping):
+        return _key_from_context(job, slot)
+    if slot is None:
+        raise InvalidArgument(
+            "slot",
+            slot,
+            "is None: this run has no data interval (an Airflow 3 manual run triggered without a logical "
+            "date has none); pass the task context, slot_idempotency_key(job, context), to key such a run "
+            "by its run id",
+        )
+    start: datetime.datetime
+    if isinstance(slot, DataInterval):
+        start = slot.start
+    elif isinstance(slot, datetime.datetime):
+        start = slot
+    else:
+        raise InvalidArgument(
+            "slot",
+            slot,
+            "must be the task context, a DataInterval or a datetime (the slot's logical date), "
+            f"not {type(slot).__name__}",
+        )
     # UTC, so the key does not change with the DAG's timezone or a DST fold.
-    stamp = start.strftime("%Y-%m-%dT%H:%M:%S.%f" if start.microsecond else "%Y-%m-%dT%H:%M:%S")
+    utc = to_utc(start)
+    stamp = utc.strftime("%Y-%m-%dT%H:%M:%S.%f" if utc.microsecond else "%Y-%m-%dT%H:%M:%S")
     return f"{job}@{stamp}Z"
+
+
+def _key_from_context(job: str, context: Mapping[str, Any]) -> str:
+    start = context.get("data_interval_start") or context.get("logical_date")
+    if start is not None:
+        return slot_idempotency_key(job, start)
+    dag_run = context.get("dag_run")
+    run_id = context.get("run_id") or getattr(dag_run, "run_id", None)
+    if not isinstance(run_id, str) or not run_id:
+        raise InvalidArgument(
+            "slot",
+            f"<context with keys {sorted(context)}>",
+            "is a mapping with neither data_interval_start, logical_date nor run_id; pass the task context",
+        )
+    return validation.name("slot", f"{job}@run:{run_id}")
 
 
 # -- the timetable -------------------------------------------------------------------------------------

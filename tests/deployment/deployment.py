@@ -1,0 +1,251 @@
+"""One real Airflow deployment for a test module: the processes Airflow runs in production, on PostgreSQL.
+
+``airflow api-server`` (public API ``/api/v2``, the execution API the workers talk to, the UI and the
+lease plugin), ``airflow scheduler`` (LocalExecutor) and ``airflow dag-processor``, each on a free port
+and in its own session, with a throwaway PostgreSQL database for Airflow's metadata (LocalExecutor cannot
+run on SQLite in Airflow 3). The lease store is the same database (its ``airflow_lease`` schema), so
+dropping the database removes everything a module left behind.
+
+The metadata database is migrated once per session into a template database and each deployment is a
+``CREATE DATABASE ... TEMPLATE`` copy of it (a second instead of a minute of ``airflow db migrate``).
+
+Tests drive it only through the doors a user has: runs are triggered through the REST API (with no
+logical date unless a test gives one), tasks are cleared through it, and run states, task states,
+XComs and task logs are read back through it (:class:`demo.airflow_api.AirflowAPI`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit, urlunsplit
+
+import psycopg2
+from psycopg2 import sql
+
+from demo.airflow_api import AirflowAPI, wait
+from tests.pg import scratch_dir
+
+VENV_BIN = Path(sys.executable).parent
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLES = ROOT / "dags_examples"
+DEMO_DAGS = ROOT / "demo" / "dags"
+#: SimpleAuthManager users of the deployment: name -> role. The password of each is its name + "-pw".
+USERS = {"admin": "admin", "viewer": "viewer"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return int(probe.getsockname()[1])
+
+
+def with_database(dsn: str, database: str) -> str:
+    """``dsn`` (a ``postgresql://`` URI, TCP or Unix socket) pointing at another database."""
+    parts = urlsplit(dsn)
+    return urlunsplit(parts._replace(path=f"/{database}"))
+
+
+def connection_json(dsn: str) -> str:
+    """An Airflow connection (JSON form) for ``dsn``: TCP or a Unix socket directory as the host."""
+    parts = psycopg2.extensions.parse_dsn(dsn)
+    conn = {"conn_type": "postgres", "host": parts.get("host"), "port": int(parts.get("port") or 5432),
+            "login": parts.get("user"), "password": parts.get("password") or None, "schema": parts.get("dbname")}
+    return json.dumps({k: v for k, v in conn.items() if v is not None})
+
+
+def _admin(dsn: str) -> Any:
+    conn = psycopg2.connect(dsn, connect_timeout=10)
+    conn.autocommit = True
+    return conn
+
+
+def drop_database(admin_dsn: str, name: str) -> None:
+    conn = _admin(admin_dsn)
+    try:
+        with conn.cursor() as cur:
+            cur.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,))
+            cur.execute(sql.SQL("DROP DATABASE IF EXISTS {}").format(sql.Identifier(name)))
+    finally:
+        conn.close()
+
+
+def base_env(home: Path, dags: Path, metadata_dsn: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(dags),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__UNIT_TEST_MODE": "False",
+            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": metadata_dsn.replace("postgresql://", "postgresql+psycopg2://", 1),
+            "PATH": f"{VENV_BIN}{os.pathsep}{env.get('PATH', '')}",
+            "PYTHONPATH": str(ROOT),
+        }
+    )
+    return env
+
+
+class MetadataTemplate:
+    """A migrated Airflow metadata database to copy deployments from (one per test session)."""
+
+    def __init__(self, admin_dsn: str) -> None:
+        self.admin_dsn = admin_dsn
+        self.name = f"lease_tier_tmpl_{secrets.token_hex(4)}"
+        self.root = scratch_dir("lease-tier-tmpl-")
+        conn = _admin(admin_dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.name)))
+        finally:
+            conn.close()
+        try:
+            env = base_env(self.root, self.root, with_database(admin_dsn, self.name))
+            result = subprocess.run([str(VENV_BIN / "airflow"), "db", "migrate"], env=env, capture_output=True,
+                                    text=True, timeout=600, check=False, start_new_session=True)
+            if result.returncode != 0:
+                raise AssertionError(f"airflow db migrate failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        except BaseException:
+            self.drop()
+            raise
+
+    def copy(self) -> tuple[str, str]:
+        """A new database copied from the template: its name and DSN."""
+        name = f"lease_tier_{secrets.token_hex(5)}"
+        conn = _admin(self.admin_dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                    sql.Identifier(name), sql.Identifier(self.name)))
+        finally:
+            conn.close()
+        return name, with_database(self.admin_dsn, name)
+
+    def drop(self) -> None:
+        drop_database(self.admin_dsn, self.name)
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+class Deployment:
+    """A running Airflow (api-server, scheduler, dag-processor; LocalExecutor) with the given DAG files."""
+
+    def __init__(self, template: MetadataTemplate, dag_files: list[Path], *,
+                 extra_env: dict[str, str] | None = None) -> None:
+        self.template = template
+        self.root = scratch_dir("lease-tier-")
+        self.home = self.root / "home"
+        self.dags = self.root / "dags"
+        self.logs = self.root / "process-logs"
+        for path in (self.home, self.dags, self.logs):
+            path.mkdir()
+        for source in dag_files:
+            shutil.copy(source, self.dags / source.name)
+        self.database, self.dsn = template.copy()
+        self.port = free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        (self.home / "passwords.json").write_text(json.dumps({u: f"{u}-pw" for u in USERS}))
+        self.env = base_env(self.home, self.dags, self.dsn)
+        self.env.update(
+            {
+                "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": ",".join(f"{u}:{r}" for u, r in USERS.items()),
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(self.home / "passwords.json"),
+                "AIRFLOW__CORE__PARALLELISM": "8",
+                "AIRFLOW__API__PORT": str(self.port),
+                "AIRFLOW__API__HOST": "127.0.0.1",
+                "AIRFLOW__API__BASE_URL": self.url,
+                "AIRFLOW__API__WORKERS": "1",
+                "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
+                "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+                "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+                "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
+                "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
+                "AIRFLOW__SCHEDULER__ENABLE_HEALTH_CHECK": "True",
+                "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(free_port()),
+                "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+                "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+                "AIRFLOW_CONN_LEASE_DEFAULT": connection_json(self.dsn),
+                "LEASE_EXAMPLES_SCHEMA": "public",
+            }
+        )
+        self.env.update(extra_env or {})
+        self.started: list[subprocess.Popen[bytes]] = []
+        self.api = AirflowAPI(self.url, "admin", "admin-pw")
+
+    # -- processes ----------------------------------------------------------------------------------
+
+    def _start(self, name: str, *args: str) -> None:
+        with (self.logs / f"{name}.log").open("wb") as out:
+            self.started.append(subprocess.Popen(
+                [str(VENV_BIN / "airflow"), *args], env=self.env, stdout=out, stderr=subprocess.STDOUT,
+                start_new_session=True,
+            ))
+
+    def start(self, dag_ids: set[str], timeout: float = 240) -> None:
+        """Start the processes and wait until the API answers and every DAG in ``dag_ids`` is parsed."""
+        self._start("api-server", "api-server")
+        self._start("scheduler", "scheduler")
+        self._start("dag-processor", "dag-processor")
+        started = time.monotonic()
+
+        def ready() -> bool:
+            for process in self.started:
+                if process.poll() is not None:
+                    raise AssertionError(f"an Airflow process exited with {process.returncode}:\n{self.tails()}")
+            return self.api.healthy()
+
+        wait(ready, bool, timeout, "the api-server and the scheduler to be healthy")
+
+        def parsed() -> set[str]:
+            errors = self.api.import_errors()
+            if errors:
+                raise AssertionError(f"DAG import errors: {errors}")
+            return self.api.dag_ids()
+
+        wait(parsed, lambda found: dag_ids <= found, max(30.0, timeout - (time.monotonic() - started)),
+             f"the DAGs {sorted(dag_ids)} to be parsed")
+
+    def airflow(self, *args: str, timeout: float = 180) -> str:
+        """An ``airflow`` CLI command against this deployment (as its operator would run it)."""
+        result = subprocess.run([str(VENV_BIN / "airflow"), *args], env=self.env, capture_output=True,
+                                text=True, timeout=timeout, check=False, start_new_session=True)
+        if result.returncode != 0:
+            raise AssertionError(f"airflow {' '.join(args[:3])} failed:\n{result.stdout[-3000:]}\n{result.stderr[-3000:]}")
+        return result.stdout
+
+    def tails(self) -> str:
+        return "\n".join(
+            f"--- {path.name} ---\n{path.read_text(errors='replace')[-5000:]}" for path in sorted(self.logs.glob("*.log"))
+        )
+
+    def stop(self) -> None:
+        """SIGTERM each process group, SIGKILL what is left after 10 s, then drop the database."""
+        self.api.close()
+        for process in reversed(self.started):
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGTERM)
+        deadline = time.monotonic() + 10
+        for process in reversed(self.started):
+            try:
+                process.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                pass
+            # Task processes the executor forked live in the same group: none may outlive the test.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, signal.SIGKILL)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                process.wait(timeout=10)
+        drop_database(self.template.admin_dsn, self.database)
+        shutil.rmtree(self.root, ignore_errors=True)
