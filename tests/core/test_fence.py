@@ -19,7 +19,7 @@ from airflow_lease_provider.core import (
     LeaseStore,
     StaleFencingToken,
 )
-from airflow_lease_provider.core.schema import migrations
+from airflow_lease_provider.core.schema import latest_version, migrations
 from tests.pg import execute, q
 
 TTL = timedelta(minutes=5)
@@ -206,7 +206,7 @@ def test_upgrading_keeps_a_fence_from_before_per_key_fences_as_a_floor(pg_dsn: s
     _schema_at_version_2(pg_dsn, schema)
     fences = FenceStore(pg_dsn, schema=schema)
     try:
-        assert fences.ensure_schema() == 3
+        assert fences.ensure_schema() == latest_version()
         assert fences.current("blog", key="job") == 7  # the floor
         assert fences.advance("blog", 6, key="job").outcome == "stale"
         assert fences.advance("blog", 7, key="job").outcome == "stale"
