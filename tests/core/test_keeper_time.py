@@ -7,6 +7,7 @@ little time left, or a slow reply can only make the deadline early, never late (
 
 from __future__ import annotations
 
+import socket
 import threading
 import time
 from collections.abc import Iterator
@@ -210,3 +211,17 @@ def test_renew_every_near_the_ttl_is_refused_naming_the_ttl_and_the_margin(store
     keeper = LeaseKeeper(store, lease, renew_every=timedelta(seconds=26.9))
     assert keeper.renew_every == timedelta(seconds=26.9)
     keeper.stop()
+
+
+def test_a_lease_without_local_timing_and_an_unreachable_store_is_lost_at_once(store: LeaseStore) -> None:
+    lease = store.acquire("job", owner="a", ttl=timedelta(seconds=30))
+    assert lease is not None
+    with socket.socket() as probe:  # a port nobody listens on: connections are refused at once
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    nowhere = LeaseStore(f"postgresql://postgres@127.0.0.1:{port}/test", schema=store.schema, record_events=False)
+    keeper = LeaseKeeper(nowhere, Lease.from_dict(lease.to_dict()))
+    with pytest.raises(LeaseLost, match="could not be confirmed"):
+        keeper.check()  # it cannot prove any time is left, so it does not pretend there is
+    keeper.stop()
+    assert LeaseKeeper(store, lease).time_left() > timedelta(seconds=25)  # the lease itself is fine
