@@ -8,7 +8,13 @@ committed (the audit triggers and the publish target):
 ``token-regressed``     a lease or fence row's token went down
 ``overlap``             for one key, a lease was granted to another owner while an acknowledged one was
                         still valid (database time); ``overlap-db``: the same, in the committed rows
-``fence-order``         for one resource, the target accepted a token not larger than one it accepted before
+``fence-order``         for one resource and lease key, the target accepted a token not larger than one of
+                        that key it accepted before (a fence is per (resource, lease key))
+``stale-check``         a keeper's ``check()`` passed although, by the database clock read just before it,
+                        the lease had already ended (expired or released): a keeper that counts its deadline
+                        from the wrong moment
+``valid-refused``       a publish was refused as stale although the fence never accepted a token at least as
+                        large of the same lease key: a fence that compares tokens of different keys
 ``publish-not-holder``  an accepted publish carried a token that was never granted to its owner
 ``duplicate-publish``   one idempotency key, or one token, was published twice to a resource
 ``lost-ack``            an acknowledged acquire, renewal, release or publish is missing from what the
@@ -161,7 +167,7 @@ class Checker:
         meta = self.by_type["meta"]
         self.meta = meta[0] if meta else {}
         self.ttl = float(self.meta.get("ttl", 0) or 0)
-        self.resources: dict[str, str] = self.meta.get("resources", {})
+        self.resources: dict[str, Any] = self.meta.get("resources", {})
         self.ops = self.by_type["op"]
         self.report = Report()
 
@@ -175,6 +181,8 @@ class Checker:
         owners = self._audit()
         self._acks_committed()
         self._fence(owners, leases)
+        self._stale_checks(leases)
+        self._valid_refused()
         self._errors()
         self._probe()
         self._figures()
@@ -329,9 +337,9 @@ class Checker:
                 self.report.violate("lost-ack", f"acknowledged {missing}, but not in the committed state")
 
     def _fence(self, owners: dict[str, dict[int, str]], leases: dict[tuple[str, int], list[Lease]]) -> None:
-        fence_rows: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        fence_rows: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         for row in self.by_type["audit_fence"]:
-            fence_rows[row["resource"]].append(row)
+            fence_rows[(row["resource"], row.get("key", ""))].append(row)
         for resource, changes in fence_rows.items():
             changes.sort(key=lambda row: (when(row["at"]), row["id"]))
             top = 0
@@ -341,31 +349,31 @@ class Checker:
                         "token-regressed", f"fence {resource}: accepted token {row['token']} after {top}"
                     )
                 top = max(top, int(row["token"]))
-        targets: dict[str, list[dict[str, Any]]] = defaultdict(list)
+        targets: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
         idems: Counter[tuple[str, str]] = Counter()
-        tokens: Counter[tuple[str, int]] = Counter()
+        tokens: Counter[tuple[str, str, int]] = Counter()
         for row in self.by_type["target"]:
-            targets[row["resource"]].append(row)
-            tokens[(row["resource"], int(row["token"]))] += 1
+            key = self._key_of(row)
+            targets[(row["resource"], key)].append(row)
+            tokens[(row["resource"], key, int(row["token"]))] += 1
             if row.get("idem"):
                 idems[(row["resource"], row["idem"])] += 1
         for (resource, idem), n in idems.items():
             if n > 1:
                 self.report.violate("duplicate-publish", f"{resource}: idempotency key {idem!r} published {n} times")
-        for (resource, token), n in tokens.items():
+        for (resource, key, token), n in tokens.items():
             if n > 1:
-                self.report.violate("duplicate-publish", f"{resource}: token {token} published {n} times")
-        for resource, rows in targets.items():
+                self.report.violate("duplicate-publish", f"{resource}: token {token} of {key} published {n} times")
+        for (resource, key), rows in targets.items():
             rows.sort(key=lambda row: (when(row["at"]), row["id"]))
             top: dict[str, Any] | None = None
-            key = self.resources.get(resource, resource)
             for row in rows:
                 token = int(row["token"])
                 if top is not None and token <= int(top["token"]):
                     self.report.violate(
                         "fence-order",
-                        f"{resource}: accepted token {token} from {row['owner']} at {row['at']} after token "
-                        f"{top['token']} from {top['owner']} at {top['at']}",
+                        f"{resource} ({key}): accepted token {token} from {row['owner']} at {row['at']} after "
+                        f"token {top['token']} from {top['owner']} at {top['at']}",
                     )
                 if top is None or token > int(top["token"]):
                     top = row
@@ -383,6 +391,53 @@ class Checker:
                         f"{resource}: token {token} published by {row['owner']} (worker {row['worker']}) "
                         f"was granted to {granted_to}",
                     )
+
+    def _key_of(self, row: dict[str, Any]) -> str:
+        """The lease key a target row was published under (histories before per-key fences: the one key
+        of its resource)."""
+        if row.get("key"):
+            return str(row["key"])
+        mapped = self.resources.get(row["resource"], row["resource"])
+        return mapped if isinstance(mapped, str) else str(row["resource"])
+
+    def _stale_checks(self, leases: dict[tuple[str, int], list[Lease]]) -> None:
+        for op in self.ops:
+            if op["op"] != "check" or op.get("outcome") != "held" or not op.get("db_before"):
+                continue
+            before = when(op["db_before"])
+            for lease in leases.get((op["key"], int(op["token"])), []):
+                if lease.owner == op["owner"] and before is not None and before >= lease.held_until:
+                    self.report.violate(
+                        "stale-check",
+                        f"w{op['w']} {op['key']} token {op['token']}: keeper.check() passed after "
+                        f"{op['db_before']} (database clock), but the lease ended at {lease.held_until} "
+                        f"({(before - lease.held_until).total_seconds():.3f}s before; keeper started "
+                        f"{op.get('start', '?')})",
+                    )
+
+    def _valid_refused(self) -> None:
+        # Only what the fence accepted while the workers ran: the probe publishes after they all crashed.
+        crashes = self.by_type["crash_all"]
+        crashed = when(crashes[0].get("db_time")) if crashes else None
+        top: dict[tuple[str, str], int] = {}
+        for row in self.by_type["audit_fence"]:
+            if crashed is not None and when(row["at"]) >= crashed:
+                continue
+            ident = (row["resource"], row.get("key", ""))
+            top[ident] = max(top.get(ident, 0), int(row["token"]))
+        if not self.by_type["audit_fence"] and not self.by_type["audit_lease"]:
+            return  # no ground truth at hand
+        for op in self.ops:
+            if op["op"] != "publish" or op.get("outcome") != "stale" or "key" not in op:
+                continue
+            accepted = top.get((op["resource"], op["key"]), 0)
+            if accepted < int(op["token"]):
+                self.report.violate(
+                    "valid-refused",
+                    f"{op['resource']}: token {op['token']} of {op['key']} ({op['owner']}) refused as stale, but "
+                    f"the fence never accepted a token of {op['key']} at least that large (largest: {accepted or 'none'}; "
+                    f"the fence reported {op.get('current')})",
+                )
 
     def _errors(self) -> None:
         for op in self.ops:

@@ -55,7 +55,8 @@ def _spawn(profile: Profile, variant: str, dsn: str, work: Path, seed: int) -> d
             ttl=profile.ttl, statement_timeout=profile.statement_timeout, connect_timeout=profile.connect_timeout,
             variant=variant, skew=skew, long_fraction=profile.long_fraction,
             keeper_fraction=profile.keeper_fraction, check_fraction=profile.check_fraction,
-            idempotent_fraction=profile.idempotent_fraction,
+            idempotent_fraction=profile.idempotent_fraction, delay_fraction=profile.delay_fraction,
+            join_fraction=profile.join_fraction,
         )
         logfile = (work / "logs" / f"w{wid}.log").open("wb")
         workers[wid] = subprocess.Popen(
@@ -159,7 +160,10 @@ def run(profile: Profile, variant: str, out: Path, seed: int, say: Any = print) 
         rec.write({
             "type": "meta", "t": time.monotonic(), "profile": asdict(profile), "variant": variant, "seed": seed,
             "ttl": profile.ttl, "keys": [key_of(i) for i in range(profile.keys)],
-            "resources": {resource_of(i): key_of(i) for i in range(profile.keys)},
+            "resources": {
+                resource_of(i): [key_of(j) for j in range(profile.keys) if resource_of(j) == resource_of(i)]
+                for i in range(profile.keys)
+            },
             "faketime": str(LIBFAKETIME) if LIBFAKETIME else None, "db_time": db_time(dsn),
         })
         workers = _spawn(profile, variant, dsn, work, seed)

@@ -38,6 +38,10 @@ class Profile:
     keeper_fraction: float = 0.7
     check_fraction: float = 0.5
     idempotent_fraction: float = 0.5
+    #: Share of keeper starts that come after a pause (0.5-1.6 TTL after the acquire), and that join the
+    #: lease late (a holder read with 0.05-0.5 TTL left), the way a run-scoped task joins a run's lease.
+    delay_fraction: float = 0.15
+    join_fraction: float = 0.15
     #: Coverage the run must reach for its result to count (the CI test asserts it too).
     min_operations: int = 0
 
@@ -58,9 +62,11 @@ PROFILES: dict[str, Profile] = {
     # that a broken variant shows within seconds.
     "smoke": Profile(
         name="smoke", duration=20.0, workers=8, keys=4, skewed=4, kill_every=1e9, zombie_every=2.0,
-        long_fraction=0.4, keeper_fraction=0.4, check_fraction=0.2,
+        long_fraction=0.4, keeper_fraction=0.4, check_fraction=0.2, delay_fraction=0.5, join_fraction=0.2,
     ),
 }
 
 #: Variants: the real store, and deliberately broken ones the checker must catch (see chaos.stores).
-VARIANTS = ("correct", "fence-off", "client-clock", "async-commit")
+VARIANTS = (
+    "correct", "fence-off", "client-clock", "async-commit", "keeper-from-construction", "fence-cross-key",
+)

@@ -22,6 +22,7 @@ CREATE SCHEMA IF NOT EXISTS {chaos};
 CREATE TABLE {chaos}.target (
     id        bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     resource  text        NOT NULL,
+    key       text        NOT NULL,
     token     bigint      NOT NULL,
     owner     text        NOT NULL,
     worker    integer     NOT NULL,
@@ -50,6 +51,7 @@ CREATE TABLE {chaos}.audit_fence (
     id         bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at         timestamptz NOT NULL DEFAULT clock_timestamp(),
     resource   text        NOT NULL,
+    key        text        NOT NULL,
     token      bigint      NOT NULL,
     owner      text,
     old_token  bigint
@@ -72,8 +74,8 @@ END $$;
 
 CREATE FUNCTION {chaos}.audit_fence() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    INSERT INTO {chaos}.audit_fence (resource, token, owner, old_token)
-    VALUES (NEW.resource, NEW.token, NEW.owner, CASE WHEN TG_OP = 'UPDATE' THEN OLD.token END);
+    INSERT INTO {chaos}.audit_fence (resource, key, token, owner, old_token)
+    VALUES (NEW.resource, NEW.key, NEW.token, NEW.owner, CASE WHEN TG_OP = 'UPDATE' THEN OLD.token END);
     RETURN NULL;
 END $$;
 
@@ -94,8 +96,8 @@ def ddl(lease_schema: str = LEASE_SCHEMA, chaos_schema: str = CHAOS_SCHEMA) -> s
 
 def insert_target(chaos_schema: str = CHAOS_SCHEMA) -> sql.Composed:
     return sql.SQL(
-        "INSERT INTO {}.target (resource, token, owner, worker, idem) "
-        "VALUES (%(resource)s, %(token)s, %(owner)s, %(worker)s, %(idem)s) RETURNING at"
+        "INSERT INTO {}.target (resource, key, token, owner, worker, idem) "
+        "VALUES (%(resource)s, %(key)s, %(token)s, %(owner)s, %(worker)s, %(idem)s) RETURNING at"
     ).format(sql.Identifier(chaos_schema))
 
 
@@ -108,10 +110,10 @@ def dump_queries(lease_schema: str = LEASE_SCHEMA, chaos_schema: str = CHAOS_SCH
             "old_owner, old_token, old_expires_at, old_released_at FROM {chaos}.audit_lease ORDER BY id"
         ).format(**n),
         "audit_fence": sql.SQL(
-            "SELECT id, at, resource, token, owner, old_token FROM {chaos}.audit_fence ORDER BY id"
+            "SELECT id, at, resource, key, token, owner, old_token FROM {chaos}.audit_fence ORDER BY id"
         ).format(**n),
         "target": sql.SQL(
-            "SELECT id, resource, token, owner, worker, idem, at FROM {chaos}.target ORDER BY id"
+            "SELECT id, resource, key, token, owner, worker, idem, at FROM {chaos}.target ORDER BY id"
         ).format(**n),
         "final_lease": sql.SQL(
             "SELECT key, owner, token, expires_at, released_at FROM {lease}.lease ORDER BY key"

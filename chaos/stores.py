@@ -1,11 +1,18 @@
-"""The stores the workers use: the real ones with recording, and two broken on purpose.
+"""The stores the workers use: the real ones with recording, and several broken on purpose.
 
-The broken variants exist to prove the checker can fail. Each breaks exactly one of the two defences:
+The broken variants exist to prove the checker can fail. Each breaks exactly one defence:
 
 * ``client-clock`` judges lease expiry with the worker's own clock instead of the database's (what a
   lock library does without ShedLock's ``usingDbTime()``): a worker whose clock runs 10 minutes ahead
   believes every lease has expired and takes it from its valid holder.
 * ``fence-off`` publishes without advancing the fence: a zombie that wakes up late writes over newer work.
+* ``keeper-from-construction`` counts the keeper's deadline from the keeper's own construction (and renews
+  first one interval after it), not from when the lease was read: a worker that starts its keeper after a
+  pause, or joins a lease late, believes in a lease that has already expired (the ``stale-check``
+  property).
+* ``fence-cross-key`` compares tokens of different lease keys at one resource (one fence row per
+  resource, as before migration 3): a valid holder of a key whose count is behind is refused as stale
+  (the ``valid-refused`` property).
 
 A third, ``async-commit``, drops the store's ``SET LOCAL synchronous_commit = on`` (decision 4) on a
 server whose default is off: after a SIGKILL of the server, acknowledged tokens and publishes can vanish,
@@ -28,6 +35,7 @@ from airflow_lease_provider.core import (
     FenceStore,
     Lease,
     LeaseError,
+    LeaseKeeper,
     LeaseStore,
     LeaseStoreUnavailable,
     validation,
@@ -168,7 +176,34 @@ class ClientClockLeaseStore(RecordingLeaseStore):
             raise self._own.fail(exc) from exc
         if taken is None:
             return Acquisition(None, self.holder(key))
-        return Acquisition(Lease(*taken[:2], int(taken[2]), *taken[3:]), None)
+        return Acquisition(Lease(*taken[:2], int(taken[2]), *taken[3:]), None)  # no sent_at: the keeper renews first
+
+
+class FromConstructionKeeper(LeaseKeeper):
+    """BROKEN ON PURPOSE: the keeper of before issue 10. It counts the time left from the moment the keeper
+    itself is built (or a renewal's reply arrives), so a pause between reading the lease and keeping it is
+    not counted, and its first renewal comes one interval after that moment."""
+
+    def _measured_from(self, lease: Lease) -> float:
+        return time.monotonic()
+
+    def _next_renewal(self) -> float:
+        return time.monotonic() + self.renew_every.total_seconds()
+
+
+#: The one fence row every lease key of a resource shares in the cross-key variant.
+CROSS_KEY = "*"
+
+
+class CrossKeyFenceStore(FenceStore):
+    """BROKEN ON PURPOSE: one fence per resource, whatever the lease key: tokens of different keys are
+    compared, so a valid holder of a key whose count is behind another key's is refused."""
+
+    @staticmethod
+    def _params(
+        resource: str, key: str, token: int, owner: str | None, idempotency_key: str | None
+    ) -> dict[str, Any]:
+        return {**FenceStore._params(resource, key, token, owner, idempotency_key), "key": CROSS_KEY}
 
 
 class NoFenceStore(FenceStore):
@@ -181,8 +216,9 @@ class NoFenceStore(FenceStore):
         )
 
     @contextmanager
-    def transaction(
-        self, resource: str, token: int, *, owner: str | None = None, idempotency_key: str | None = None
+    def transaction(  # type: ignore[override]
+        self, resource: str, token: int, *, key: str, owner: str | None = None, idempotency_key: str | None = None,
+        timeout: timedelta | None = None,
     ) -> Iterator[Any]:
         conn = self._own.get()
         try:

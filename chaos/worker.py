@@ -37,8 +37,11 @@ from chaos import sql as chaos_sql
 from chaos.history import Recorder
 from chaos.stores import (
     ClientClockLeaseStore,
+    CrossKeyFenceStore,
+    FromConstructionKeeper,
     NoFenceStore,
     RecordingLeaseStore,
+    _OwnConnection,
     commit_asynchronously,
     lease_fields,
     outcome_of,
@@ -61,6 +64,8 @@ class WorkerConfig:
     keeper_fraction: float = 0.7
     check_fraction: float = 0.5
     idempotent_fraction: float = 0.5
+    delay_fraction: float = 0.0
+    join_fraction: float = 0.0
     lease_schema: str = chaos_sql.LEASE_SCHEMA
     chaos_schema: str = chaos_sql.CHAOS_SCHEMA
 
@@ -77,7 +82,9 @@ def key_of(index: int) -> str:
 
 
 def resource_of(index: int) -> str:
-    return f"target-{index}"
+    """Two lease keys publish to each resource (job-0 and job-1 to target-0, ...): a fence is per
+    (resource, lease key), so each key's holders must be accepted whatever the other key's tokens are."""
+    return f"target-{index // 2}"
 
 
 class Worker:
@@ -94,8 +101,11 @@ class Worker:
         }
         lease_cls = ClientClockLeaseStore if cfg.variant == "client-clock" else RecordingLeaseStore
         self.leases: LeaseStore = lease_cls(cfg.dsn, recorder=self.rec, **timeouts)
-        fence_cls = NoFenceStore if cfg.variant == "fence-off" else FenceStore
+        fence_cls = {"fence-off": NoFenceStore, "fence-cross-key": CrossKeyFenceStore}.get(cfg.variant, FenceStore)
         self.fences: FenceStore = fence_cls(cfg.dsn, **timeouts)
+        self.keeper_cls = FromConstructionKeeper if cfg.variant == "keeper-from-construction" else LeaseKeeper
+        # The database clock, read just before a keeper check (a connection of its own).
+        self.clock = _OwnConnection(cfg.dsn, cfg.connect_timeout, cfg.statement_timeout)
         if cfg.variant == "async-commit":
             commit_asynchronously(self.leases.db)
             commit_asynchronously(self.fences.db)
@@ -160,25 +170,78 @@ class Worker:
         )
         return None, self.rng.uniform(0.02, 0.1)
 
+    def db_now(self) -> datetime | None:
+        """The database clock now, or None when it cannot be asked (a fault is on)."""
+        try:
+            with self.clock.get().cursor() as cur:
+                cur.execute("SELECT clock_timestamp()")
+                return cur.fetchone()[0]
+        except LeaseStoreUnavailable:
+            return None
+        except psycopg2.Error as exc:
+            self.clock.fail(exc)
+            return None
+
+    def start_keeper(self, lease: Lease) -> tuple[LeaseKeeper, Lease, str]:
+        """A keeper for ``lease``: at once; after a pause (a slow XCom push, a GC pause), sometimes longer
+        than the TTL; or by joining it the way a run-scoped task does, reading its holder late."""
+        rng, ttl = self.rng, self.cfg.ttl
+        roll = rng.random()
+        how = "at-once"
+        if roll < self.cfg.delay_fraction:
+            how = "delayed"
+            self.nap.wait(ttl * rng.uniform(0.5, 1.6))
+        elif roll < self.cfg.delay_fraction + self.cfg.join_fraction:
+            how = "joined"
+            # Join with 0.05-0.5 TTL left (by the acquire's figure), then a short gap before keep().
+            self.nap.wait(max(0.0, lease.remaining.total_seconds() - ttl * rng.uniform(0.05, 0.5)))
+            t0 = time.monotonic()
+            try:
+                holder = self.leases.holder(lease.key)
+            except LeaseError:
+                holder = None
+            if holder is not None and (holder.owner, holder.token) == (lease.owner, lease.token):
+                lease = holder
+            self.rec.op("join", t0=t0, outcome="ok" if lease is holder else "missed", key=lease.key,
+                        owner=lease.owner, token=lease.token,
+                        observed_at=holder.observed_at if holder else None,
+                        expires_at=holder.expires_at if holder else None)
+            self.nap.wait(ttl * rng.uniform(0.0, 0.1))
+        return self.keeper_cls(self.leases, lease).start(), lease, how
+
+    def check(self, keeper: LeaseKeeper, lease: Lease, shape: dict[str, Any]) -> bool:
+        """keeper.check() before publishing, with the database clock read just before it: a check that
+        passes after the lease ended by that clock is the ``stale-check`` violation."""
+        db_before = self.db_now()
+        t0 = time.monotonic()
+        try:
+            keeper.check()
+        except LeaseLost as exc:
+            self.rec.op(
+                "lost", t0=t0, outcome="reported", key=lease.key, owner=lease.owner, token=lease.token,
+                reason=exc.reason, **shape,
+            )
+            keeper.stop()
+            return False
+        self.rec.op("check", t0=t0, outcome="held", key=lease.key, owner=lease.owner, token=lease.token,
+                    db_before=db_before, **shape)
+        return True
+
     def hold(self, lease: Lease, resource: str) -> None:
         rng = self.rng
         late = rng.random() < self.cfg.long_fraction
         work = self.cfg.ttl * (rng.uniform(1.2, 2.0) if late else rng.uniform(0.02, 0.3))
-        keeper: LeaseKeeper | None = self.leases.keep(lease) if rng.random() < self.cfg.keeper_fraction else None
-        checks = keeper is not None and rng.random() < self.cfg.check_fraction
+        keeper: LeaseKeeper | None = None
+        how = "none"
+        if rng.random() < self.cfg.keeper_fraction:
+            keeper, lease, how = self.start_keeper(lease)
+        checks = keeper is not None and (how != "at-once" or rng.random() < self.cfg.check_fraction)
+        shape: dict[str, Any] = {"late": late, "keeper": keeper is not None, "checked": checks, "start": how}
+        if keeper is not None and how != "at-once" and not self.check(keeper, lease, shape):
+            return  # the body's first step: a keeper started late must say at once whether the lease is gone
         self.nap.wait(work)
-        shape = {"late": late, "keeper": keeper is not None, "checked": checks}
-        if keeper is not None and checks:
-            t0 = time.monotonic()
-            try:
-                keeper.check()
-            except LeaseLost as exc:
-                self.rec.op(
-                    "lost", t0=t0, outcome="reported", key=lease.key, owner=lease.owner, token=lease.token,
-                    reason=exc.reason,
-                )
-                keeper.stop()
-                return
+        if keeper is not None and checks and not self.check(keeper, lease, shape):
+            return
         self.publish(lease, resource, shape)
         t0 = time.monotonic()
         try:
@@ -194,7 +257,7 @@ class Worker:
         except LeaseError:
             pass  # already recorded by the store
 
-    def publish(self, lease: Lease, resource: str, shape: dict[str, bool]) -> None:
+    def publish(self, lease: Lease, resource: str, shape: dict[str, Any]) -> None:
         idem = f"{lease.owner}/publish" if self.rng.random() < self.cfg.idempotent_fraction else None
         for attempt in (1, 2):
             t0 = time.monotonic()
@@ -207,7 +270,7 @@ class Worker:
                     resource, lease.token, key=lease.key, owner=lease.owner, idempotency_key=idem
                 ) as cur:
                     cur.execute(self.insert, {
-                        "resource": resource, "token": lease.token, "owner": lease.owner,
+                        "resource": resource, "key": lease.key, "token": lease.token, "owner": lease.owner,
                         "worker": self.cfg.id, "idem": idem,
                     })
                     at = cur.fetchone()[0]

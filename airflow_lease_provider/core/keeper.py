@@ -163,10 +163,14 @@ class LeaseKeeper:
         return self.lease
 
     def wait_lost(self, timeout: float | None = None) -> bool:
-        """Block until the lease is lost (True) or ``timeout`` seconds pass (False)."""
+        """Block until the lease is lost (True) or ``timeout`` seconds pass (False).
+
+        When it returns True, ``on_lost`` has been called (or the keeper gave up waiting for it, 5 s).
+        """
         end = None if timeout is None else time.monotonic() + timeout
         while True:
             if self._check_deadline() is not None:
+                self._lost_event.wait(5.0)
                 return True
             now = time.monotonic()
             wake = self._deadline - self.safety_margin.total_seconds()
@@ -223,7 +227,6 @@ class LeaseKeeper:
                 return  # a renewal moved the deadline meanwhile
             lease = self._lease
             self._lost = LeaseLost(lease.key, lease.token, reason)
-        self._lost_event.set()
         self._stop.set()
         log.error("lease %r (token %s) lost: %s", lease.key, lease.token, reason)
         if self.store.record_events:
@@ -242,6 +245,7 @@ class LeaseKeeper:
                 self.on_lost(self._lost)
             except Exception:  # a callback bug must not hide the loss itself, which is already recorded
                 log.exception("on_lost callback for lease %r failed", lease.key)
+        self._lost_event.set()  # wait_lost() returns once on_lost has run, whichever thread declared the loss
 
     def _watch(self) -> None:
         """Wake up at the deadline itself (minus the margin), even while a renewal hangs in the store."""

@@ -200,3 +200,17 @@ def test_timetable_arguments_and_serialization(
     again = CappedCatchupTimetable.deserialize(timetable.serialize())
     assert again.serialize() == timetable.serialize()
     assert again.summary == timetable.summary
+
+
+def test_a_renew_every_the_keeper_could_never_use_fails_at_parse_time() -> None:
+    """The keeper gives up at TTL minus its safety margin (TTL/10, at most 5 s) without a renewal: an
+    interval that long always loses the lease, so the DAG file is refused, naming the parameter, the TTL
+    and the margin (the same rule as LeaseKeeper's, core.validation.renew_every)."""
+    with pytest.raises(InvalidArgument) as info:
+        LeasedBash(task_id="t", bash_command="true", lease_ttl=datetime.timedelta(minutes=80),
+                   lease_renew_every=datetime.timedelta(minutes=79, seconds=56), lease_conn_id=NOWHERE)
+    assert info.value.parameter == "lease_renew_every"
+    assert "1:20:00" in str(info.value) and "0:00:05" in str(info.value)
+    op = LeasedBash(task_id="t", bash_command="true", lease_ttl=datetime.timedelta(minutes=80),
+                    lease_renew_every=datetime.timedelta(minutes=70), lease_conn_id=NOWHERE)
+    assert op.lease_renew_every == datetime.timedelta(minutes=70)

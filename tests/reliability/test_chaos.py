@@ -58,6 +58,9 @@ def test_short_profile_zero_violations_over_5000_operations_and_every_fault(tmp_
         assert report["faults"].get(kind, 0) >= 1, f"no {kind} fault:\n{output[-6000:]}"
     assert report["faults"]["sigstop"] >= 3 and report["faults"]["terminate"] >= 5
     assert report["outcomes"].get("publish:stale", 0) >= 1, "the fence never had to refuse anybody"
+    # The case that hid the keeper defect: keepers started late, and leases joined with little time left.
+    assert report["outcomes"].get("check:held", 0) >= 10 and report["outcomes"].get("join:ok", 0) >= 5, output[-6000:]
+    assert report["outcomes"].get("lost:reported", 0) >= 1, output[-6000:]
     # The history holds database timestamps for every answered operation.
     first_op = next(
         json.loads(line) for line in (tmp_path / "history.jsonl").open()
@@ -66,13 +69,21 @@ def test_short_profile_zero_violations_over_5000_operations_and_every_fault(tmp_
     assert first_op["acquired_at"] and first_op["expires_at"] and first_op["observed_at"]
 
 
+#: The broken variants, run two at a time (side by side halves the wall time; four at once starve two cores).
+BROKEN = (("fence-off", "client-clock"), ("keeper-from-construction", "fence-cross-key"))
+
+
 @pytest.fixture(scope="module")
 def broken_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, dict[str, Any], str]]]:
-    """Both broken variants, run side by side to halve the wall time."""
-    outs = {variant: tmp_path_factory.mktemp(variant) for variant in ("fence-off", "client-clock")}
-    procs = {v: start(out, "--profile", "smoke", "--variant", v, "--seed", "7") for v, out in outs.items()}
+    """Every broken variant on the smoke profile (20 s of faults each)."""
+    results: dict[str, tuple[int, dict[str, Any], str]] = {}
+    procs: dict[str, subprocess.Popen[str]] = {}
     try:
-        yield {v: finish(proc, outs[v], timeout=180) for v, proc in procs.items()}
+        for pair in BROKEN:
+            outs = {variant: tmp_path_factory.mktemp(variant) for variant in pair}
+            procs = {v: start(out, "--profile", "smoke", "--variant", v, "--seed", "7") for v, out in outs.items()}
+            results.update({v: finish(proc, outs[v], timeout=180) for v, proc in procs.items()})
+        yield results
     finally:
         for proc in procs.values():
             if proc.poll() is None:
@@ -95,3 +106,21 @@ def test_checker_catches_expiry_judged_by_the_client_clock(broken_runs: dict[str
     # workers' own view and the committed rows show two owners at once.
     assert report["violations"].get("overlap", 0) >= 1, output[-4000:]
     assert report["violations"].get("overlap-db", 0) >= 1, output[-4000:]
+
+
+def test_checker_catches_a_keeper_that_counts_from_its_own_construction(broken_runs: dict[str, Any]) -> None:
+    code, report, output = broken_runs["keeper-from-construction"]
+    assert code == 1, output[-4000:]
+    # Workers that started their keeper after a pause longer than the TTL were told the lease was
+    # still theirs, although by the database clock it had already expired (issue 10, item 2).
+    assert report["violations"].get("stale-check", 0) >= 1, output[-4000:]
+    assert "keeper started delayed" in output
+    assert "RESULT: VIOLATIONS" in output
+
+
+def test_checker_catches_a_fence_that_compares_tokens_of_different_keys(broken_runs: dict[str, Any]) -> None:
+    code, report, output = broken_runs["fence-cross-key"]
+    assert code == 1, output[-4000:]
+    # Two lease keys publish to each resource: a holder whose key's count is behind was refused.
+    assert report["violations"].get("valid-refused", 0) >= 1, output[-4000:]
+    assert "RESULT: VIOLATIONS" in output

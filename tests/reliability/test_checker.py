@@ -62,12 +62,20 @@ class Story:
         self.op("release", w, t, outcome="ok", key=key, token=token, owner=owner)
         self.audit(key, t, released_at=at(t), expires_at=at(t))
 
-    def publish(self, resource: str, token: int, owner: str, t: float, w: int = 0, idem: str | None = None) -> None:
-        self.op("publish", w, t, outcome="accepted", resource=resource, token=token, owner=owner, at=at(t), idem=idem)
+    def publish(
+        self, resource: str, token: int, owner: str, t: float, w: int = 0, idem: str | None = None,
+        key: str | None = None,
+    ) -> None:
+        keyed = {} if key is None else {"key": key}
+        self.op("publish", w, t, outcome="accepted", resource=resource, token=token, owner=owner, at=at(t), idem=idem,
+                **keyed)
         self.records.append({
             "type": "target", "id": self._id(), "resource": resource, "token": token, "owner": owner,
-            "worker": w, "idem": idem, "at": at(t),
+            "worker": w, "idem": idem, "at": at(t), **keyed,
         })
+        if key is not None:
+            self.records.append({"type": "audit_fence", "id": self._id(), "at": at(t), "resource": resource,
+                                 "key": key, "token": token, "owner": owner, "old_token": None})
 
     def crash_and_probe(self, delay: float = 1.0, publish: str = "accepted") -> None:
         self.records.append({"type": "crash_all", "t": 50.0, "db_time": at(50)})
@@ -247,3 +255,43 @@ def test_the_history_gives_acknowledged_releases_their_database_time() -> None:
     history.with_release_times(records, [r for r in s.records if r["type"] == "audit_lease"])
     release = next(r for r in records if r["op"] == "release")
     assert release["released_at"] == at(0.5)
+
+
+# -- the properties that catch a late-counting keeper and a cross-key fence ------------------------------
+
+
+def test_a_keeper_check_that_passed_after_the_lease_ended() -> None:
+    s = clean()  # token 2 of w1-1: acquired at 1.0, never renewed, expired at 3.0
+    s.op("check", 1, 2.5, outcome="held", key="job-0", token=2, owner="w1-1", db_before=at(2.5), start="delayed")
+    assert s.check().violations == []
+    s.op("check", 1, 3.2, outcome="held", key="job-0", token=2, owner="w1-1", db_before=at(3.2), start="delayed")
+    report = s.check()
+    assert kinds(report) == {"stale-check"}
+    assert "keeper started delayed" in report.violations[0].detail
+
+
+def test_fence_order_is_judged_per_lease_key() -> None:
+    s = Story()
+    s.acquire("job-0", 1, "w0-1", 0.0)
+    s.release("job-0", 1, "w0-1", 0.1)
+    s.acquire("job-0", 2, "w0-2", 0.2)
+    s.publish("target-0", 2, "w0-2", 0.3, key="job-0")
+    s.acquire("job-1", 1, "w1-1", 0.4, w=1)
+    s.publish("target-0", 1, "w1-1", 0.5, w=1, key="job-1")  # another key: its own count
+    s.crash_and_probe()
+    assert s.check().violations == []
+    s.publish("target-0", 1, "w0-1", 0.6, key="job-0")  # a stale token of job-0 itself
+    assert "fence-order" in kinds(s.check())
+
+
+def test_a_publish_refused_although_its_key_never_reached_that_token() -> None:
+    s = Story()
+    s.acquire("job-0", 3, "w0-1", 0.0)
+    s.publish("target-0", 3, "w0-1", 0.1, key="job-0")
+    s.acquire("job-1", 1, "w1-1", 0.2, w=1)
+    refused = {"outcome": "stale", "resource": "target-0", "current": 3}
+    s.op("publish", 0, 0.3, key="job-0", token=2, owner="w0-0", **refused)  # stale within job-0: fine
+    s.crash_and_probe()
+    assert s.check().violations == []
+    s.op("publish", 1, 0.4, key="job-1", token=1, owner="w1-1", **refused)  # compared with job-0's token
+    assert kinds(s.check()) == {"valid-refused"}

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import threading
 import time
+import uuid
 from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg2
+import psycopg2.extensions
 import pytest
 
 from airflow_lease_provider.core import (
@@ -190,3 +192,43 @@ def test_server_down_behind_a_default_pooler_still_fails_closed_within_the_timeo
     call.wait(10)
     assert finished, "acquire was still waiting 7 s after the server behind pgbouncer went down (timeouts 2 s + 2 s)"
     assert isinstance(call.error, LeaseStoreUnavailable)
+
+
+def test_read_committed_is_pinned_through_transaction_pooling(pg_dsn: str) -> None:
+    """A database whose default isolation is REPEATABLE READ, reached through pgbouncer in transaction
+    pooling mode: the store's SET LOCAL isolation travels with each statement, so a contended acquire
+    still reports the holder instead of failing with a serialization error (issue 10, item 8)."""
+    from psycopg2 import sql
+
+    from tests.core.test_isolation import contended
+    from tests.pg import execute, q
+
+    name = "lease_rr_" + uuid.uuid4().hex[:8]
+    execute(pg_dsn, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        execute(pg_dsn, sql.SQL("ALTER DATABASE {} SET default_transaction_isolation = 'repeatable read'")
+                .format(sql.Identifier(name)))
+        direct = psycopg2.extensions.make_dsn(pg_dsn, dbname=name)
+        pgb = PgBouncer(direct, RECOMMENDED)
+        try:
+            store = LeaseStore(pgb.dsn, schema="airflow_lease")
+            old = store.acquire("job", owner="run-0", ttl=timedelta(minutes=5))
+            assert old is not None and store.release(old)
+            take = q(
+                "UPDATE {schema}.lease SET owner = 'run-1', token = token + 1, acquired_at = clock_timestamp(), "
+                "renewed_at = clock_timestamp(), expires_at = clock_timestamp() + interval '5 minutes', "
+                "released_at = NULL WHERE key = %s", "airflow_lease",
+            )
+            got = contended(direct, take, ("job",), lambda: store.try_acquire("job", "run-2", timedelta(minutes=5)))
+            assert got.lease is None and got.holder is not None and got.holder.owner == "run-1"
+            # Nothing was left in the pooled sessions: they still run at the database's default.
+            conn = psycopg2.connect(pgb.dsn)
+            with conn.cursor() as cur:
+                cur.execute("SHOW transaction_isolation")
+                assert cur.fetchone()[0] == "repeatable read"
+            conn.close()
+            store.close()
+        finally:
+            pgb.stop()
+    finally:
+        execute(pg_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
