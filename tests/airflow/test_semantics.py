@@ -143,9 +143,25 @@ def test_mapped_instances_have_a_lease_each(lease_env, store) -> None:
     def holding_zero(lease=None):
         seen.append((lease.key, lease.owner))
         run_task(inner, TaskInstance("etl", RUN, "shard", map_index=1))  # not blocked by instance 0
+        with pytest.raises(AirflowSkipException):  # instance 0 of the next run is skipped
+            run_task(inner, TaskInstance("etl", "manual__next", "shard", map_index=0))
 
     run_task(leased("shard", holding_zero), TaskInstance("etl", RUN, "shard", map_index=0))
     assert seen == [("etl.shard[0]", f"etl/{RUN}/shard[0]"), ("etl.shard[1]", f"etl/{RUN}/shard[1]")]
+
+
+def test_mapped_instances_with_one_key_exclude_each_other(lease_env, store: LeaseStore) -> None:
+    ran = []
+    inner = leased("shard", lambda: ran.append(1), lease_key="one-shard-at-a-time")
+
+    def holding_zero(lease=None):
+        with pytest.raises(AirflowSkipException):
+            run_task(inner, TaskInstance("etl", RUN, "shard", map_index=1))
+        lease.check()  # instance 0 keeps its lease
+        ran.append(0)
+
+    run_task(leased("shard", holding_zero, lease_key="one-shard-at-a-time"), TaskInstance("etl", RUN, "shard", map_index=0))
+    assert ran == [0]
 
 
 def test_a_retry_re_enters_with_a_larger_token_and_fences_out_its_earlier_try(
