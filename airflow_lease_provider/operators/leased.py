@@ -517,8 +517,13 @@ class LeasedOperator(BaseOperator):
         finally:
             keeper.stop()
             metrics.timing("lease.held", timedelta(seconds=time.monotonic() - started), tags)
-            if release:
-                self.log.info("lease: %r token %s %s", key, lease.token, "released" if released else "not released")
+            if release and released:
+                report(
+                    Outcome.RELEASED, store=store, key=key, owner=lease.owner, tags=tags, logger=self.log,
+                    message=f"{key!r} token {lease.token} released",
+                )
+            elif release:
+                self.log.info("lease: %r token %s not released", key, lease.token)
         return result
 
     def _give_back(self, store: LeaseStore, lease: Lease, keeper: LeaseKeeper | None, *, release: bool) -> None:

@@ -202,3 +202,6 @@ def test_bad_dag_arguments_fail_at_parse_time_naming_the_parameter(airflow_home)
     assert "lease_key=''" in errors["bad_empty_key.py"]
     assert "on_overlap='queue'" in errors["bad_unknown_policy.py"]
     assert "lease_ttl=datetime.timedelta(days=30)" in errors["bad_operator_ttl.py"]
+    # Mapped (partial/expand) tasks are checked when parsed too.
+    assert "lease_ttl=datetime.timedelta(days=-1, seconds=86393)" in errors["bad_mapped_negative_ttl.py"]
+    assert "on_overlap='later'" in errors["bad_mapped_unknown_policy.py"]

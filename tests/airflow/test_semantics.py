@@ -15,10 +15,10 @@ from typing import Any
 import pytest
 from airflow.providers.standard.operators.python import PythonOperator
 from airflow.sdk import DAG, task
-from airflow.sdk.exceptions import AirflowSkipException
+from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
 from airflow_lease_provider import metrics
-from airflow_lease_provider.core import EventKind, InvalidArgument, LeaseLost, LeaseStore
+from airflow_lease_provider.core import EventKind, InvalidArgument, LeaseHeld, LeaseLost, LeaseStore
 from airflow_lease_provider.identity import RunRef
 from airflow_lease_provider.operators import AcquireRunLeaseOperator, LeasedOperator, ReleaseRunLeaseOperator
 from airflow_lease_provider.plugins.report import parse_owner
@@ -121,6 +121,34 @@ def test_two_tasks_of_one_run_with_one_key_exclude_each_other(lease_env, store: 
     assert counted.get("lease.lost", 0) == 0 and counted["scheduled.skipped_overlap"] == 1
 
 
+@pytest.mark.parametrize(
+    ("policy", "raised", "kind", "metric"),
+    [
+        ("fail", LeaseHeld, EventKind.OVERLAP_FAILED, "lease.overlap_failed"),
+        ("wait", TaskDeferred, EventKind.WAITING, None),
+    ],
+)
+def test_the_second_task_with_one_key_fails_or_waits_per_its_policy(
+    lease_env, store: LeaseStore, counted, policy: str, raised: type, kind: EventKind, metric: str | None
+) -> None:
+    second = leased("second", lambda: None, lease_key="shared", on_overlap=policy)
+
+    def first_body(lease=None):
+        with pytest.raises(raised):
+            run_task(second, TaskInstance("etl", RUN, "second"))
+        lease.check()  # the first keeps its lease
+        return lease.token
+
+    token = run_task(leased("first", first_body, lease_key="shared"), TaskInstance("etl", RUN, "first"))
+    events = store.events.query(key="shared", kind=kind)
+    assert [(e.owner, e.detail["holder_owner"], e.detail["holder_token"]) for e in events] == [
+        (f"etl/{RUN}/second", f"etl/{RUN}/first", token)
+    ]
+    assert store.events.query(key="shared", kind=EventKind.LOST) == []
+    if metric is not None:
+        assert counted[metric] == 1
+
+
 def test_default_key_is_per_task_and_a_task_never_overlaps_itself_across_runs(lease_env, store) -> None:
     seen: dict[str, Any] = {}
     other = leased("transform", lambda lease=None: seen.setdefault("transform key", lease.key))
@@ -143,9 +171,25 @@ def test_mapped_instances_have_a_lease_each(lease_env, store) -> None:
     def holding_zero(lease=None):
         seen.append((lease.key, lease.owner))
         run_task(inner, TaskInstance("etl", RUN, "shard", map_index=1))  # not blocked by instance 0
+        with pytest.raises(AirflowSkipException):  # instance 0 of the next run is skipped
+            run_task(inner, TaskInstance("etl", "manual__next", "shard", map_index=0))
 
     run_task(leased("shard", holding_zero), TaskInstance("etl", RUN, "shard", map_index=0))
     assert seen == [("etl.shard[0]", f"etl/{RUN}/shard[0]"), ("etl.shard[1]", f"etl/{RUN}/shard[1]")]
+
+
+def test_mapped_instances_with_one_key_exclude_each_other(lease_env, store: LeaseStore) -> None:
+    ran = []
+    inner = leased("shard", lambda: ran.append(1), lease_key="one-shard-at-a-time")
+
+    def holding_zero(lease=None):
+        with pytest.raises(AirflowSkipException):
+            run_task(inner, TaskInstance("etl", RUN, "shard", map_index=1))
+        lease.check()  # instance 0 keeps its lease
+        ran.append(0)
+
+    run_task(leased("shard", holding_zero, lease_key="one-shard-at-a-time"), TaskInstance("etl", RUN, "shard", map_index=0))
+    assert ran == [0]
 
 
 def test_a_retry_re_enters_with_a_larger_token_and_fences_out_its_earlier_try(
