@@ -147,8 +147,8 @@ class CronGrid(CronMixin):
             "UTC",
             "Etc/UTC",
         )
-        # The slot before each slot of the last walk back (back_from), so that the data interval of the
-        # slot it returns (whose start is the slot before it) costs no croniter call of its own.
+        # The slot before the one the last walk back returned (back_from), so that its data interval
+        # (whose start is the slot before it) costs no croniter construction of its own.
         self._previous: dict[DateTime, DateTime] = {}
 
     @property
@@ -209,15 +209,20 @@ class CronGrid(CronMixin):
         zone = datetime.timezone(offset)
         stop_local = stop.astimezone(zone).replace(tzinfo=None)
         iterator = croniter(self._expression, start_time=slot.astimezone(zone).replace(tzinfo=None))
-        walk = [slot.astimezone(zone).replace(tzinfo=None)]  # wall-clock slots, newest first
-        while len(walk) <= steps and walk[-1] > stop_local:
-            walk.append(iterator.get_prev(datetime.datetime))
-        walk.append(iterator.get_prev(datetime.datetime))  # and the one before: the oldest one's interval
-        utc = [from_epoch_us(epoch_us(moment.replace(tzinfo=zone))) for moment in walk]
-        if not self._fixed_offset and (self._offset(utc[-1]) != offset or self._transition_windows(utc[-1], slot)):
+        oldest = slot.astimezone(zone).replace(tzinfo=None)  # wall-clock time, at the constant offset
+        for _ in range(steps):
+            if oldest <= stop_local:
+                break
+            oldest = iterator.get_prev(datetime.datetime)
+        before_oldest = iterator.get_prev(datetime.datetime)  # the start of the oldest one's interval
+        # Only the two slots the caller uses become UTC DateTimes (pendulum arithmetic is the slow part).
+        found, previous = (from_epoch_us(epoch_us(m.replace(tzinfo=zone))) for m in (oldest, before_oldest))
+        if not self._fixed_offset and (
+            self._offset(previous) != offset or self._transition_windows(previous, slot)
+        ):
             return None  # an offset change inside the walk: Airflow's stepping decides those slots
-        self._previous = dict(zip(utc[:-1], utc[1:], strict=True))
-        return utc[-2]
+        self._previous = {found: previous}
+        return found
 
     def count_between(self, start: DateTime, end: DateTime) -> int:
         if end <= start:

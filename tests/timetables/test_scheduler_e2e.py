@@ -131,6 +131,18 @@ with create_session() as session:
     ]))
 """
 
+SCHEDULERS = """
+import datetime
+from sqlalchemy import select
+from airflow.jobs.job import Job
+from airflow.utils.session import create_session
+
+recent = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=60)
+with create_session() as session:
+    jobs = session.scalars(select(Job).where(Job.job_type == "SchedulerJob", Job.state == "running"))
+    print(sum(1 for job in jobs if job.latest_heartbeat and job.latest_heartbeat >= recent))
+"""
+
 
 def _free_port(kind: int = socket.SOCK_STREAM) -> int:
     with socket.socket(socket.AF_INET, kind) as probe:
@@ -359,6 +371,8 @@ def _check_capped_catch_up(processes: Processes, statsd: StatsdListener) -> None
         assert not any(r["state"] == "failed" for r in runs), runs
         time.sleep(3)
 
+    # Both schedulers were up and heartbeating all along (Airflow HA on one metadata database).
+    assert processes.python(SCHEDULERS).strip().splitlines()[-1] == "2", processes.tails()
     ends = [datetime.datetime.fromisoformat(r["end"]) for r in runs]
     # The newest due slot when the first kept run was created: the minute the test started, unless the
     # schedulers took past the minute's end to start (a loaded machine); either way the cap counts from it.
