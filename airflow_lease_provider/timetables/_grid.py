@@ -72,6 +72,10 @@ class Grid(Protocol):
         """The newest slot strictly before ``moment``."""
         ...
 
+    def back_from(self, slot: DateTime, steps: int, stop: DateTime) -> DateTime:
+        """``slot`` moved back ``steps`` slots, but not past the first slot at or before ``stop``."""
+        ...
+
     def count_between(self, start: DateTime, end: DateTime) -> int:
         """How many slots lie strictly between ``start`` and ``end``."""
         ...
@@ -112,6 +116,10 @@ class DeltaGrid:
     def before(self, moment: DateTime) -> DateTime:
         return self._slot(-((self._anchor - epoch_us(moment)) // self._step) - 1)
 
+    def back_from(self, slot: DateTime, steps: int, stop: DateTime) -> DateTime:
+        index = self._index_floor(slot) - steps
+        return self._slot(max(index, self._index_floor(stop)))
+
     def count_between(self, start: DateTime, end: DateTime) -> int:
         first = self._index_floor(start) + 1
         last = -((self._anchor - epoch_us(end)) // self._step) - 1
@@ -135,6 +143,13 @@ class CronGrid(CronMixin):
     def __init__(self, expression: str, timezone: Timezone | FixedTimezone) -> None:
         super().__init__(expression, timezone)
         self._fields = croniter(self._expression).expanded
+        self._fixed_offset = isinstance(timezone, pendulum.FixedTimezone) or getattr(timezone, "name", "") in (
+            "UTC",
+            "Etc/UTC",
+        )
+        # The slot before the one the last walk back returned (back_from), so that its data interval
+        # (whose start is the slot before it) costs no croniter construction of its own.
+        self._previous: dict[DateTime, DateTime] = {}
 
     @property
     def expression(self) -> str:
@@ -151,6 +166,9 @@ class CronGrid(CronMixin):
         return self._get_next(moment)
 
     def before(self, moment: DateTime) -> DateTime:
+        known = self._previous.get(moment)
+        if known is not None:
+            return known
         previous = self._get_prev(moment)
         if previous < moment:
             return previous
@@ -163,6 +181,48 @@ class CronGrid(CronMixin):
             previous = convert_to_utc(make_aware(candidate, self._timezone))
             if previous < moment:
                 return previous
+
+    def back_from(self, slot: DateTime, steps: int, stop: DateTime) -> DateTime:
+        """Walk back with one croniter iterator in wall-clock time where the UTC offset cannot change.
+
+        One croniter construction for the whole walk instead of one per step (Airflow's ``_get_prev``
+        builds one per call): this keeps a capped catch-up near the cost of latest-only. Near a change
+        of UTC offset the walk steps with Airflow's own DST-fixed logic (:meth:`before`) instead.
+        """
+        if steps <= 0 or slot <= stop:
+            return slot
+        if len(self._fields) == 5:
+            walked = self._walk_back(slot, steps, stop)
+            if walked is not None:
+                return walked
+        for _ in range(steps):
+            if slot <= stop:
+                break
+            slot = self.before(slot)
+        return slot
+
+    def _walk_back(self, slot: DateTime, steps: int, stop: DateTime) -> DateTime | None:
+        """:meth:`back_from` on one iterator, or None when the UTC offset changes within the walk."""
+        offset = self._offset(slot)
+        if offset is None:
+            return None
+        zone = datetime.timezone(offset)
+        stop_local = stop.astimezone(zone).replace(tzinfo=None)
+        iterator = croniter(self._expression, start_time=slot.astimezone(zone).replace(tzinfo=None))
+        oldest = slot.astimezone(zone).replace(tzinfo=None)  # wall-clock time, at the constant offset
+        for _ in range(steps):
+            if oldest <= stop_local:
+                break
+            oldest = iterator.get_prev(datetime.datetime)
+        before_oldest = iterator.get_prev(datetime.datetime)  # the start of the oldest one's interval
+        # Only the two slots the caller uses become UTC DateTimes (pendulum arithmetic is the slow part).
+        found, previous = (from_epoch_us(epoch_us(m.replace(tzinfo=zone))) for m in (oldest, before_oldest))
+        if not self._fixed_offset and (
+            self._offset(previous) != offset or self._transition_windows(previous, slot)
+        ):
+            return None  # an offset change inside the walk: Airflow's stepping decides those slots
+        self._previous = {found: previous}
+        return found
 
     def count_between(self, start: DateTime, end: DateTime) -> int:
         if end <= start:

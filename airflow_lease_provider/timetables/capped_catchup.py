@@ -12,6 +12,10 @@ Rules the implementation keeps (``docs/timetable.md`` explains the choices):
   the gap forward, so a year-long outage of a per-minute schedule costs a handful of croniter calls.
 * **Backfills are not clipped.** Airflow asks with ``restriction.latest`` set for ``airflow backfill``;
   those ranges are scheduled slot by slot, whatever the cap says.
+* **Kept runs run one at a time.** With ``max_backfill > 1`` the timetable's ``active_runs_limit`` is 1
+  (Airflow then refuses a DAG with ``max_active_runs`` above 1 at parse time), so the kept slots run
+  back to back and a leased task in one never finds the lease held by another kept slot's run.
+  ``parallel_catchup=True`` lifts that, for jobs whose runs may overlap.
 * **The stored next run cannot slip a stale slot in.** Before an outage the scheduler stores the next
   run in ``DagModel`` and, after the outage, creates it without asking :meth:`next_dagrun_info`; so
   :meth:`next_run_info_from_dag_model` re-applies the cap to that stored run.
@@ -259,6 +263,10 @@ class CappedCatchupTimetable(Timetable):
         ``[previous slot, T]`` and starts at ``T``, like ``CronDataIntervalTimetable``. False for trigger
         runs, Airflow 3's default for cron strings: a run at ``T`` has logical date ``T`` and an empty
         interval, like ``CronTriggerTimetable``.
+    :param parallel_catchup: False (default): with ``max_backfill > 1`` the DAG runs one run at a time
+        (``active_runs_limit = 1``; the DAG must say ``max_active_runs=1``, Airflow refuses more at parse
+        time), so kept catch-up slots run back to back instead of together, where a leased task would
+        skip all but one. True: no limit from the timetable, kept runs may run together.
     :raises InvalidArgument: a ``ValueError`` naming the bad parameter, raised when the DAG is parsed.
     """
 
@@ -270,6 +278,7 @@ class CappedCatchupTimetable(Timetable):
         catchup_window: datetime.timedelta | None = None,
         timezone: str | Timezone | FixedTimezone = "UTC",
         data_interval: bool = True,
+        parallel_catchup: bool = False,
     ) -> None:
         self._timezone = _timezone_arg(timezone)
         parsed = _schedule_arg(schedule, self._timezone)
@@ -280,6 +289,12 @@ class CappedCatchupTimetable(Timetable):
         if not isinstance(data_interval, bool):
             raise InvalidArgument("data_interval", data_interval, "must be True or False")
         self._data_interval = data_interval
+        if not isinstance(parallel_catchup, bool):
+            raise InvalidArgument("parallel_catchup", parallel_catchup, "must be True or False")
+        self._parallel_catchup = parallel_catchup
+        #: Airflow's hook (``Timetable.active_runs_limit``, checked against the DAG's ``max_active_runs``
+        #: when the DAG is built): kept catch-up slots run one at a time unless told otherwise.
+        self.active_runs_limit: int | None = 1 if self._max_backfill > 1 and not parallel_catchup else None
         self.description = self._describe()
 
     # -- parameters -----------------------------------------------------------------------------------
@@ -308,6 +323,10 @@ class CappedCatchupTimetable(Timetable):
     def data_interval(self) -> bool:
         return self._data_interval
 
+    @property
+    def parallel_catchup(self) -> bool:
+        return self._parallel_catchup
+
     # -- serialization: a compatibility contract (add keys, never rename) ------------------------------
 
     def serialize(self) -> dict[str, Any]:
@@ -316,6 +335,7 @@ class CappedCatchupTimetable(Timetable):
             "catchup_window": None if self._catchup_window is None else self._catchup_window.total_seconds(),
             "timezone": _encode_timezone(self._timezone),
             "data_interval": self._data_interval,
+            "parallel_catchup": self._parallel_catchup,
         }
         if self._cron is not None:
             data["cron"] = self._cron.expression
@@ -335,6 +355,7 @@ class CappedCatchupTimetable(Timetable):
             catchup_window=None if window is None else datetime.timedelta(seconds=window),
             timezone=data.get("timezone", "UTC"),
             data_interval=data.get("data_interval", True),
+            parallel_catchup=data.get("parallel_catchup", False),
         )
 
     def __eq__(self, other: object) -> bool:
@@ -349,7 +370,7 @@ class CappedCatchupTimetable(Timetable):
         return (
             f"{type(self).__name__}({self.schedule!r}, max_backfill={self._max_backfill}, "
             f"catchup_window={self._catchup_window!r}, timezone={_encode_timezone(self._timezone)!r}, "
-            f"data_interval={self._data_interval})"
+            f"data_interval={self._data_interval}, parallel_catchup={self._parallel_catchup})"
         )
 
     # -- UI ---------------------------------------------------------------------------------------------
@@ -375,6 +396,8 @@ class CappedCatchupTimetable(Timetable):
             cap = f"after downtime at most the newest {self._max_backfill} missed runs are made up"
         if self._catchup_window is not None:
             cap += f", none older than {self._catchup_window}"
+        if self.active_runs_limit == 1:
+            cap += ", one at a time"
         return f"{base}; {cap} (with catchup=True)"
 
     # -- scheduling -------------------------------------------------------------------------------------
@@ -423,12 +446,8 @@ class CappedCatchupTimetable(Timetable):
         elif start == newest_due or self._due_fit_in(grid, start, newest_due, cap):
             slot = start
         else:
-            oldest_kept = newest_due
-            for _ in range(cap - 1):
-                if oldest_kept <= start:
-                    break
-                oldest_kept = grid.before(oldest_kept)
-            slot = max(start, oldest_kept)
+            # The oldest of the newest ``cap`` due slots: ``cap - 1`` steps back, on one croniter iterator.
+            slot = max(start, grid.back_from(newest_due, cap - 1, stop=start))
         if self._catchup_window is not None:
             slot = max(slot, grid.at_or_after(now - self._catchup_window))
         return slot

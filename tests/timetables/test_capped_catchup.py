@@ -77,8 +77,9 @@ def test_one_year_outage_every_minute_runs_exactly_the_newest_n(
 
     croniter_calls.count = 0
     first = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=CATCHUP)
-    # Stepping back from now: N - 1 steps plus a constant, not 525 600 steps through the gap.
-    assert croniter_calls.count <= cap + 6, croniter_calls.count
+    # Stepping back from now on one croniter iterator: a constant number of croniter constructions,
+    # whatever N (the N - 1 steps back are calls on that one iterator), never 525 600 steps through the gap.
+    assert croniter_calls.count <= 5, croniter_calls.count
 
     runs, waiting = scheduled_runs(timetable, last, CATCHUP, clock)
     assert runs[0] == first
@@ -489,3 +490,98 @@ def test_coarser_schedule_does_not_collide_with_the_last_logical_date(clock: Fro
     info = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=CATCHUP)
     assert info is not None and info.logical_date is not None
     assert info.logical_date > last.start
+
+
+# -- kept runs run one at a time (issue 10 item 12) -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "limit"),
+    [
+        ({}, None),  # max_backfill=1: only one kept run, nothing to serialise
+        ({"max_backfill": 0}, None),
+        ({"max_backfill": 2}, 1),
+        ({"max_backfill": 24}, 1),
+        ({"max_backfill": 24, "parallel_catchup": True}, None),
+    ],
+)
+def test_active_runs_limit(kwargs: dict[str, Any], limit: int | None) -> None:
+    assert CappedCatchupTimetable("0 * * * *", **kwargs).active_runs_limit == limit
+
+
+def test_airflow_holds_the_dag_to_one_active_run() -> None:
+    """Airflow's own DAG checks the hook: the default max_active_runs (16) is refused, 1 is taken."""
+    from airflow.sdk import DAG
+
+    start = minute(2025, 1, 1)
+    with pytest.raises(ValueError, match="requires max_active_runs <= 1"):
+        DAG("billing", schedule=CappedCatchupTimetable("0 * * * *", max_backfill=3), start_date=start)
+    dag = DAG(
+        "billing",
+        schedule=CappedCatchupTimetable("0 * * * *", max_backfill=3),
+        start_date=start,
+        max_active_runs=1,
+    )
+    assert dag.max_active_runs == 1
+    parallel = DAG(
+        "billing",
+        schedule=CappedCatchupTimetable("0 * * * *", max_backfill=3, parallel_catchup=True),
+        start_date=start,
+    )
+    assert parallel.max_active_runs == 16
+
+
+# -- the walk back on one iterator across daylight-saving changes ----------------------------------------
+
+
+_LORD_HOWE_HOURLY = pytest.mark.xfail(
+    strict=True,
+    reason="known, not from the one-iterator walk (the stepping before it fails the same): an every-hour "
+    "schedule in a zone with a 30-minute DST shift; Airflow's slots next to the change are off the "
+    "wall-clock grid and its data interval start is not its own _get_prev of the end",
+)
+DST_CASES = [
+    pytest.param(tz, schedule, marks=_LORD_HOWE_HOURLY if tz == "Australia/Lord_Howe" and "1-3" not in schedule else ())
+    for tz in ("Europe/Berlin", "America/New_York", "Australia/Lord_Howe")
+    for schedule in ("*/20 * * * *", "30 * * * *", "15 1-3 * * *")
+]
+
+
+@pytest.mark.parametrize(("tz", "schedule"), DST_CASES)
+@pytest.mark.parametrize("hours_after", [0.5, 2, 5])
+@pytest.mark.parametrize("change", [0, 1], ids=["spring", "autumn"])
+def test_kept_slots_across_a_dst_change_are_airflows(
+    clock: FrozenClock, tz: str, schedule: str, hours_after: float, change: int
+) -> None:
+    """Back up a little after a DST change, the kept slots straddle it: exactly Airflow's newest N."""
+    import zoneinfo
+
+    zone = zoneinfo.ZoneInfo(tz)
+    # The UTC hours of 2025 after which the zone's offset changes (two: into and out of DST).
+    changes, moment = [], minute(2025, 1, 1)
+    while moment.year == 2025:
+        if moment.astimezone(zone).utcoffset() != moment.add(hours=1).astimezone(zone).utcoffset():
+            changes.append(moment)
+        moment = moment.add(hours=1)
+    assert len(changes) == 2, changes
+    now = changes[change].add(hours=1).add(minutes=round(hours_after * 60), seconds=7)
+    clock.set(now)
+    cap = 6
+    reference = CronDataIntervalTimetable(schedule, tz)
+    last_end = reference._align_to_prev(now.subtract(days=3))
+    last = DataInterval(reference._get_prev(last_end), last_end)
+    expected = reference_runs(reference, last, CATCHUP, clock)[-cap:]
+    timetable = CappedCatchupTimetable(schedule, max_backfill=cap, timezone=tz)
+    runs, _ = scheduled_runs(timetable, last, CATCHUP, clock)
+    assert runs == expected
+
+
+def test_walk_back_in_a_dst_zone_away_from_a_change_is_one_iterator(
+    clock: FrozenClock, croniter_calls: CroniterCalls
+) -> None:
+    timetable = CappedCatchupTimetable("*/5 * * * *", max_backfill=10, timezone="Europe/Berlin")
+    last = DataInterval(minute(2024, 6, 15, 11, 55), minute(2024, 6, 15, 12, 0))
+    croniter_calls.count = 0
+    info = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=CATCHUP)
+    assert croniter_calls.count <= 5, croniter_calls.count
+    assert info == DagRunInfo.interval(minute(2025, 6, 15, 11, 10), minute(2025, 6, 15, 11, 15))

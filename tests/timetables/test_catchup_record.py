@@ -55,6 +55,7 @@ def context(
         schedule=CappedCatchupTimetable("0 * * * *", max_backfill=max_backfill),
         start_date=at(2025, 6, 1),
         catchup=catchup,
+        max_active_runs=1,
     )
     return {"dag": dag, "dag_run": run, "ti": FakeTI(previous, try_number)}
 

@@ -1,11 +1,16 @@
-"""End to end: a real ``airflow scheduler`` + ``dag-processor`` (LocalExecutor, PostgreSQL metadata).
+"""End to end: real ``airflow scheduler`` x2 + ``dag-processor`` (LocalExecutor, PostgreSQL metadata).
 
-A per-minute DAG on ``CappedCatchupTimetable(max_backfill=3)`` whose last run is several slots in the
-past, with the next run Airflow stored *before* the outage still in ``DagModel`` (the trap). After start:
+A per-minute DAG on ``CappedCatchupTimetable(max_backfill=3)`` with three leased tasks (three lease
+keys) whose last run is several slots in the past, with the next run Airflow stored *before* the outage
+still in ``DagModel`` (the trap). Two schedulers share the metadata database (Airflow HA; issue 12 item
+2). After start:
 
 * exactly the newest 3 slots run, then normal per-minute runs; the stored stale slot never runs;
-* the first caught-up run records the skipped slots once in the event ledger, and
-  ``scheduled.skipped_catchup`` reaches statsd once with the same count.
+* every task of the 3 kept runs succeeds: none is skipped for overlap (the kept runs run one at a time,
+  ``max_active_runs=1`` as the timetable requires; issue 10 item 12);
+* the first caught-up run records the skipped slots once in the event ledger although three leased
+  tasks with different keys call the record at the same time, and ``scheduled.skipped_catchup`` reaches
+  statsd once with the same count (issue 10 item 11).
 
 LocalExecutor cannot run on SQLite in Airflow 3, so the test creates a throwaway database on the
 PostgreSQL at ``LEASE_E2E_PG_ADMIN_DSN`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``) and
@@ -18,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import itertools
 import os
 import secrets
 import signal
@@ -39,6 +45,7 @@ ADMIN_DSN = os.environ.get("LEASE_E2E_PG_ADMIN_DSN", "postgresql://postgres@127.
 DAG_ID = "capped_catchup_e2e"
 CAP = 3
 OUTAGE_SLOTS = 9
+TASKS = ("fetch", "render", "publish")
 LEDGER_SCHEMA = "lease_e2e"
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 
@@ -50,27 +57,27 @@ import os
 import pendulum
 from airflow.sdk import DAG, task
 
-from airflow_lease_provider.timetables import CappedCatchupTimetable, record_skipped_catchup
+from airflow_lease_provider.timetables import CappedCatchupTimetable
 
 with DAG(
     dag_id="{DAG_ID}",
     schedule=CappedCatchupTimetable("* * * * *", max_backfill={CAP}),
     start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
     catchup=True,
-    max_active_runs=10,
+    max_active_runs=1,  # CappedCatchupTimetable(max_backfill > 1) requires it: kept runs one at a time
 ):
+    # Three leased tasks with three keys, no dependencies: they start together, and each records the
+    # catch-up (LeasedOperator does) at the same time. Each holds its lease a few seconds, so kept runs
+    # that ran together would find each other's leases held and be skipped.
+    for name in {TASKS!r}:
 
-    @task
-    def work(**context):
-        from airflow_lease_provider.core import LeaseStore
+        @task.leased(task_id=name, lease_key=f"{DAG_ID}-{{name}}", lease_ttl=pendulum.duration(seconds=60))
+        def work():
+            import time
 
-        store = LeaseStore(os.environ["LEASE_E2E_DSN"], schema="{LEDGER_SCHEMA}")
-        try:
-            record_skipped_catchup(context, ledger=store.events)
-        finally:
-            store.close()
+            time.sleep(4)
 
-    work()
+        work()
 '''
 
 # Runs in a subprocess with the test's Airflow environment: the state a scheduler leaves behind when it
@@ -116,9 +123,24 @@ with create_session() as session:
     print(json.dumps([
         {"run_id": r.run_id, "type": str(getattr(r.run_type, "value", r.run_type)),
          "state": str(getattr(r.state, "value", r.state)),
-         "end": r.data_interval_end.isoformat(), "queued_at": r.queued_at.isoformat() if r.queued_at else None}
+         "end": r.data_interval_end.isoformat(), "queued_at": r.queued_at.isoformat() if r.queued_at else None,
+         "start": r.start_date.isoformat() if r.start_date else None,
+         "finish": r.end_date.isoformat() if r.end_date else None,
+         "tasks": {ti.task_id: str(getattr(ti.state, "value", ti.state)) for ti in r.task_instances}}
         for r in runs
     ]))
+"""
+
+SCHEDULERS = """
+import datetime
+from sqlalchemy import select
+from airflow.jobs.job import Job
+from airflow.utils.session import create_session
+
+recent = datetime.datetime.now(datetime.timezone.utc) - datetime.timedelta(seconds=60)
+with create_session() as session:
+    jobs = session.scalars(select(Job).where(Job.job_type == "SchedulerJob", Job.state == "running"))
+    print(sum(1 for job in jobs if job.latest_heartbeat and job.latest_heartbeat >= recent))
 """
 
 
@@ -261,6 +283,9 @@ def airflow(tmp_path: Path, metadata_dsn: str) -> Iterator[tuple[Processes, Stat
         "AIRFLOW__METRICS__STATSD_PORT": str(statsd.port),
         "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
         "LEASE_E2E_DSN": metadata_dsn,
+        # The leased tasks' store: the lease_default connection, in the ledger schema.
+        "AIRFLOW_CONN_LEASE_DEFAULT": metadata_dsn,
+        "AIRFLOW__LEASE__SCHEMA": LEDGER_SCHEMA,
     }
     processes = Processes(env, logs)
     try:
@@ -268,6 +293,23 @@ def airflow(tmp_path: Path, metadata_dsn: str) -> Iterator[tuple[Processes, Stat
     finally:
         processes.stop()
         statsd.close()
+
+
+def _wait_for_http(url: str, timeout: float) -> None:
+    import urllib.error
+    import urllib.request
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            with urllib.request.urlopen(url, timeout=5):  # noqa: S310 - a local URL the test built
+                return
+        except urllib.error.HTTPError:
+            return  # it answers
+        except OSError:
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(1)
 
 
 def _minute_floor(moment: datetime.datetime) -> datetime.datetime:
@@ -299,6 +341,12 @@ def _check_capped_catch_up(processes: Processes, statsd: StatsdListener) -> None
     with LeaseStore(processes.env["LEASE_E2E_DSN"], schema=LEDGER_SCHEMA) as store:
         store.ensure_schema()  # once, before three runs' tasks would race to create it
 
+    # The execution API first, and ready: a task that cannot reach it fails before it starts.
+    api_url = processes.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"]
+    api_port = api_url.rsplit(":", 1)[1].split("/")[0]
+    processes.start("api-server", "api-server", "--apps", "execution", "--port", api_port)
+    _wait_for_http(f"{api_url.rstrip('/')}/health", timeout=180)
+
     # Start a few seconds into a minute, so that the newest slots cannot change while they are created.
     while not 3 <= datetime.datetime.now(datetime.timezone.utc).second <= 20:
         time.sleep(0.5)
@@ -306,11 +354,11 @@ def _check_capped_catch_up(processes: Processes, statsd: StatsdListener) -> None
     t0 = _minute_floor(started) - datetime.timedelta(minutes=OUTAGE_SLOTS)
     processes.python(SEED, t0.isoformat(), DAG_ID)
 
-    api_port = processes.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"].rsplit(":", 1)[1].split("/")[0]
-    processes.start("api-server", "api-server", "--apps", "execution", "--port", api_port)
-    # The scheduler first, alone: it finds the stored pre-outage run and must not create it.
+    # The scheduler first, alone: it finds the stored pre-outage run and must not create it. Then a
+    # second scheduler on the same metadata database (HA): together they create each run once.
     processes.start("scheduler", "scheduler", "--skip-serve-logs")
     time.sleep(15)
+    processes.start("scheduler-2", "scheduler", "--skip-serve-logs")
     processes.start("dag-processor", "dag-processor")
 
     # Wait for the catch-up runs and one normal run after them to finish.
@@ -323,24 +371,40 @@ def _check_capped_catch_up(processes: Processes, statsd: StatsdListener) -> None
         assert not any(r["state"] == "failed" for r in runs), runs
         time.sleep(3)
 
+    # Both schedulers were up and heartbeating all along (Airflow HA on one metadata database).
+    assert processes.python(SCHEDULERS).strip().splitlines()[-1] == "2", processes.tails()
     ends = [datetime.datetime.fromisoformat(r["end"]) for r in runs]
-    newest_due = _minute_floor(started)
+    # The newest due slot when the first kept run was created: the minute the test started, unless the
+    # schedulers took past the minute's end to start (a loaded machine); either way the cap counts from it.
+    assert runs and runs[0]["queued_at"], runs
+    newest_due = _minute_floor(datetime.datetime.fromisoformat(runs[0]["queued_at"]))
+    assert newest_due >= _minute_floor(started), runs
     expected_catch_up = [newest_due - datetime.timedelta(minutes=CAP - 1 - i) for i in range(CAP)]
     assert all(r["type"] == "scheduled" for r in runs), runs
     # Exactly the newest CAP slots, then consecutive normal runs: the stored slot T0 + 1 never ran.
     assert ends[:CAP] == expected_catch_up, runs
     assert ends == [expected_catch_up[0] + datetime.timedelta(minutes=i) for i in range(len(ends))], runs
     assert len(done) >= CAP + 1, runs
+    # Every task of every kept run ran and succeeded: none was skipped for overlap ...
+    for run in runs[:CAP]:
+        assert run["tasks"] == dict.fromkeys(TASKS, "success"), runs
+    # ... because the kept runs ran one after the other.
+    kept = [
+        (datetime.datetime.fromisoformat(r["start"]), datetime.datetime.fromisoformat(r["finish"]))
+        for r in runs[:CAP]
+    ]
+    assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(kept)), runs
 
     # The first caught-up run recorded the skip once in the ledger ...
-    skipped = OUTAGE_SLOTS - CAP
+    skipped = round((expected_catch_up[0] - t0) / datetime.timedelta(minutes=1)) - 1
+    assert skipped >= OUTAGE_SLOTS - CAP, (skipped, runs)
     store = LeaseStore(processes.env["LEASE_E2E_DSN"], schema=LEDGER_SCHEMA)
     try:
         events = store.events.query(kind="skipped_catchup")
     finally:
         store.close()
     assert len(events) == 1, events
-    assert events[0].key == DAG_ID
+    assert events[0].key in {f"{DAG_ID}-{name}" for name in TASKS}, events
     assert events[0].detail["count"] == skipped
     assert events[0].detail["run_id"] == runs[0]["run_id"]
     # ... in the task log of that run, once ...
@@ -349,7 +413,7 @@ def _check_capped_catch_up(processes: Processes, statsd: StatsdListener) -> None
         line
         for path in logs.rglob("*.log")
         for line in path.read_text(errors="replace").splitlines()
-        if f"catch-up: {skipped} older slots of {DAG_ID} skipped" in line
+        if f"catch-up: {skipped} older slots of {DAG_ID}-" in line
     ]
     assert len(warnings) == 1 and runs[0]["run_id"] in warnings[0], warnings
     # ... and in the metric.

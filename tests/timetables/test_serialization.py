@@ -35,6 +35,7 @@ VARIANTS: list[tuple[Any, dict[str, Any]]] = [
     ("0 * * * *", {"timezone": zoneinfo.ZoneInfo("Asia/Kolkata")}),
     ("0 * * * *", {"timezone": datetime.timezone(datetime.timedelta(hours=-3))}),
     ("0 * * * *", {"timezone": datetime.timezone.utc}),
+    ("0 * * * *", {"max_backfill": 24, "parallel_catchup": True}),
 ]
 
 
@@ -45,13 +46,14 @@ def test_round_trip_keeps_every_parameter(schedule: Any, kwargs: dict[str, Any])
     restored = CappedCatchupTimetable.deserialize(data)
     assert restored == timetable
     assert hash(restored) == hash(timetable)
-    for name in ("schedule", "max_backfill", "catchup_window", "data_interval"):
+    for name in ("schedule", "max_backfill", "catchup_window", "data_interval", "parallel_catchup"):
         assert getattr(restored, name) == getattr(timetable, name), name
     assert restored.timezone.utcoffset(datetime.datetime(2025, 1, 1)) == timetable.timezone.utcoffset(
         datetime.datetime(2025, 1, 1)
     )
     assert restored.summary == timetable.summary
     assert restored.description == timetable.description
+    assert restored.active_runs_limit == timetable.active_runs_limit
 
 
 def test_serialized_form_is_stable() -> None:
@@ -65,10 +67,14 @@ def test_serialized_form_is_stable() -> None:
         "catchup_window": 7200.0,
         "timezone": "Europe/Berlin",
         "data_interval": True,
+        "parallel_catchup": False,
     }
     assert CappedCatchupTimetable.deserialize({"delta": 2700.0}) == CappedCatchupTimetable(
         datetime.timedelta(minutes=45)
     )
+    # A form stored before parallel_catchup existed loads with its default.
+    old = {"cron": "*/5 * * * *", "max_backfill": 3, "catchup_window": None, "timezone": "UTC", "data_interval": True}
+    assert CappedCatchupTimetable.deserialize(old).active_runs_limit == 1
 
 
 def test_summary_and_description_show_cap_and_window() -> None:
@@ -78,7 +84,7 @@ def test_summary_and_description_show_cap_and_window() -> None:
     assert timetable.summary == "*/5 * * * * (catch-up: newest 3, window 2:00:00)"
     assert timetable.description == (
         "Every 5 minutes; after downtime at most the newest 3 missed runs are made up, "
-        "none older than 2:00:00 (with catchup=True)"
+        "none older than 2:00:00, one at a time (with catchup=True)"
     )
     fixed = CappedCatchupTimetable(datetime.timedelta(minutes=45))
     assert fixed.summary == "every 0:45:00 (catch-up: newest 1)"
@@ -118,6 +124,7 @@ with DAG(
     ),
     start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
     catchup=True,
+    max_active_runs={max_active_runs},
 ):
 
     @task
@@ -137,7 +144,7 @@ def _dag_bag(folder: Path) -> Any:
 def test_dag_round_trips_through_dagbag_and_serialization(tmp_path: Path) -> None:
     from airflow.serialization.serialized_objects import DagSerialization
 
-    (tmp_path / "capped.py").write_text(textwrap.dedent(DAG_FILE.format(max_backfill=3)))
+    (tmp_path / "capped.py").write_text(textwrap.dedent(DAG_FILE.format(max_backfill=3, max_active_runs=1)))
     bag = _dag_bag(tmp_path)
     assert bag.import_errors == {}
     dag = bag.dags["capped_catchup_example"]
@@ -163,8 +170,17 @@ def test_dag_round_trips_through_dagbag_and_serialization(tmp_path: Path) -> Non
 
 
 def test_bad_argument_is_an_import_error_naming_the_parameter(tmp_path: Path) -> None:
-    (tmp_path / "capped.py").write_text(textwrap.dedent(DAG_FILE.format(max_backfill=-2)))
+    (tmp_path / "capped.py").write_text(textwrap.dedent(DAG_FILE.format(max_backfill=-2, max_active_runs=1)))
     bag = _dag_bag(tmp_path)
     assert bag.dags == {}
     (message,) = bag.import_errors.values()
     assert "max_backfill=-2: must not be negative" in message
+
+
+def test_kept_runs_more_than_one_need_max_active_runs_1_at_parse_time(tmp_path: Path) -> None:
+    """max_backfill > 1: Airflow refuses the DAG's default max_active_runs (16), naming it."""
+    (tmp_path / "capped.py").write_text(textwrap.dedent(DAG_FILE.format(max_backfill=3, max_active_runs=16)))
+    bag = _dag_bag(tmp_path)
+    assert bag.dags == {}
+    (message,) = bag.import_errors.values()
+    assert "Invalid max_active_runs: CappedCatchupTimetable requires max_active_runs <= 1" in message

@@ -27,6 +27,8 @@ from airflow_lease_provider.timetables import CappedCatchupTimetable
         ({"timezone": "Mars/Olympus_Mons"}, "timezone"),
         ({"timezone": None}, "timezone"),
         ({"data_interval": "yes"}, "data_interval"),
+        ({"parallel_catchup": 1}, "parallel_catchup"),
+        ({"parallel_catchup": None}, "parallel_catchup"),
     ],
 )
 def test_bad_keyword_arguments(kwargs: dict[str, Any], parameter: str) -> None:
