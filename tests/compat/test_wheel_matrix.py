@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime
 import inspect
+import re
 import sqlite3
 import textwrap
 
@@ -23,6 +24,7 @@ from tests.pg import execute, q
 pytestmark = [pytest.mark.compat, pytest.mark.slow, pytest.mark.timeout(900)]
 
 DISTRIBUTION = "airflow-lease-provider"
+STAMP = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(\.\d+)?\+00:00")
 
 
 def test_the_installed_wheel_is_what_loads(home: Home) -> None:
@@ -39,11 +41,11 @@ def test_every_name_of_the_compat_module_resolves(home: Home) -> None:
         import airflow_lease_provider.version_compat as c
         for name in c._LOCATIONS:
             value = getattr(c, name)
-            print(name, getattr(value, "__module__", type(value).__module__))
+            print("RESOLVED", name, getattr(value, "__module__", type(value).__module__))
         """
     )
-    lines = home.python(code).stdout.splitlines()
-    resolved = dict(line.split(" ", 1) for line in lines)
+    lines = [line for line in home.python(code).stdout.splitlines() if line.startswith("RESOLVED ")]
+    resolved = dict(line.split(" ", 2)[1:] for line in lines)
     import airflow_lease_provider.version_compat as compat
 
     assert set(resolved) == set(compat._LOCATIONS)
@@ -150,7 +152,8 @@ def test_capped_catch_up_as_the_scheduler_computes_it(home: Home) -> None:
     # 2026-01-01T00:00; with max_backfill=2 it is one of the newest two slots.
     home.airflow("dags", "reserialize", timeout=600)
     result = home.airflow("dags", "next-execution", "compat_catchup", "-n", "2")
-    stamps = [line.strip() for line in result.stdout.splitlines() if line.strip()[:4].isdigit()]
+    # The CLI prints one logical date per line, among Airflow's own log lines.
+    stamps = [line.strip() for line in result.stdout.splitlines() if STAMP.fullmatch(line.strip())]
     assert len(stamps) == 2, result.stdout
     first = datetime.datetime.fromisoformat(stamps[0])
     now = datetime.datetime.now(datetime.timezone.utc)
