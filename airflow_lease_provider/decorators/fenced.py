@@ -2,7 +2,7 @@
 
 ::
 
-    @task.fenced_publish(resource="blog.articles", idempotency_key="{{ data_interval_start }}")
+    @task.fenced_publish(resource="blog.articles", idempotency_key="{{ ti.xcom_pull(task_ids='write')['slot'] }}")
     def publish(article, fence=None):
         fence.cursor.execute("INSERT INTO articles (body, token) VALUES (%s, %s)", (article, fence.token))
 

@@ -71,8 +71,11 @@ class FencedSQLOperator(BaseOperator):
         ``sql="INSERT INTO {table} ..."``, ``identifiers={"table": ["billing", "invoices"]}``
         (schema-qualified as a list). Names never go into SQL text by string formatting.
     :param fence_conn_id: the target database's connection (default: the lease store's).
-    :param idempotency_key: optional per-slot key (templated, e.g. ``"{{ data_interval_start }}"``): a
-        slot already published is refused whatever the token, so retries and re-runs publish once.
+    :param idempotency_key: optional per-slot key (templated): a slot already published is refused
+        whatever the token, so retries and re-runs publish once. Compute it with
+        ``slot_idempotency_key(job, context)`` in a task and pull it from XCom
+        (``"{{ ti.xcom_pull(task_ids='collect')['slot'] }}"``); ``{{ data_interval_start }}`` is undefined
+        in a run without a logical date (Airflow 3's default for manual runs).
     :param on_duplicate: what a publish whose ``idempotency_key`` was published already does (a retry
         or a cleared re-run of a published slot): ``"fail"`` (default, ``DuplicatePublish``) or
         ``"skip"`` (the task is skipped with the reason; nothing is written).

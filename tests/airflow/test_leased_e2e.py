@@ -1,10 +1,13 @@
-"""End to end with real Airflow 3 (``airflow dags test``) and a real PostgreSQL lease store."""
+"""End to end with real Airflow 3 (``airflow dags test``) and a real PostgreSQL lease store.
+
+What a single task does with its lease. Where the point is scheduling (two runs at once, a frozen run
+overtaken by a newer one, a crashed try's retry), the tests run under a real scheduler instead:
+``tests/deployment/test_leased.py``.
+"""
 
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import time
 from datetime import timedelta
@@ -14,7 +17,6 @@ import pytest
 
 from airflow_lease_provider.core import EventKind, LeaseStore
 from tests.airflow.harness import EXAMPLES
-from tests.pg import execute, q
 
 pytestmark = pytest.mark.airflow
 
@@ -42,71 +44,6 @@ def markers(tmp_path: Path, name: str) -> Path:
     path = tmp_path / f"markers-{name}"
     path.mkdir()
     return path
-
-
-def test_overlapping_run_is_skipped_with_the_reason_and_counted(airflow_home, store: LeaseStore, tmp_path) -> None:
-    first_markers, second_markers = markers(tmp_path, "a"), markers(tmp_path, "b")
-    first = airflow_home("first", extra_env={"LEASE_TEST_MARKERS": str(first_markers), "LEASE_TEST_HOLD_SECONDS": "300"})
-    second = airflow_home("second", extra_env={"LEASE_TEST_MARKERS": str(second_markers)})
-    running = first.dags_test_background("overlap")
-    wait_until(lambda: (first_markers / "hold-started").exists(), what="the first run to take the lease")
-    holder = store.holder("overlap-key")
-    assert holder is not None and holder.owner.startswith("overlap/")
-
-    result = second.dags_test("overlap")
-    assert not (second_markers / "hold-started").exists(), "the overlapping run's body ran"
-    states = second.task_states()
-    assert states[("hold", -1)] == "skipped"
-    assert states[("after", -1)] == "skipped", "downstream of a skipped leased task must skip too"
-    # The reason names the holding DAG run, its token and when the lease expires.
-    reason = second.xcom("hold", "lease_skip_reason")
-    assert reason is not None and holder.owner in reason["reason"] and f"token {holder.token}" in reason["reason"]
-    assert reason["holder_token"] == holder.token
-    assert reason["holder_expires_at"][:19] in reason["reason"]  # "until <expiry>" (renewals move it)
-    assert holder.owner in result.stdout + result.stderr
-    # The ledger has it once, and the skip counter (not a failure) went up.
-    skips = store.events.query(key="overlap-key", kind=EventKind.SKIPPED_OVERLAP)
-    assert len(skips) == 1 and skips[0].detail["holder_owner"] == holder.owner
-    wait_until(lambda: second.statsd.count("scheduled.skipped_overlap") == 1, timeout=10, what="the skip metric")
-    assert second.statsd.count("ti_failures") == 0
-
-    (first_markers / "let-go").write_text("done")
-    running.wait(timeout=120)
-    assert first.task_states() == {("hold", -1): "success", ("after", -1): "success"}
-    assert first.statsd.count("lease.acquired") == 1
-    assert store.holder("overlap-key") is None  # released on success
-
-
-def test_zombie_attempt_cannot_publish_after_a_newer_run(airflow_home, store: LeaseStore, pg_dsn, schema, tmp_path) -> None:
-    zombie_markers, fresh_markers = markers(tmp_path, "zombie"), markers(tmp_path, "fresh")
-    (fresh_markers / "go").write_text("now")
-    zombie = airflow_home("zombie", extra_env={"LEASE_TEST_MARKERS": str(zombie_markers)})
-    fresh = airflow_home("fresh", extra_env={"LEASE_TEST_MARKERS": str(fresh_markers)})
-    running = zombie.dags_test_background("zombie")
-    wait_until(lambda: (zombie_markers / "zombie-pid").exists(), what="the zombie to take the lease")
-    pid = int((zombie_markers / "zombie-pid").read_text())
-    old = store.holder("zombie-key")
-    assert old is not None
-    os.kill(pid, signal.SIGSTOP)  # frozen past its 4 s TTL: a lost VM, a GC pause
-    try:
-        time.sleep(5)
-        result = fresh.dags_test("zombie")
-        assert fresh.task_states()[("publish", -1)] == "success", result.stdout[-3000:]
-    finally:
-        os.kill(pid, signal.SIGCONT)
-    (zombie_markers / "go").write_text("now")
-    running.wait(timeout=120)
-
-    assert zombie.task_states()[("publish", -1)] == "failed"
-    rows = execute(pg_dsn, q('SELECT writer, token FROM {schema}.zombie_target', schema))
-    assert len(rows) == 1 and rows[0][1] == old.token + 1, f"only the newer write may land: {rows}"
-    assert not (zombie_markers / f"published-{old.token}").exists()
-    # The ledger says why the old attempt stopped: its lease was lost, or the fence refused it.
-    lost = store.events.query(key="zombie-key", kind=EventKind.LOST)
-    rejected = store.events.query(key="zombie.target", kind=EventKind.FENCE_REJECTED)
-    assert any(e.token == old.token for e in lost + rejected)
-    log = (zombie.path / "zombie.log").read_text()
-    assert "LeaseLost" in log or "StaleFencingToken" in log
 
 
 def test_unreachable_store_fails_the_task_and_the_body_never_runs(airflow_home, tmp_path) -> None:

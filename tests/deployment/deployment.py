@@ -34,6 +34,7 @@ import psycopg2
 from psycopg2 import sql
 
 from demo.airflow_api import AirflowAPI, wait
+from tests.airflow.harness import StatsdListener
 from tests.pg import scratch_dir
 
 VENV_BIN = Path(sys.executable).parent
@@ -142,6 +143,8 @@ class Deployment:
 
     def __init__(self, template: MetadataTemplate, dag_files: list[Path], *,
                  extra_env: dict[str, str] | None = None) -> None:
+        #: The statsd packets the deployment's processes and tasks sent (``statsd.count(metric)``).
+        self.statsd = StatsdListener()
         self.template = template
         self.root = scratch_dir("lease-tier-")
         self.home = self.root / "home"
@@ -177,6 +180,10 @@ class Deployment:
                 "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
                 "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
                 "AIRFLOW_CONN_LEASE_DEFAULT": connection_json(self.dsn),
+                "AIRFLOW__METRICS__STATSD_ON": "True",
+                "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",
+                "AIRFLOW__METRICS__STATSD_PORT": str(self.statsd.port),
+                "AIRFLOW__METRICS__STATSD_PREFIX": "airflow",
                 "LEASE_EXAMPLES_SCHEMA": "public",
             }
         )
@@ -247,5 +254,6 @@ class Deployment:
                 os.killpg(process.pid, signal.SIGKILL)
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=10)
+        self.statsd.close()
         drop_database(self.template.admin_dsn, self.database)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -1,0 +1,145 @@
+"""Leased tasks where the point is scheduling: two runs at once, a frozen run, a crashed try's retry.
+
+The DAGs of ``tests/airflow/dags`` (and ``dags/retry_e2e.py``) under a real scheduler; every run is
+triggered through the REST API with no logical date and read back through it. Markers in a directory
+the test shares with the task processes say when a task reached a point (``_util.mark``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from airflow_lease_provider.core import EventKind, LeaseStore
+from demo.airflow_api import wait
+from tests.deployment.conftest import deployment_for
+from tests.deployment.deployment import ROOT, Deployment, MetadataTemplate
+from tests.pg import execute, q, scratch_dir
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
+
+E2E_DAGS = ROOT / "tests" / "airflow" / "dags"
+TIER_DAGS = Path(__file__).parent / "dags"
+MARKERS = scratch_dir("lease-tier-markers-")
+SCHEMA = "airflow_lease"
+
+
+@pytest.fixture(scope="module")
+def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
+    files = [E2E_DAGS / "lease_e2e.py", E2E_DAGS / "_util.py", TIER_DAGS / "retry_e2e.py"]
+    env = {"LEASE_TEST_MARKERS": str(MARKERS), "LEASE_TEST_HOLD_SECONDS": "240", "AIRFLOW__LEASE__SCHEMA": SCHEMA}
+    dag_ids = {"overlap", "zombie", "retry_after_crash", "mapped_and_bash"}
+    with deployment_for(metadata_template, files, dag_ids, env) as deployment:
+        for dag_id in dag_ids:
+            deployment.api.unpause(dag_id)
+        yield deployment
+    import shutil
+
+    shutil.rmtree(MARKERS, ignore_errors=True)
+
+
+@pytest.fixture
+def store(airflow: Deployment) -> Iterator[LeaseStore]:
+    """The deployment's lease store (its ledger is what ``airflow-lease events`` shows)."""
+    with LeaseStore(airflow.dsn, schema=SCHEMA) as leases:
+        yield leases
+
+
+def marker(name: str, timeout: float = 120) -> str:
+    path = MARKERS / name
+    wait(path.exists, bool, timeout, f"marker {name}", interval=0.2)
+    return path.read_text()
+
+
+def test_two_runs_at_once_one_holds_and_the_other_is_skipped_with_the_holder_named(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    api = airflow.api
+    first = api.trigger("overlap")
+    marker("hold-started")
+    holder = store.holder("overlap-key")
+    assert holder is not None and holder.owner.startswith(f"overlap/{first}"), holder
+
+    second = api.trigger("overlap")
+    assert api.wait_for_run("overlap", second) == "success"  # skipped tasks: the run did not fail
+    assert api.task_states("overlap", second) == {"hold": "skipped", "after": "skipped"}
+    reason = api.xcom("overlap", second, "hold", "lease_skip_reason")
+    assert reason is not None and holder.owner in reason["reason"] and f"token {holder.token}" in reason["reason"]
+    assert reason["holder_token"] == holder.token
+    assert holder.owner in api.log("overlap", second, "hold")
+    skips = store.events.query(key="overlap-key", kind=EventKind.SKIPPED_OVERLAP)
+    assert len(skips) == 1 and skips[0].detail["holder_owner"] == holder.owner
+    assert api.run("overlap", first)["state"] == "running"  # the holder was never disturbed
+    # Counted as a skip, not as a failure.
+    wait(lambda: airflow.statsd.count("scheduled.skipped_overlap"), lambda n: n == 1, 10, "the skip metric")
+    assert airflow.statsd.count("ti_failures") == 0
+
+    (MARKERS / "let-go").write_text("done")
+    assert api.wait_for_run("overlap", first) == "success"
+    assert api.task_states("overlap", first) == {"hold": "success", "after": "success"}
+    assert store.holder("overlap-key") is None  # released on success
+
+
+def test_a_frozen_run_cannot_publish_after_a_newer_run_took_over(airflow: Deployment, store: LeaseStore) -> None:
+    api = airflow.api
+    zombie = api.trigger("zombie")
+    pid = int(marker("zombie-pid"))
+    old = store.holder("zombie-key")
+    assert old is not None and old.owner.startswith(f"zombie/{zombie}"), old
+    os.kill(pid, signal.SIGSTOP)  # frozen past its 4 s TTL: a lost VM, a GC pause
+    try:
+        time.sleep(5)
+        (MARKERS / "go").write_text("now")  # the newer run goes straight through; the frozen one sees it later
+        fresh = api.trigger("zombie")
+        assert api.wait_for_run("zombie", fresh) == "success", api.task_states("zombie", fresh)
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert api.wait_for_run("zombie", zombie) == "failed"
+    assert api.task_states("zombie", zombie) == {"publish": "failed"}
+
+    rows = execute(airflow.dsn, q("SELECT writer, token FROM {schema}.zombie_target", SCHEMA))
+    assert len(rows) == 1 and rows[0][1] == old.token + 1, f"only the newer write may land: {rows}"
+    assert not (MARKERS / f"published-{old.token}").exists()
+    # Why the frozen run stopped, in the ledger and in its task log: lease lost, or refused by the fence.
+    lost = store.events.query(key="zombie-key", kind=EventKind.LOST)
+    rejected = store.events.query(kind=EventKind.FENCE_REJECTED)
+    assert any(e.token == old.token for e in lost + rejected), (lost, rejected)
+    log = api.log("zombie", zombie, "publish")
+    assert "LeaseLost" in log or "StaleFencingToken" in log, log[-3000:]
+
+
+def test_a_retry_after_a_crash_re_enters_at_once_with_a_larger_token(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    api = airflow.api
+    started = time.monotonic()
+    run = api.trigger("retry_after_crash")
+    assert api.wait_for_run("retry_after_crash", run, timeout=240) == "success"
+    # The first try died holding a 10-minute lease; the retry did not wait for it to lapse.
+    assert time.monotonic() - started < 240
+    ti = api.task_instances("retry_after_crash", run)["crash_then_succeed"]
+    assert ti["state"] == "success" and ti["try_number"] == 2, ti
+    first, second = int(marker("try-1")), int(marker("try-2"))
+    assert second > first, (first, second)
+    assert api.xcom("retry_after_crash", run, "crash_then_succeed")["token"] == second
+    assert store.holder("retry-key") is None
+
+
+def test_lease_owners_and_default_keys_are_the_task_instance(airflow: Deployment, store: LeaseStore) -> None:
+    """The shared decision: owner ``dag_id/run_id/task_id[map_index]``, no try number."""
+    api = airflow.api
+    run = api.trigger("mapped_and_bash")
+    assert api.wait_for_run("mapped_and_bash", run) == "success", api.task_states("mapped_and_bash", run)
+    for index in range(3):
+        shard = api.xcom("mapped_and_bash", run, "shard", map_index=index)
+        assert shard["owner"] == f"mapped_and_bash/{run}/shard[{index}]", shard
+        assert shard["key"] == f"shard-{index}", shard  # an explicit key is kept as given
+    retried = [r["dag_run_id"] for r in api.runs("retry_after_crash")]
+    for run_id in retried:
+        result = api.xcom("retry_after_crash", run_id, "crash_then_succeed")
+        assert result["owner"] == f"retry_after_crash/{run_id}/crash_then_succeed", result
