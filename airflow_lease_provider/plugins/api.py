@@ -301,6 +301,8 @@ def _force_release(auth_manager: Any, user: Any, store: LeaseStore, body: ForceR
     expected = body.expected_token if body.expected_token is not None else current.token
     by = _user_name(user)
     try:
+        if expected != current.token:
+            raise LeaseChanged(body.key, expected, current)
         previous = store.force_release(
             body.key, by=by, reason=body.reason or "force-released from the Airflow UI", expected_token=expected
         )
@@ -335,6 +337,7 @@ def create_app() -> FastAPI:
         openapi_url=None,
     )
     app.add_exception_handler(LeaseError, _lease_error)
+    app.add_exception_handler(report.BadCursor, _lease_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_api_route("/ui", leases_page, methods=["GET"], response_class=HTMLResponse)
     app.add_api_route("/ui/", leases_page, methods=["GET"], response_class=HTMLResponse)
