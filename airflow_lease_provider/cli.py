@@ -520,7 +520,7 @@ def main(
     if out is None:
         out = sys.stdout if args.dsn else _results_only_stdout()
     store = None
-    where = "the lease store"
+    where = None
     try:
         store, where = open_store(args)
         if args.command == "status":
@@ -540,7 +540,7 @@ def main(
         return _fail(redact(str(exc)))
     except LeaseError as exc:
         message = redact(str(exc))
-        return _fail(message if where in message else f"{message} (store: {where})")
+        return _fail(message if where is None or where in message else f"{message} (store: {where})")
     except Exception as exc:  # never a traceback; never a password
         return _fail(f"failed: {type(exc).__name__}: {redact(' '.join(str(exc).split()))}")
     finally:

@@ -106,9 +106,8 @@ def public_message(exc: BaseException) -> str:
     log has the full message). Passwords are already redacted by the core's ``translate``.
     """
     message = redact(str(exc))
-    schema = _store_info.get("schema")
     for where in _store_where:
-        message = message.replace(where, f"the lease store (schema {schema})" if schema else "the lease store")
+        message = message.replace(where, "the configured database")
     return message
 
 
