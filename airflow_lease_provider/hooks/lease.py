@@ -15,6 +15,7 @@ Under a distributed executor a missing connection is an error that says what to 
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 from dataclasses import dataclass
@@ -155,6 +156,13 @@ async def location_async(conn_id: str | None, schema: str | None = None) -> Stor
 
 def _location(conn: Any, conn_id: str, schema: str | None) -> StoreLocation:
     configured = settings.conn_id()
+    if conn is None and os.environ.get(f"AIRFLOW_CONN_{conn_id.upper()}", "").strip():
+        # Airflow reports a connection it cannot parse as missing; it is there, and must not be
+        # replaced by the embedded store without a word.
+        raise LeaseConnectionInvalid(
+            f"lease connection {conn_id!r} is set (AIRFLOW_CONN_{conn_id.upper()}) but Airflow could not "
+            "read it: if it is a URI, percent-encode / @ : ? # and % in its user and password (e.g. / as %2F)"
+        )
     if conn is None:
         if conn_id != configured:
             raise LeaseConnectionMissing(

@@ -204,6 +204,28 @@ def test_events_page_through_with_a_cursor(world: World) -> None:
     assert paged == everything
 
 
+def test_the_task_tab_finds_its_run_among_thousands_of_other_events(world: World) -> None:
+    """The tab selects its run's events in SQL: 2,100 newer events of other runs in the same time window
+    (the old code read the window's newest 2,000 and filtered them in Python) hide nothing."""
+    server, store = world.server, world.store
+    params = {"dag_id": DAG_ID, "run_id": world.holder_run, "task_id": "publish"}
+    before = server.request("GET", "/lease/api/task-instance", "viewer", params=params).json()["events"]
+    assert {e["kind"] for e in before} == {"acquired", "fence_rejected"}
+    newest = max(e["at"] for e in before)
+    noise = q(
+        "INSERT INTO {schema}.event (at, kind, key, owner, token, detail) "
+        "SELECT %s::timestamptz + i * interval '1 microsecond', 'acquired', 'noise-key', "
+        "'other_dag/run_' || i || '/t', 1, '{{}}'::jsonb FROM generate_series(1, 2100) AS i",
+        store.schema,
+    )
+    execute(store.db.dsn, noise, (newest,))
+    try:
+        after = server.request("GET", "/lease/api/task-instance", "viewer", params=params).json()["events"]
+        assert [e["id"] for e in after] == [e["id"] for e in before]
+    finally:
+        execute(store.db.dsn, q("DELETE FROM {schema}.event WHERE key = 'noise-key'", store.schema))
+
+
 @pytest.mark.parametrize("user", ["viewer", "user", "op"])
 def test_non_admin_force_release_is_403(world: World, user: str) -> None:
     before = world.store.holder(API_KEY)
