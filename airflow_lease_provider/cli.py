@@ -77,9 +77,12 @@ def when(value: str) -> datetime:
     match = _RELATIVE.match(value.strip())
     if match:
         try:
-            return datetime.now(timezone.utc) - timedelta(**{_UNITS[match[2]]: float(match[1])})
+            ago = timedelta(**{_UNITS[match[2]]: float(match[1])})
         except (OverflowError, ValueError):
-            raise _usage_error(f"{value!r} reaches before the year 1: use at most {MAX_DAYS}d") from None
+            ago = timedelta.max
+        if ago > timedelta(days=MAX_DAYS):
+            raise _usage_error(f"{value!r} is too far back: at most {MAX_DAYS}d")
+        return datetime.now(timezone.utc) - ago
     try:
         moment = datetime.fromisoformat(value.strip())
     except ValueError:

@@ -176,8 +176,8 @@ def asset(name: str) -> Response:
 # -- JSON -------------------------------------------------------------------------------------------
 
 
-def me(user: GetUserDep, scope: ScopeDep) -> dict[str, Any]:
-    return {"user": _user_name(user), "can_force_release": scope.admin}
+def me(user: GetUserDep) -> dict[str, Any]:
+    return {"user": _user_name(user), "can_force_release": may_force_release(_auth_manager(), user)}
 
 
 def get_leases(
@@ -191,7 +191,9 @@ def get_leases(
     return {**page, "store": dict(_store_info)}
 
 
-def get_lease(store: StoreDep, scope: ScopeDep, key: Annotated[str, Query(min_length=1, max_length=512)]) -> dict[str, Any]:
+def get_lease(
+    store: StoreDep, scope: ScopeDep, key: Annotated[str, Query(min_length=1, max_length=512)]
+) -> dict[str, Any]:
     row = report.lease(store, key, dag_ids=scope.dag_ids)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no lease {key!r} in the store")

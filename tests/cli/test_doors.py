@@ -168,6 +168,7 @@ def test_lease_pages_are_keyset_paginated(many: LeaseStore) -> None:
         (["events", "--since", "999999999w"], "--since"),
         (["events", "--until", "99999999999999999999d"], "--until"),
         (["events", "--since", "yesterday"], "--since"),
+        (["events", "--since", "3651d"], "--since"),
         (["advise-ttl", "--days", "nan"], "--days"),
         (["advise-ttl", "--days", "1e12"], "--days"),
         (["advise-ttl", "--days", "inf"], "--days"),
@@ -199,6 +200,15 @@ def test_bad_input_is_one_line_naming_the_option_and_exit_2(
     assert out == ""
     assert len(err.strip().splitlines()) == 1, err
     assert option in err and "Traceback" not in err
+
+
+def test_the_errors_docs_cli_md_shows(run: Run) -> None:
+    assert run("advise-ttl", "--days", "nan")[2] == (
+        "airflow-lease: error: argument --days: 'nan': must be a number of days, more than 0 and at most 3650\n"
+    )
+    assert run("events", "--since", "999999999w")[2] == (
+        "airflow-lease: error: argument --since: '999999999w' is too far back: at most 3650d\n"
+    )
 
 
 _OPTIONS = {
