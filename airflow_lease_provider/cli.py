@@ -77,9 +77,12 @@ def when(value: str) -> datetime:
     match = _RELATIVE.match(value.strip())
     if match:
         try:
-            return datetime.now(timezone.utc) - timedelta(**{_UNITS[match[2]]: float(match[1])})
+            ago = timedelta(**{_UNITS[match[2]]: float(match[1])})
         except (OverflowError, ValueError):
-            raise _usage_error(f"{value!r} reaches before the year 1: use at most {MAX_DAYS}d") from None
+            ago = timedelta.max
+        if ago > timedelta(days=MAX_DAYS):
+            raise _usage_error(f"{value!r} is too far back: at most {MAX_DAYS}d")
+        return datetime.now(timezone.utc) - ago
     try:
         moment = datetime.fromisoformat(value.strip())
     except ValueError:
@@ -520,7 +523,7 @@ def main(
     if out is None:
         out = sys.stdout if args.dsn else _results_only_stdout()
     store = None
-    where = "the lease store"
+    where = None
     try:
         store, where = open_store(args)
         if args.command == "status":
@@ -540,7 +543,7 @@ def main(
         return _fail(redact(str(exc)))
     except LeaseError as exc:
         message = redact(str(exc))
-        return _fail(message if where in message else f"{message} (store: {where})")
+        return _fail(message if where is None or where in message else f"{message} (store: {where})")
     except Exception as exc:  # never a traceback; never a password
         return _fail(f"failed: {type(exc).__name__}: {redact(' '.join(str(exc).split()))}")
     finally:

@@ -78,7 +78,7 @@ def check_schema(db: Database) -> int:
     version = installed_version(db)
     if version == 0:
         raise SchemaMissing(
-            f"no lease store at {db.where} in schema {db.schema!r}: nothing was created there. Check the "
+            f"no lease store in schema {db.schema!r} at {db.where}: nothing was created there. Check the "
             "connection and the schema; a leased task (or LeaseStore.ensure_schema()) creates the store"
         )
     if version == latest_version():

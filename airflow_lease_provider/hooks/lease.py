@@ -19,6 +19,8 @@ so a running leased task holds no server connection between renewals.
 from __future__ import annotations
 
 import logging
+import os
+import sys
 import threading
 import warnings
 from dataclasses import dataclass
@@ -213,6 +215,13 @@ def _why_not_embedded() -> str:
 
 def _location(conn: Any, conn_id: str, schema: str | None) -> StoreLocation:
     configured = settings.conn_id()
+    if conn is None and os.environ.get(f"AIRFLOW_CONN_{conn_id.upper()}", "").strip():
+        # Airflow reports a connection it cannot parse as missing; it is there, and must not be
+        # replaced by the embedded store without a word.
+        raise LeaseConnectionInvalid(
+            f"lease connection {conn_id!r} is set (AIRFLOW_CONN_{conn_id.upper()}) but Airflow could not "
+            "read it: if it is a URI, percent-encode / @ : ? # and % in its user and password (e.g. / as %2F)"
+        )
     if conn is None:
         if conn_id != configured:
             raise LeaseConnectionMissing(

@@ -105,9 +105,8 @@ def public_message(exc: BaseException) -> str:
     log has the full message). Passwords are already redacted by the core's ``translate``.
     """
     message = redact(str(exc))
-    schema = _store_info.get("schema")
     for where in _store_where:
-        message = message.replace(where, f"the lease store (schema {schema})" if schema else "the lease store")
+        message = message.replace(where, "the configured database")
     return message
 
 
@@ -176,8 +175,8 @@ def asset(name: str) -> Response:
 # -- JSON -------------------------------------------------------------------------------------------
 
 
-def me(user: GetUserDep, scope: ScopeDep) -> dict[str, Any]:
-    return {"user": _user_name(user), "can_force_release": scope.admin}
+def me(user: GetUserDep) -> dict[str, Any]:
+    return {"user": _user_name(user), "can_force_release": may_force_release(_auth_manager(), user)}
 
 
 def get_leases(
@@ -191,7 +190,9 @@ def get_leases(
     return {**page, "store": dict(_store_info)}
 
 
-def get_lease(store: StoreDep, scope: ScopeDep, key: Annotated[str, Query(min_length=1, max_length=512)]) -> dict[str, Any]:
+def get_lease(
+    store: StoreDep, scope: ScopeDep, key: Annotated[str, Query(min_length=1, max_length=512)]
+) -> dict[str, Any]:
     row = report.lease(store, key, dag_ids=scope.dag_ids)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no lease {key!r} in the store")
@@ -301,6 +302,8 @@ def _force_release(auth_manager: Any, user: Any, store: LeaseStore, body: ForceR
     expected = body.expected_token if body.expected_token is not None else current.token
     by = _user_name(user)
     try:
+        if expected != current.token:
+            raise LeaseChanged(body.key, expected, current)
         previous = store.force_release(
             body.key, by=by, reason=body.reason or "force-released from the Airflow UI", expected_token=expected
         )
@@ -335,6 +338,7 @@ def create_app() -> FastAPI:
         openapi_url=None,
     )
     app.add_exception_handler(LeaseError, _lease_error)
+    app.add_exception_handler(report.BadCursor, _lease_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_api_route("/ui", leases_page, methods=["GET"], response_class=HTMLResponse)
     app.add_api_route("/ui/", leases_page, methods=["GET"], response_class=HTMLResponse)

@@ -168,6 +168,7 @@ def test_lease_pages_are_keyset_paginated(many: LeaseStore) -> None:
         (["events", "--since", "999999999w"], "--since"),
         (["events", "--until", "99999999999999999999d"], "--until"),
         (["events", "--since", "yesterday"], "--since"),
+        (["events", "--since", "3651d"], "--since"),
         (["advise-ttl", "--days", "nan"], "--days"),
         (["advise-ttl", "--days", "1e12"], "--days"),
         (["advise-ttl", "--days", "inf"], "--days"),
@@ -199,6 +200,15 @@ def test_bad_input_is_one_line_naming_the_option_and_exit_2(
     assert out == ""
     assert len(err.strip().splitlines()) == 1, err
     assert option in err and "Traceback" not in err
+
+
+def test_the_errors_docs_cli_md_shows(run: Run) -> None:
+    assert run("advise-ttl", "--days", "nan")[2] == (
+        "airflow-lease: error: argument --days: 'nan': must be a number of days, more than 0 and at most 3650\n"
+    )
+    assert run("events", "--since", "999999999w")[2] == (
+        "airflow-lease: error: argument --since: '999999999w' is too far back: at most 3650d\n"
+    )
 
 
 _OPTIONS = {
@@ -308,7 +318,7 @@ def test_a_mistyped_schema_says_no_store_there_and_creates_none(
     code = cli.main(["--dsn", pg_dsn, "--schema", typo, *args], out=io.StringIO())
     err = capsys.readouterr().err
     assert code == cli.EXIT_ERROR
-    assert "no lease store at" in err and "nothing was created" in err
+    assert "no lease store in schema" in err and "nothing was created" in err
     assert not _schema_exists(pg_dsn, typo)
 
 
@@ -339,3 +349,38 @@ def test_connection_settings_that_defeat_failing_closed_are_refused(
     code, _, err = run("status", dsn=f"{pg_dsn}{sep}{setting}")
     assert code == cli.EXIT_USAGE
     assert problem in err and len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "conn",
+    [
+        # A URI Airflow itself cannot read: the unencoded / ends its authority, so a piece of the
+        # password becomes the "port".
+        f"postgresql://lease_user:{PASSWORDS[0]}@127.0.0.1:9/leases",
+        # A JSON connection: the hook builds the DSN (quoted); nothing listens on port 9.
+        json.dumps(
+            {"conn_type": "postgres", "host": "127.0.0.1", "port": 9, "login": "lease_user",
+             "password": PASSWORDS[2], "schema": "leases"}
+        ),
+    ],
+)
+def test_the_hook_never_shows_the_password_of_its_connection(conn: str, tmp_path: Path) -> None:
+    """Through LeaseHook (``--conn-id``): Airflow's connection lookup, the DSN it builds, the store."""
+    env = {k: v for k, v in __import__("os").environ.items() if not k.startswith("AIRFLOW")}
+    env.update(AIRFLOW_HOME=str(tmp_path), AIRFLOW_CONN_BAD_LEASES=conn, AIRFLOW__CORE__LOAD_EXAMPLES="False")
+    result = subprocess.run(
+        [str(VENV_BIN / "airflow-lease"), "--conn-id", "bad_leases", "status"],
+        capture_output=True, text=True, timeout=300, check=False, env=env,
+    )
+    assert result.returncode in (1, 2), result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    errors = [line for line in result.stderr.splitlines() if line.startswith("airflow-lease:")]
+    assert len(errors) == 1, result.stderr[-2000:]
+    if conn.startswith("postgresql://"):
+        assert "'bad_leases' is set (AIRFLOW_CONN_BAD_LEASES) but Airflow could not read it" in errors[0]
+    else:
+        assert "unreachable" in errors[0] and "lease_user@127.0.0.1:9/leases" in errors[0]
+    for password in PASSWORDS:
+        for piece in {password, quote(password, safe="")} | _fragments(password):
+            assert piece not in result.stdout + result.stderr, (piece, result.stderr[-2000:])

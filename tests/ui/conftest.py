@@ -13,6 +13,7 @@ from tests.ui.server import DAG_ID, LEASE_KEY, AirflowServer, make_server
 #: Seeded through the core beside the real DAG runs, so every part of the page has something to show.
 API_KEY = "api-key"  # force-released by the API tests
 BROWSER_KEY = "browser-key"  # force-released through the page's confirmation dialog
+SCRIPT_KEY = "script-key"  # held by a script: no DAG, so only admins see it
 
 
 @dataclass
@@ -35,11 +36,12 @@ def _seed(store: LeaseStore) -> None:
             store.events.record(
                 EventKind.RELEASED,
                 key,
-                owner="billing_close/scheduled__2026-11-28T00:00:00+00:00",
+                owner=f"{DAG_ID}/scheduled__2026-11-28T00:00:00+00:00/publish",
                 token=1,
                 detail={"held_seconds": seconds},
             )
-        assert store.acquire(key, "billing_close/scheduled__2026-11-29T00:00:00+00:00", ttl) is not None
+        assert store.acquire(key, f"{DAG_ID}/scheduled__2026-11-29T00:00:00+00:00/publish", ttl) is not None
+    assert store.acquire(SCRIPT_KEY, "nightly-script", timedelta(minutes=5)) is not None
     store.events.record(
         EventKind.SKIPPED_CATCHUP,
         LEASE_KEY,

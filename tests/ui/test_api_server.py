@@ -8,7 +8,8 @@ from urllib.parse import quote
 import pytest
 
 from airflow_lease_provider.core import EventKind
-from tests.ui.conftest import API_KEY, World
+from tests.pg import execute, q
+from tests.ui.conftest import API_KEY, SCRIPT_KEY, World
 from tests.ui.server import DAG_ID, LEASE_KEY
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -124,6 +125,105 @@ def test_plugin_registers_the_views(world: World) -> None:
     views = {v["url_route"]: v for v in lease["external_views"]}
     assert views["leases"]["destination"] == "nav" and views["leases"]["href"] == "/lease/ui/"
     assert views["lease"]["destination"] == "task_instance"
+
+
+@pytest.mark.parametrize("user", ["viewer", "user", "op"])
+def test_non_admin_with_a_malformed_body_gets_403_not_422(world: World, user: str) -> None:
+    for body in ("{not json", '{"key": 3}', ""):
+        response = world.server.request(
+            "POST", "/lease/api/force-release", user, content=body, headers={"Content-Type": "application/json"}
+        )
+        assert response.status_code == 403, (body, response.text)
+
+
+def test_keys_with_no_dag_are_for_admins_only(world: World) -> None:
+    def keys(user: str) -> set[str]:
+        return {row["key"] for row in world.server.request("GET", "/lease/api/leases", user).json()["leases"]}
+
+    assert SCRIPT_KEY in keys("admin")
+    assert SCRIPT_KEY not in keys("viewer") and API_KEY in keys("viewer")
+    assert world.server.request("GET", "/lease/api/lease", "viewer", params={"key": SCRIPT_KEY}).status_code == 404
+    assert world.server.request("GET", "/lease/api/lease", "admin", params={"key": SCRIPT_KEY}).status_code == 200
+
+
+BULK = 1005
+
+
+def test_more_than_a_thousand_keys_page_through_and_look_up(world: World) -> None:
+    server, store = world.server, world.store
+    insert = q(
+        "INSERT INTO {schema}.lease (key, owner, token, ttl, acquired_at, renewed_at, expires_at) "
+        "SELECT 'zz-bulk-' || lpad(i::text, 4, '0'), %s || i || '/publish', 1, interval '10 minutes', "
+        "clock_timestamp(), clock_timestamp(), clock_timestamp() + interval '10 minutes' "
+        "FROM generate_series(0, %s) AS i",
+        store.schema,
+    )
+    execute(store.db.dsn, insert, (f"{DAG_ID}/bulk_", BULK - 1))
+    try:
+        seen: list[str] = []
+        cursor = None
+        pages = 0
+        while True:
+            params = {"limit": 400, **({"cursor": cursor} if cursor else {})}
+            page = server.request("GET", "/lease/api/leases", "viewer", params=params).json()
+            seen += [row["key"] for row in page["leases"]]
+            pages += 1
+            cursor = page["next_cursor"]
+            if cursor is None:
+                break
+        bulk = [k for k in seen if k.startswith("zz-bulk-")]
+        assert len(bulk) == BULK and len(seen) == len(set(seen)) and seen == sorted(seen)
+        assert pages == -(-len(seen) // 400) or pages == -(-len(seen) // 400) + 1
+        assert server.request("GET", "/lease/api/leases", "viewer", params={"cursor": "junk!"}).status_code == 400
+
+        last = f"zz-bulk-{BULK - 1:04d}"
+        one = server.request("GET", "/lease/api/lease", "viewer", params={"key": last})
+        assert one.status_code == 200 and one.json()["lease"]["token"] == 1
+        done = server.request("POST", "/lease/api/force-release", "admin", json={"key": last, "confirm": last})
+        assert done.status_code == 200, done.text
+        assert done.json()["new_token"] == 2
+    finally:
+        execute(store.db.dsn, q("DELETE FROM {schema}.lease WHERE key LIKE 'zz-bulk-%%'", store.schema))
+        execute(store.db.dsn, q("DELETE FROM {schema}.event WHERE key LIKE 'zz-bulk-%%'", store.schema))
+
+
+def test_events_page_through_with_a_cursor(world: World) -> None:
+    server = world.server
+    first = server.request("GET", "/lease/api/events", "viewer", params={"limit": 1000}).json()
+    everything = [e["id"] for e in first["events"]]
+    assert len(everything) >= 4
+    paged: list[int] = []
+    cursor = None
+    while True:
+        params = {"limit": 3, **({"cursor": cursor} if cursor else {})}
+        page = server.request("GET", "/lease/api/events", "viewer", params=params).json()
+        paged += [e["id"] for e in page["events"]]
+        cursor = page["next_cursor"]
+        if cursor is None:
+            break
+    assert paged == everything
+
+
+def test_the_task_tab_finds_its_run_among_thousands_of_other_events(world: World) -> None:
+    """The tab selects its run's events in SQL: 2,100 newer events of other runs in the same time window
+    (the old code read the window's newest 2,000 and filtered them in Python) hide nothing."""
+    server, store = world.server, world.store
+    params = {"dag_id": DAG_ID, "run_id": world.holder_run, "task_id": "publish"}
+    before = server.request("GET", "/lease/api/task-instance", "viewer", params=params).json()["events"]
+    assert {e["kind"] for e in before} == {"acquired", "fence_rejected"}
+    newest = max(e["at"] for e in before)
+    noise = q(
+        "INSERT INTO {schema}.event (at, kind, key, owner, token, detail) "
+        "SELECT %s::timestamptz + i * interval '1 microsecond', 'acquired', 'noise-key', "
+        "'other_dag/run_' || i || '/t', 1, '{{}}'::jsonb FROM generate_series(1, 2100) AS i",
+        store.schema,
+    )
+    execute(store.db.dsn, noise, (newest,))
+    try:
+        after = server.request("GET", "/lease/api/task-instance", "viewer", params=params).json()["events"]
+        assert [e["id"] for e in after] == [e["id"] for e in before]
+    finally:
+        execute(store.db.dsn, q("DELETE FROM {schema}.event WHERE key = 'noise-key'", store.schema))
 
 
 @pytest.mark.parametrize("user", ["viewer", "user", "op"])
