@@ -62,7 +62,12 @@ PROFILES: dict[str, Profile] = {
     # that a broken variant shows within seconds.
     "smoke": Profile(
         name="smoke", duration=20.0, workers=8, keys=4, skewed=4, kill_every=1e9, zombie_every=2.0,
-        long_fraction=0.4, keeper_fraction=0.4, check_fraction=0.2, delay_fraction=0.5, join_fraction=0.2,
+        long_fraction=0.4, keeper_fraction=0.4, check_fraction=0.2,
+    ),
+    # The keeper's broken variant: the smoke profile with most keepers started late or joined late.
+    "smoke-keeper": Profile(
+        name="smoke-keeper", duration=20.0, workers=8, keys=4, skewed=4, kill_every=1e9, zombie_every=2.0,
+        keeper_fraction=0.8, delay_fraction=0.5, join_fraction=0.2,
     ),
 }
 

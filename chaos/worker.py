@@ -235,7 +235,7 @@ class Worker:
         how = "none"
         if rng.random() < self.cfg.keeper_fraction:
             keeper, lease, how = self.start_keeper(lease)
-        checks = keeper is not None and (how != "at-once" or rng.random() < self.cfg.check_fraction)
+        checks = keeper is not None and rng.random() < self.cfg.check_fraction
         shape: dict[str, Any] = {"late": late, "keeper": keeper is not None, "checked": checks, "start": how}
         if keeper is not None and how != "at-once" and not self.check(keeper, lease, shape):
             return  # the body's first step: a keeper started late must say at once whether the lease is gone
