@@ -143,6 +143,45 @@ def test_core_force_release_compares_in_sql(store: LeaseStore) -> None:
     assert store.lease("nope") is None
 
 
+def test_concurrent_force_releases_with_one_expected_token_free_it_once(pg_dsn: str, schema: str) -> None:
+    """Eight admins who all saw token N: exactly one releases, the others find it changed (one statement,
+    compared under the row lock; a read-then-write would let several through, each bumping the token)."""
+    import threading
+
+    from airflow_lease_provider.core.lease import LeaseChanged
+
+    setup = LeaseStore(pg_dsn, schema=schema)
+    lease = setup.acquire("contended", "dag/run/t", timedelta(minutes=5))
+    assert lease is not None
+    stores = [LeaseStore(pg_dsn, schema=schema) for _ in range(8)]
+    outcomes: list[str] = []
+    start = threading.Barrier(len(stores))
+
+    def admin(store: LeaseStore) -> None:
+        start.wait()
+        try:
+            store.force_release("contended", by="ops", expected_token=lease.token)
+            outcomes.append("released")
+        except LeaseChanged:
+            outcomes.append("changed")
+
+    threads = [threading.Thread(target=admin, args=(s,)) for s in stores]
+    try:
+        for s in stores:
+            s.ensure_schema()  # connect before the race
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        assert sorted(outcomes) == ["changed"] * 7 + ["released"]
+        after = setup.lease("contended")
+        assert after is not None and after.token == lease.token + 1
+        assert len(setup.events.query(key="contended", kind=EventKind.FORCE_RELEASED)) == 1
+    finally:
+        for s in [*stores, setup]:
+            s.close()
+
+
 def test_lease_pages_are_keyset_paginated(many: LeaseStore) -> None:
     seen: list[str] = []
     after = None

@@ -188,3 +188,41 @@ def test_task_instance_lease_tab(browser: Any, world: World) -> None:
     assert overflow <= 1
     page.screenshot(path=str(ARTIFACTS / "task-lease-tab-390.png"), full_page=True)
     page.close()
+
+
+def test_the_page_pages_through_more_leases_than_one_page(browser: Any, world: World) -> None:
+    """Past the first page (100 leases) the page offers more, a page at a time, until every key shows."""
+    from tests.pg import execute, q
+
+    store = world.store
+    bulk = 150
+    execute(
+        store.db.dsn,
+        q(
+            "INSERT INTO {schema}.lease (key, owner, token, ttl, acquired_at, renewed_at, expires_at) "
+            "SELECT 'zz-page-' || lpad(i::text, 4, '0'), %s || i || '/publish', 1, interval '10 minutes', "
+            "clock_timestamp(), clock_timestamp(), clock_timestamp() + interval '10 minutes' "
+            "FROM generate_series(0, %s) AS i",
+            store.schema,
+        ),
+        (f"{DAG_ID}/page_", bulk - 1),
+    )
+    page = login(browser, world, "viewer")
+    try:
+        # What a viewer may see: not the key with no DAG (admins only).
+        visible = world.server.request("GET", "/lease/api/leases", "viewer", params={"limit": 1000}).json()
+        total = len(visible["leases"])
+        assert total > 100 and visible["next_cursor"] is None
+        frame = open_leases_from_nav(page)
+        rows = frame.locator("#leases tbody tr[data-key]")
+        more = frame.locator("#more-leases")
+        rows.nth(99).wait_for()
+        assert rows.count() == 100 and more.is_visible()
+        more.click()
+        rows.nth(total - 1).wait_for()
+        assert rows.count() == total and more.is_hidden()
+        last = frame.locator(f"#leases tbody tr[data-key='zz-page-{bulk - 1:04d}']")
+        assert last.count() == 1
+    finally:
+        page.close()
+        execute(store.db.dsn, q("DELETE FROM {schema}.lease WHERE key LIKE 'zz-page-%%'", store.schema))
