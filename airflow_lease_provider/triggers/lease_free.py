@@ -51,10 +51,11 @@ class LeaseFreeTrigger(BaseTrigger):
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
         from airflow_lease_provider.core import LeaseError, LeaseStore
-        from airflow_lease_provider.hooks.lease import location_async
+        from airflow_lease_provider.hooks.lease import _idle, location_async
 
         location = await location_async(self.conn_id, self.schema)
-        store = LeaseStore(location.dsn, schema=location.schema, record_events=False)
+        # Like the hooks' stores: no connection held between polls (a triggerer may wait on many).
+        store = LeaseStore(location.dsn, schema=location.schema, record_events=False, idle_close=_idle())
         end = datetime.fromisoformat(self.deadline)
         try:
             while True:

@@ -335,6 +335,18 @@ class Deployment:
         ti: dict[str, Any] = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}")
         return ti
 
+    def task_state(self, dag_id: str, run_id: str, task_id: str) -> str | None:
+        """The task instance's state, or None while the scheduler has not created it yet."""
+        response = httpx.get(
+            f"{self.url}/api/v2/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}",
+            headers={"Authorization": f"Bearer {self.token()}"}, timeout=30,
+        )
+        if response.status_code == 404:
+            return None
+        assert response.status_code == 200, f"{response.status_code} {response.text[:2000]}"
+        state = response.json()["state"]
+        return None if state is None else str(state)
+
     def tries(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
         data = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/tries")
         return list(data["task_instances"])

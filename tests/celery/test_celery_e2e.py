@@ -47,7 +47,7 @@ def test_overlapping_runs_on_two_workers_one_runs_and_the_other_is_skipped_namin
         d.wait(lambda: d.marker("celery_overlap_a-acquired").exists(), "run A to take the lease on worker A")
         run_b = d.trigger("celery_overlap_b")
         d.wait(
-            lambda: d.task_instance("celery_overlap_b", run_b, "hold")["state"] in ("skipped", "success", "failed"),
+            lambda: d.task_state("celery_overlap_b", run_b, "hold") in ("skipped", "success", "failed"),
             "run B's leased task to finish on worker B",
         )
         d.write_marker("overlap-let-go")
