@@ -73,46 +73,67 @@ if TYPE_CHECKING:
 
 _COMMON_COMPAT = "airflow.providers.common.compat.sdk"
 
-#: name -> (module, attribute). The module is imported on first use of the name.
-_LOCATIONS: dict[str, tuple[str, str]] = {
+#: name -> where it lives, as (module, attribute) candidates tried in order; the first module that
+#: imports and has the attribute wins. The module is imported on first use of the name.
+_LOCATIONS: dict[str, tuple[tuple[str, str], ...]] = {
     # Moved between versions (airflow.exceptions on 3.1, airflow.sdk.exceptions from 3.2; Stats from
-    # airflow.stats to airflow.sdk.observability.stats in 3.2; conf to airflow.sdk.configuration in 3.2):
-    # common-compat resolves each on the running version, so metrics are emitted on every one.
-    "AirflowSkipException": (_COMMON_COMPAT, "AirflowSkipException"),
-    "AirflowNotFoundException": (_COMMON_COMPAT, "AirflowNotFoundException"),
-    "TaskDeferred": (_COMMON_COMPAT, "TaskDeferred"),
-    "Stats": (_COMMON_COMPAT, "Stats"),
-    "conf": (_COMMON_COMPAT, "conf"),
-    "DecoratedOperator": (_COMMON_COMPAT, "DecoratedOperator"),
-    "TaskDecorator": (_COMMON_COMPAT, "TaskDecorator"),
-    "task_decorator_factory": (_COMMON_COMPAT, "task_decorator_factory"),
+    # airflow.stats to airflow.sdk.observability.stats in 3.2; conf to airflow.sdk.configuration in 3.2).
+    # common-compat resolves each on the running version (so metrics are emitted on every one); the
+    # explicit fallbacks serve a common-compat older than 1.12, which Airflow 3.1's constraints may pin.
+    "AirflowSkipException": (
+        (_COMMON_COMPAT, "AirflowSkipException"),
+        ("airflow.sdk.exceptions", "AirflowSkipException"),
+        ("airflow.exceptions", "AirflowSkipException"),
+    ),
+    "AirflowNotFoundException": (
+        (_COMMON_COMPAT, "AirflowNotFoundException"),
+        ("airflow.sdk.exceptions", "AirflowNotFoundException"),
+        ("airflow.exceptions", "AirflowNotFoundException"),
+    ),
+    "TaskDeferred": (
+        (_COMMON_COMPAT, "TaskDeferred"),
+        ("airflow.sdk.exceptions", "TaskDeferred"),
+        ("airflow.exceptions", "TaskDeferred"),
+    ),
+    "Stats": (
+        (_COMMON_COMPAT, "Stats"),
+        ("airflow.sdk.observability.stats", "Stats"),
+        ("airflow.stats", "Stats"),
+    ),
+    "conf": (
+        (_COMMON_COMPAT, "conf"),
+        ("airflow.sdk.configuration", "conf"),
+        ("airflow.configuration", "conf"),
+    ),
+    "DecoratedOperator": ((_COMMON_COMPAT, "DecoratedOperator"), ("airflow.sdk.bases.decorator", "DecoratedOperator")),
+    "TaskDecorator": ((_COMMON_COMPAT, "TaskDecorator"), ("airflow.sdk.bases.decorator", "TaskDecorator")),
+    "task_decorator_factory": (
+        (_COMMON_COMPAT, "task_decorator_factory"),
+        ("airflow.sdk.bases.decorator", "task_decorator_factory"),
+    ),
     # Public since 3.0.
-    "convert_to_utc": ("airflow.sdk.timezone", "convert_to_utc"),
-    "make_naive": ("airflow.sdk.timezone", "make_naive"),
+    "convert_to_utc": (("airflow.sdk.timezone", "convert_to_utc"),),
+    "make_naive": (("airflow.sdk.timezone", "make_naive"),),
     # Private: the core cron timetables' stepping (with their daylight-saving fixes). The capped
     # catch-up grid reuses it so that its slots are exactly Airflow's; no public equivalent exists.
-    "CronMixin": ("airflow.timetables._cron", "CronMixin"),
+    "CronMixin": (("airflow.timetables._cron", "CronMixin"),),
     # Internal: the presets (@daily, ...) Airflow's cron timetables accept, to accept the same ones.
-    "cron_presets": ("airflow.utils.dates", "cron_presets"),
+    "cron_presets": (("airflow.utils.dates", "cron_presets"),),
     # The core Connection model: outside a task (api-server, CLI) the SDK's lookup reads only env vars
     # and secrets backends; this one also reads the metadata database (connections made in the UI).
-    "Connection": ("airflow.models.connection", "Connection"),
+    "Connection": (("airflow.models.connection", "Connection"),),
     # Metadata-database models: the run a Leases page row links to, the DAG a timetable serves.
-    "DagRun": ("airflow.models.dagrun", "DagRun"),
-    "DagModel": ("airflow.models.dag", "DagModel"),
+    "DagRun": (("airflow.models.dagrun", "DagRun"),),
+    "DagModel": (("airflow.models.dag", "DagModel"),),
     # The API server's FastAPI dependencies, for the plugin's routes (authentication, a DB session).
-    "SessionDep": ("airflow.api_fastapi.common.db.common", "SessionDep"),
-    "GetUserDep": ("airflow.api_fastapi.core_api.security", "GetUserDep"),
-    "requires_authenticated": ("airflow.api_fastapi.core_api.security", "requires_authenticated"),
-    "get_auth_manager": ("airflow.api_fastapi.app", "get_auth_manager"),
+    "SessionDep": (("airflow.api_fastapi.common.db.common", "SessionDep"),),
+    "GetUserDep": (("airflow.api_fastapi.core_api.security", "GetUserDep"),),
+    "requires_authenticated": (("airflow.api_fastapi.core_api.security", "requires_authenticated"),),
+    "get_auth_manager": (("airflow.api_fastapi.app", "get_auth_manager"),),
     # The simple auth manager answers custom-view questions as reads; the admin check needs its type.
-    "SimpleAuthManager": (
-        "airflow.api_fastapi.auth.managers.simple.simple_auth_manager",
-        "SimpleAuthManager",
-    ),
+    "SimpleAuthManager": (("airflow.api_fastapi.auth.managers.simple.simple_auth_manager", "SimpleAuthManager"),),
     "SimpleAuthManagerRole": (
-        "airflow.api_fastapi.auth.managers.simple.simple_auth_manager",
-        "SimpleAuthManagerRole",
+        ("airflow.api_fastapi.auth.managers.simple.simple_auth_manager", "SimpleAuthManagerRole"),
     ),
 }
 
@@ -122,12 +143,22 @@ _TASK_RUNNER = "airflow.sdk.execution_time.task_runner"
 
 def __getattr__(name: str) -> Any:
     try:
-        module, attribute = _LOCATIONS[name]
+        candidates = _LOCATIONS[name]
     except KeyError:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
-    value = getattr(importlib.import_module(module), attribute)
-    globals()[name] = value  # resolved once
-    return value
+    failures = []
+    for module, attribute in candidates:
+        try:
+            value = getattr(importlib.import_module(module), attribute)
+        except (ImportError, AttributeError) as exc:
+            failures.append(f"{module}.{attribute}: {exc}")
+            continue
+        globals()[name] = value  # resolved once
+        return value
+    raise ImportError(
+        f"{name} is not where this package looks for it on Apache Airflow {AIRFLOW_VERSION}: "
+        + "; ".join(failures)
+    )
 
 
 def make_aware(value: datetime.datetime, timezone: Timezone | FixedTimezone) -> datetime.datetime:

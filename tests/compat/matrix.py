@@ -104,6 +104,19 @@ def venv_for(minor: str, wheel: Path) -> Venv:
     return Venv(minor, version, path)
 
 
+def unsupported_venv(minor: str) -> Venv:
+    """A cached venv of an Airflow the package refuses (``requirements/unsupported/airflow-X.Y.txt``)."""
+    lock = ROOT / "requirements" / "unsupported" / f"airflow-{minor}.txt"
+    key = hashlib.sha256(lock.read_bytes() + PYTHON.encode()).hexdigest()[:12]
+    path = CACHE / "venvs" / f"unsupported-{minor}-{key}"
+    if not (path / ".complete").exists():
+        shutil.rmtree(path, ignore_errors=True)
+        _run([UV, "venv", "-q", "--python", PYTHON, str(path)])
+        _run([UV, "pip", "install", "-q", "--python", str(path / "bin" / "python"), "-r", str(lock)])
+        (path / ".complete").write_text(lock.name)
+    return Venv(minor, pinned_airflow(lock), path)
+
+
 def clean_env(venv: Venv, home: Path) -> dict[str, str]:
     """An environment with nothing of the caller's Airflow or Python path, for ``venv``'s Airflow."""
     keep = ("HOME", "LANG", "LC_ALL", "TZ", "TMPDIR", "USER")
