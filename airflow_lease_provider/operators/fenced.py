@@ -25,11 +25,8 @@ from psycopg2 import sql
 
 from airflow_lease_provider import metrics
 from airflow_lease_provider.context import LeaseContext, _current
-from airflow_lease_provider.core import DuplicatePublish, EventKind, LeaseLost, validation
+from airflow_lease_provider.core import EventKind, LeaseLost, validation
 from airflow_lease_provider.operators.leased import DEFAULT_KEY, check_name, owner_for, task_tags
-
-#: What ``FencedSQLOperator(on_duplicate=...)`` accepts.
-ON_DUPLICATE = ("fail", "skip")
 
 
 def publishing_lease(context: Any, lease_key: str, lease_conn_id: str | None) -> LeaseContext:
@@ -64,16 +61,16 @@ class FencedSQLOperator(BaseOperator):
         ``sql="INSERT INTO {table} ..."``, ``identifiers={"table": ["billing", "invoices"]}``
         (schema-qualified as a list). Names never go into SQL text by string formatting.
     :param fence_conn_id: the target database's connection (default: the lease store's).
-    :param idempotency_key: optional per-slot key (templated): a slot already published is refused
-        whatever the token, so retries and re-runs publish once. Compute it with
-        ``slot_idempotency_key(job, context)`` in a task and pull it from XCom
-        (``"{{ ti.xcom_pull(task_ids='collect')['slot'] }}"``); ``{{ data_interval_start }}`` is undefined
-        in a run without a logical date (Airflow 3's default for manual runs).
-    :param on_duplicate: what a publish whose ``idempotency_key`` was published already does (a retry
-        or a cleared re-run of a published slot): ``"fail"`` (default, ``DuplicatePublish``) or
-        ``"skip"`` (the task is skipped with the reason; nothing is written).
+    :param idempotency_key: optional per-slot key (templated; see ``slot_idempotency_key``): a
+        slot already published is refused whatever the token, so retries and re-runs publish once.
     :param lease_key: the run-scoped lease to publish under (templated; default the DAG id).
     :param lease_conn_id: the lease store's connection.
+    :param on_duplicate: what a publish whose ``idempotency_key`` was published already does (a retry
+        or a cleared re-run of a published slot): ``"fail"`` (default, ``DuplicatePublish``) or
+        ``"skip"`` (the task is skipped with the reason; nothing is written). Compute the key with
+        ``slot_idempotency_key(job, context)`` in a task and pull it from XCom; a template of
+        ``{{ data_interval_start }}`` is undefined in a run without a logical date (Airflow 3's
+        default for manual runs).
     """
 
     template_fields: Sequence[str] = (
@@ -92,9 +89,9 @@ class FencedSQLOperator(BaseOperator):
         identifiers: dict[str, str | Sequence[str]] | None = None,
         fence_conn_id: str | None = None,
         idempotency_key: str | None = None,
-        on_duplicate: str = "fail",
         lease_key: str = DEFAULT_KEY,
         lease_conn_id: str | None = None,
+        on_duplicate: str = "fail",
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
@@ -124,6 +121,8 @@ class FencedSQLOperator(BaseOperator):
         self.lease_conn_id = lease_conn_id
 
     def execute(self, context: Any) -> int:
+        from airflow_lease_provider.core import DuplicatePublish
+
         lease = publishing_lease(context, self.lease_key, self.lease_conn_id)
         try:
             rows = self._publish(lease)
@@ -155,3 +154,7 @@ class FencedSQLOperator(BaseOperator):
             for placeholder, name in self.identifiers.items()
         }
         return sql.SQL(statement).format(**names)
+
+
+#: What ``FencedSQLOperator(on_duplicate=...)`` accepts.
+ON_DUPLICATE = ("fail", "skip")
