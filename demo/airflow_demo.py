@@ -43,7 +43,7 @@ PIDFILE = DEMO / "standalone.pid"
 PORTFILE = DEMO / "port"
 #: How long each of the two overlapping runs writes: long enough that the second starts while the first
 #: holds the lease, even on a busy 2-core machine.
-OVERLAP_WORK_SECONDS = 20
+OVERLAP_WORK_SECONDS = 12
 ZOMBIE_TTL_SECONDS = 8  # demo/dags/zombie_demo.py
 
 

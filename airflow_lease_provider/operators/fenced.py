@@ -28,9 +28,6 @@ from airflow_lease_provider.operators.leased import check_name, event_detail, ru
 from airflow_lease_provider.outcomes import Outcome, report
 from airflow_lease_provider.version_compat import AirflowSkipException
 
-#: What ``FencedSQLOperator(on_duplicate=...)`` accepts.
-ON_DUPLICATE = ("fail", "skip")
-
 
 def publishing_lease(context: Any, lease_key: str | None, lease_conn_id: str | None) -> LeaseContext:
     """The lease to publish under: the running leased task's, or the DAG run's run-scoped lease."""
@@ -132,6 +129,7 @@ class FencedSQLOperator(BaseOperator):
         self.lease_conn_id = lease_conn_id
 
     def execute(self, context: Any) -> int:
+
         lease = publishing_lease(context, self.lease_key, self.lease_conn_id)
         try:
             rows = self._publish(lease)
@@ -163,3 +161,7 @@ class FencedSQLOperator(BaseOperator):
             for placeholder, name in self.identifiers.items()
         }
         return sql.SQL(statement).format(**names)
+
+
+#: What ``FencedSQLOperator(on_duplicate=...)`` accepts.
+ON_DUPLICATE = ("fail", "skip")
