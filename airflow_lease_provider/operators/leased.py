@@ -494,6 +494,9 @@ class LeasedOperator(BaseOperator):
         released = False
         try:
             with activated(ctx), interrupt_on_loss(keeper):
+                # A loss declared before the interrupt was in place (the lease ran out while the task got
+                # ready: a slow XCom push, a join with little time left) sent no signal: look once more.
+                keeper.check()
                 try:
                     result = super().execute(context)
                 except TaskDeferred:

@@ -279,6 +279,29 @@ def test_a_refused_xcom_push_after_the_acquire_releases_the_lease(lease_env, sto
     assert ran == [True]
 
 
+def test_a_lease_that_ran_out_before_the_body_started_never_runs_the_body(
+    lease_env, store: LeaseStore, counted
+) -> None:
+    """A slow step between the acquire and the keeper's start (here an XCom push that takes longer than the
+    TTL) must not let the body run under a lease another run may already hold."""
+    import time as _time
+
+    ran = []
+
+    class SlowXcom(TaskInstance):
+        def xcom_push(self, key: str, value: Any) -> None:
+            if key == "lease":
+                _time.sleep(2.2)  # the 2 s lease is gone before the keeper starts
+            super().xcom_push(key, value)
+
+    op = leased("load", lambda: ran.append(True), lease_key="etl-load", lease_ttl=timedelta(seconds=2))
+    with pytest.raises(LeaseLost):
+        run_task(op, SlowXcom("etl", RUN, "load"))
+    assert ran == [], "the body ran after its lease had run out"
+    assert counted.get("lease.lost") == 1
+    assert len(store.events.query(key="etl-load", kind=EventKind.LOST)) == 1
+
+
 def test_bad_configuration_read_after_the_acquire_releases_the_lease(
     lease_env, monkeypatch, store: LeaseStore, dag
 ) -> None:
