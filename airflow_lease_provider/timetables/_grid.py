@@ -150,6 +150,9 @@ class CronGrid(CronMixin):
         # The slot before the one the last walk back returned (back_from), so that its data interval
         # (whose start is the slot before it) costs no croniter construction of its own.
         self._previous: dict[DateTime, DateTime] = {}
+        # A croniter iterator left at the slot the last at_or_before returned, for the walk back from
+        # it (UTC and fixed offsets only): taken by the first walk that starts there, used once.
+        self._positioned: tuple[DateTime, croniter] | None = None
 
     @property
     def expression(self) -> str:
@@ -157,7 +160,21 @@ class CronGrid(CronMixin):
         return self._expression
 
     def at_or_before(self, moment: DateTime) -> DateTime:
-        return self._align_to_prev(moment)
+        if not self._fixed_offset or len(self._fields) != 5:
+            return self._align_to_prev(moment)
+        # At a fixed UTC offset Airflow's _align_to_prev is the wall-clock answer: for a moment that
+        # cannot be a slot (seconds past the minute), croniter's previous. One croniter, kept for a walk
+        # back from that slot.
+        offset = self._offset(moment)
+        assert offset is not None
+        zone = datetime.timezone(offset)
+        local = moment.astimezone(zone).replace(tzinfo=None)
+        if local.second == 0 and local.microsecond == 0:
+            return self._align_to_prev(moment)  # possibly a slot itself: Airflow's own check
+        iterator = croniter(self._expression, start_time=local)
+        slot = from_epoch_us(epoch_us(iterator.get_prev(datetime.datetime).replace(tzinfo=zone)))
+        self._positioned = (slot, iterator)
+        return slot
 
     def at_or_after(self, moment: DateTime) -> DateTime:
         return self._align_to_next(moment)
@@ -208,8 +225,12 @@ class CronGrid(CronMixin):
             return None
         zone = datetime.timezone(offset)
         stop_local = stop.astimezone(zone).replace(tzinfo=None)
-        iterator = croniter(self._expression, start_time=slot.astimezone(zone).replace(tzinfo=None))
         oldest = slot.astimezone(zone).replace(tzinfo=None)  # wall-clock time, at the constant offset
+        positioned, self._positioned = self._positioned, None
+        if positioned is not None and positioned[0] == slot:
+            iterator = positioned[1]  # at_or_before left it at this slot
+        else:
+            iterator = croniter(self._expression, start_time=oldest)
         for _ in range(steps):
             if oldest <= stop_local:
                 break
