@@ -60,4 +60,11 @@ class LeasePlugin(AirflowPlugin):
             "destination": "task_instance",
             "url_route": "lease",
         },
+        {
+            # A tab on every DAG's page (Airflow 3.1+): its keys, their timelines and trends, the holders.
+            "name": "Leases",
+            "href": _href("/ui/dag?dag_id={DAG_ID}"),
+            "destination": "dag",
+            "url_route": "dag-leases",
+        },
     ]
