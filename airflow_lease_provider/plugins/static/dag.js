@@ -21,12 +21,13 @@
       lease.holder_run ? runBlock(lease.holder_run) : el("span", { class: "mono" }, lease.owner), ` · token ${lease.token}`);
   }
 
-  function keyCard(item) {
+  // The legend once (on the first key); catch-up gaps are the DAG's, shown once above.
+  function keyCard(item, index) {
     const data = item.timeline;
     return el("section", { class: "key-card", "data-key": item.key },
       el("h3", { class: "key-title" }, item.key),
       holderLine(data.lease),
-      LeaseTimeline.block(data, item.trend));
+      LeaseTimeline.block(data, item.trend, { legend: index === 0, gaps: false }));
   }
 
   function render(data) {

@@ -131,7 +131,7 @@ const LeaseTimeline = (() => {
     };
 
     for (const h of data.holdings) {
-      const x1 = x(Date.parse(h.start)), x2 = Math.max(x(Date.parse(h.end)), x1 + 2);
+      const x1 = x(Date.parse(h.start)), x2 = Math.max(x(Date.parse(h.end)), x1 + 3);
       const w = x2 - x1;
       const run = h.run ? shortRun(h.run.run_id) : (h.owner || "");
       const label = `#${h.token} ${run}`;
@@ -184,7 +184,6 @@ const LeaseTimeline = (() => {
     const peak = Math.max(1, ...buckets.map((b) => b.runs + b.skipped_overlap + b.overlap_failed));
     const slot = (width - left - right) / Math.max(1, buckets.length);
     const barW = Math.max(1, Math.min(28, slot - 2));
-    const y = (n) => top + (height - top - bottom) * (1 - n / peak);
     const root = svg("svg", { class: "trend", width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
       "aria-label": `Runs and skips per ${trend.unit}` });
     root.append(svg("line", { class: "tick", x1: left, x2: width - right, y1: height - bottom, y2: height - bottom }));
@@ -212,7 +211,6 @@ const LeaseTimeline = (() => {
       }
     });
     container.replaceChildren(root);
-    void y;
   }
 
   // The one number: overlap skips / attempts.
@@ -247,10 +245,10 @@ const LeaseTimeline = (() => {
       data.truncated ? el("p", { class: "small-p muted" }, `Busy key: showing the newest events, from ${data.covers_from}.`) : null,
       detail,
       el("div", { class: "trend-row" }, share(trend, RANGE_TEXT[trend.range] || trend.range), trendBox),
-      el("h4", { class: "gaps-title" }, "Catch-up slots skipped per gap"),
-      gapList(trend),
+      options.gaps === false ? null : el("h4", { class: "gaps-title" }, "Catch-up slots skipped per gap"),
+      options.gaps === false ? null : gapList(trend),
     ];
-    const node = el("div", { class: "timeline-block", "data-key": data.key }, ...parts);
+    const node = el("div", { class: "timeline-block", "data-key": data.key, "data-range": data.range }, ...parts);
     const draw = () => { render(chart, data, detail); trendChart(trendBox, trend); };
     requestAnimationFrame(draw);
     if (window.ResizeObserver) {
