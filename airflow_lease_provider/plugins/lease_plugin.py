@@ -39,7 +39,7 @@ def _href(path: str) -> str:
 
 
 class LeasePlugin(AirflowPlugin):
-    """Registers the provider's timetables and its UI: the Leases page and a task instance's Lease tab."""
+    """Registers the provider's timetables and its UI: the Leases page, a DAG's Leases tab, a task instance's Lease tab."""
 
     name = "lease"
     # Airflow deserializes a custom timetable only if a plugin lists its class.
