@@ -40,6 +40,8 @@ _ASSETS = {
     "common.js": "text/javascript; charset=utf-8",
     "leases.js": "text/javascript; charset=utf-8",
     "task.js": "text/javascript; charset=utf-8",
+    "timeline.js": "text/javascript; charset=utf-8",
+    "dag.js": "text/javascript; charset=utf-8",
 }
 MAX_EVENTS = 1000
 #: The longest page of leases (``limit``); the default page is shorter, the page asks for more.
@@ -125,7 +127,7 @@ def _lease_error(request: Request, exc: Exception) -> Response:
 def _http_error(request: Request, exc: Exception) -> Response:
     """401 for the JSON; a browser opening the page itself is sent to Airflow's login instead."""
     assert isinstance(exc, StarletteHTTPException)
-    wants_page = request.url.path.rstrip("/").endswith(("/ui", "/ui/task"))
+    wants_page = request.url.path.rstrip("/").endswith(("/ui", "/ui/task", "/ui/dag"))
     if exc.status_code == status.HTTP_401_UNAUTHORIZED and wants_page and request.method == "GET":
         base = _ui_base(request)
         try:
@@ -352,4 +354,7 @@ def create_app() -> FastAPI:
     app.add_api_route("/api/ttl-advice", get_ttl_advice, methods=["GET"])
     app.add_api_route("/api/task-instance", get_task_instance, methods=["GET"])
     app.add_api_route("/api/force-release", force_release, methods=["POST"])
+    from airflow_lease_provider.plugins import timeline_api
+
+    timeline_api.add_routes(app)
     return app

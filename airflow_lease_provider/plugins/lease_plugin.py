@@ -39,7 +39,7 @@ def _href(path: str) -> str:
 
 
 class LeasePlugin(AirflowPlugin):
-    """Registers the provider's timetables and its UI: the Leases page and a task instance's Lease tab."""
+    """Registers the provider's timetables and its UI: the Leases page, a DAG's Leases tab, a task instance's Lease tab."""
 
     name = "lease"
     # Airflow deserializes a custom timetable only if a plugin lists its class.
@@ -59,5 +59,12 @@ class LeasePlugin(AirflowPlugin):
             "href": _href("/ui/task?dag_id={DAG_ID}&run_id={RUN_ID}&task_id={TASK_ID}&map_index={MAP_INDEX}"),
             "destination": "task_instance",
             "url_route": "lease",
+        },
+        {
+            # A tab on every DAG's page (Airflow 3.1+): its keys, their timelines and trends, the holders.
+            "name": "Leases",
+            "href": _href("/ui/dag?dag_id={DAG_ID}"),
+            "destination": "dag",
+            "url_route": "dag-leases",
         },
     ]

@@ -7,6 +7,7 @@ from datetime import timedelta
 import pytest
 
 from airflow_lease_provider.core import EventKind, FenceStore, Lease, LeaseStore
+from airflow_lease_provider.identity import RunRef
 from tests.pg import drop_schema, new_schema_name
 from tests.ui.server import DAG_ID, LEASE_KEY, AirflowServer, make_server
 
@@ -98,7 +99,10 @@ def world(pg_dsn: str) -> Iterator[World]:
         assert skip.detail["holder_owner"] == holder.owner
         _zombie_publish(store, holder)
         server.wait_healthy()
-        yield World(server, store, holder.owner.split("/", 1)[1], skip.detail["run_id"])
+        # The owner is dag_id/run_id/task_id: the run is its middle part.
+        ref = RunRef.parse(holder.owner)
+        assert ref is not None, holder.owner
+        yield World(server, store, ref.run_id, skip.detail["run_id"])
     finally:
         server.cleanup()
         store.close()

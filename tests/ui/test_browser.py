@@ -175,7 +175,8 @@ def test_task_instance_lease_tab(browser: Any, world: World) -> None:
     page.get_by_text("Lease", exact=True).click()  # the tab the plugin adds to every task instance
     page.wait_for_url(re.compile(r".*/tasks/publish/plugin/lease$"))
     frame = page.frame_locator("iframe[title=Lease]")
-    frame.locator("#explain h2", has_text="This task was skipped").wait_for()
+    # The first line is the recorded skip reason.
+    frame.locator("#explain h2", has_text=f"Skipped: lease '{LEASE_KEY}' is held by").wait_for()
     assert world.holder_run in frame.locator("#explain").inner_text()
     assert frame.locator("#events tbody tr").count() == 1
     shoot(page, "task-lease-tab-1280", "iframe[title=Lease]")
@@ -183,7 +184,7 @@ def test_task_instance_lease_tab(browser: Any, world: World) -> None:
     # Airflow's own task instance page does not fit 390 px (it scrolls sideways); the tab's page does.
     page.set_viewport_size({"width": NARROW[0], "height": NARROW[1]})
     page.goto(f"{world.server.url}/lease/ui/task?dag_id={DAG_ID}&run_id={run}&task_id=publish&map_index=-1")
-    page.locator("#explain h2", has_text="This task was skipped").wait_for()
+    page.locator("#explain h2", has_text="Skipped: lease").wait_for()
     overflow = page.evaluate("document.documentElement.scrollWidth - document.documentElement.clientWidth")
     assert overflow <= 1
     page.screenshot(path=str(ARTIFACTS / "task-lease-tab-390.png"), full_page=True)

@@ -164,3 +164,19 @@ def test_admin_force_releases_any_lease(fab: Fab) -> None:
         assert after is not None and not after.held and after.token == lease.token + 1
         (event,) = store.events.query(key=key, kind=EventKind.FORCE_RELEASED)
         assert event.detail["by"] == "admin"
+
+
+def test_timeline_and_dag_tab_are_scoped_by_dag(fab: Fab) -> None:
+    """The DAG tab needs read access to its DAG; a key's timeline shows only the DAGs the user may read."""
+    assert fab.server.request("GET", "/lease/api/dag", "demo_reader", params={"dag_id": OTHER_DAG_ID}).status_code == 403
+    mine = fab.server.request("GET", "/lease/api/dag", "demo_reader", params={"dag_id": DAG_ID})
+    assert mine.status_code == 200, mine.text
+    assert [k["key"] for k in mine.json()["keys"]] == [DEMO_KEY]
+    # (Earlier tests may have force-released it: held or not, its row is the demo run's.)
+    assert mine.json()["keys"][0]["timeline"]["lease"]["holder_run"]["dag_id"] == DAG_ID
+    hidden = fab.server.request("GET", "/lease/api/timeline", "demo_reader", params={"key": OTHER_KEY}).json()
+    assert hidden["lease"] is None and hidden["holdings"] == [] and hidden["markers"] == []
+    seen = fab.server.request("GET", "/lease/api/timeline", "admin", params={"key": OTHER_KEY}).json()
+    assert seen["lease"]["holder_run"]["dag_id"] == OTHER_DAG_ID
+    assert [m["kind"] for m in seen["markers"]] == ["skipped_overlap"]
+    assert seen["trend"]["totals"]["skipped_overlap"] == 1

@@ -220,3 +220,106 @@ SELECT e.key, count(*), max((e.detail->>'held_seconds')::float8),
            = ANY(%(dag_ids)s::text[]))
  GROUP BY e.key
  ORDER BY e.key;
+
+-- Timeline and trends (core/history.py, docs/ui.md). Always one key or one DAG and a time range, so
+-- each reads by index: event_key_at_idx for a key, event_dag_at_idx (migrations/0005) for a DAG,
+-- event_fence_lease_key_at_idx for the fence rejections of a key (recorded under the fence's resource).
+
+-- name: timeline_events
+-- The events of one lease key in [since, until), newest first (a LIMIT keeps the newest): those recorded
+-- under the key, and the fence rejections of tokens of that key.
+SELECT t.id, t.at, t.kind, t.key, t.owner, t.token, t.detail FROM (
+    SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+      FROM {schema}.event e
+     WHERE e.key = %(key)s AND e.at >= %(since)s AND e.at < %(until)s
+    UNION ALL
+    SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+      FROM {schema}.event e
+     WHERE e.kind = 'fence_rejected' AND e.detail->>'lease_key' = %(key)s AND e.key <> %(key)s
+       AND e.at >= %(since)s AND e.at < %(until)s
+) t
+ WHERE (%(dag_ids)s::text[] IS NULL
+        OR coalesce(t.detail->>'dag_id',
+                    CASE WHEN strpos(t.owner, '/') > 1 THEN split_part(t.owner, '/', 1) END)
+           = ANY(%(dag_ids)s::text[]))
+ ORDER BY t.at DESC, t.id DESC
+ LIMIT %(limit)s;
+
+-- name: timeline_open_holding
+-- The holding that may still run at %(since)s: the key's last acquisition before it, and the events that
+-- ended that token before it (none: it was still held, or it lapsed, at %(since)s).
+WITH last AS (
+    SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+      FROM {schema}.event e
+     WHERE e.key = %(key)s AND e.kind = 'acquired' AND e.at < %(since)s
+     ORDER BY e.at DESC, e.id DESC
+     LIMIT 1
+)
+SELECT last.id, last.at, last.kind, last.key, last.owner, last.token, last.detail FROM last
+UNION ALL
+SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+  FROM {schema}.event e JOIN last ON e.token = last.token
+ WHERE e.key = %(key)s AND e.kind IN ('released', 'lost', 'force_released')
+   AND e.at >= last.at AND e.at < %(since)s;
+
+-- name: catchup_events
+-- The skipped catch-up records of some DAGs in [since, until) (one per gap), newest first.
+SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+  FROM {schema}.event e
+ WHERE e.kind = 'skipped_catchup' AND e.detail->>'dag_id' = ANY(%(dag_ids)s::text[])
+   AND e.at >= %(since)s AND e.at < %(until)s
+ ORDER BY e.at DESC, e.id DESC
+ LIMIT %(limit)s;
+
+-- name: trend_key
+-- Per %(unit)s ('hour' or 'day', UTC) and kind, and for the whole range (bucket NULL): how many events,
+-- how many distinct owners (runs, for acquisitions) and how many catch-up slots, of one lease key.
+SELECT date_trunc(%(unit)s, e.at AT TIME ZONE 'UTC') AS bucket, e.kind, count(*), count(DISTINCT e.owner),
+       coalesce(sum(CASE WHEN jsonb_typeof(e.detail->'count') = 'number' THEN (e.detail->>'count')::bigint END), 0)
+  FROM {schema}.event e
+ WHERE e.key = %(key)s AND e.at >= %(since)s AND e.at < %(until)s
+   AND e.kind IN ('acquired', 'skipped_overlap', 'overlap_failed', 'skipped_catchup', 'lost', 'force_released')
+   AND (%(dag_ids)s::text[] IS NULL
+        OR coalesce(e.detail->>'dag_id',
+                    CASE WHEN strpos(e.owner, '/') > 1 THEN split_part(e.owner, '/', 1) END)
+           = ANY(%(dag_ids)s::text[]))
+ GROUP BY GROUPING SETS ((1, 2), (2))
+ ORDER BY 1 NULLS FIRST, 2;
+
+-- name: trend_dag
+-- trend_key for one DAG's events (every key its runs used), by event_dag_at_idx.
+SELECT date_trunc(%(unit)s, e.at AT TIME ZONE 'UTC') AS bucket, e.kind, count(*), count(DISTINCT e.owner),
+       coalesce(sum(CASE WHEN jsonb_typeof(e.detail->'count') = 'number' THEN (e.detail->>'count')::bigint END), 0)
+  FROM {schema}.event e
+ WHERE coalesce(e.detail->>'dag_id', CASE WHEN strpos(e.owner, '/') > 1 THEN split_part(e.owner, '/', 1) END)
+       = %(dag_id)s
+   AND e.at >= %(since)s AND e.at < %(until)s
+   AND e.kind IN ('acquired', 'skipped_overlap', 'overlap_failed', 'skipped_catchup', 'lost', 'force_released')
+ GROUP BY GROUPING SETS ((1, 2), (2))
+ ORDER BY 1 NULLS FIRST, 2;
+
+-- name: dag_keys
+-- The lease keys one DAG's runs used in [since, until), most recently used first: the event's key, or for
+-- a fence rejection the lease key in its detail. Catch-up records name the DAG, not a lease: left out.
+SELECT CASE WHEN e.kind = 'fence_rejected' THEN coalesce(e.detail->>'lease_key', e.key) ELSE e.key END AS lease_key,
+       count(*), max(e.at)
+  FROM {schema}.event e
+ WHERE coalesce(e.detail->>'dag_id', CASE WHEN strpos(e.owner, '/') > 1 THEN split_part(e.owner, '/', 1) END)
+       = %(dag_id)s
+   AND e.at >= %(since)s AND e.at < %(until)s AND e.kind <> 'skipped_catchup'
+ GROUP BY 1
+ ORDER BY max(e.at) DESC, 1
+ LIMIT %(limit)s;
+
+-- name: dag_leases
+-- The lease rows held (or last held) by one DAG's runs: the owner's DAG is its part before the first '/'.
+SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+       clock_timestamp()
+  FROM {schema}.lease l
+ WHERE starts_with(l.owner, %(owner_prefix)s)
+ ORDER BY l.key
+ LIMIT %(limit)s;
+
+-- name: db_now
+-- The database clock: the time ranges of the timeline and trends end here, as every expiry is measured.
+SELECT clock_timestamp();

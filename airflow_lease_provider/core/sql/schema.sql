@@ -45,6 +45,11 @@ CREATE INDEX event_key_at_idx ON event (key, at);
 -- One skipped-catch-up record per gap (the run after it) per DAG (migrations/0004).
 CREATE UNIQUE INDEX event_skipped_catchup_uq ON event ((detail->>'dag_id'), (detail->>'run_id'))
  WHERE kind = 'skipped_catchup';
+-- The lease timeline and trends (migrations/0005): one DAG's events by time (the DAG as the DAG-scoped
+-- reads compute it), and fence rejections by the lease key in their detail.
+CREATE INDEX event_dag_at_idx ON event
+    ((coalesce(detail->>'dag_id', CASE WHEN strpos(owner, '/') > 1 THEN split_part(owner, '/', 1) END)), at);
+CREATE INDEX event_fence_lease_key_at_idx ON event ((detail->>'lease_key'), at) WHERE kind = 'fence_rejected';
 
 CREATE FUNCTION fence_advance(p_resource text, p_key text, p_token bigint, p_owner text, p_idempotency_key text)
 RETURNS TABLE (outcome text, current_token bigint)

@@ -6,11 +6,59 @@ const Lease = (() => {
   const AIRFLOW_BASE = meta("airflow-base");
   const PLUGIN_BASE = meta("plugin-base");
 
-  // Follow Airflow's light/dark mode when the page sits in Airflow's iframe (same origin).
-  try {
-    const parentRoot = window.parent !== window ? window.parent.document.documentElement : null;
-    if (parentRoot && parentRoot.classList.contains("dark")) document.documentElement.classList.add("dark");
-  } catch (e) { /* not framed by Airflow */ }
+  // Follow Airflow's light/dark mode live. Airflow 3's UI (3.1-3.3) keeps it with next-themes: the class
+  // "dark" or "light" on its <html>, the choice ("light", "dark" or "system") in localStorage "theme".
+  // In Airflow's same-origin iframe the parent's <html> is watched (a MutationObserver); a change made
+  // in another tab or window arrives as a "storage" event; "system" follows the OS setting.
+  const THEME_KEY = "theme";
+  const systemDark = window.matchMedia ? window.matchMedia("(prefers-color-scheme: dark)") : null;
+  // Airflow's Chakra tokens, copied into the page's own variables so it uses Airflow's exact colours
+  // and fonts (the values differ per mode: read again on every switch). Fallbacks are in lease.css.
+  const TOKENS = {
+    "--bg": "--chakra-colors-bg", "--fg": "--chakra-colors-fg", "--muted": "--chakra-colors-fg-muted",
+    "--line": "--chakra-colors-border", "--head": "--chakra-colors-bg-subtle", "--panel": "--chakra-colors-bg-panel",
+    "--font": "--chakra-fonts-body", "--mono": "--chakra-fonts-mono",
+  };
+  function parentRoot() {
+    try {
+      return window.parent !== window ? window.parent.document.documentElement : null;
+    } catch (e) {
+      return null;  // framed by another origin: no access, only the stored choice
+    }
+  }
+  function storedMode() {
+    try { return window.localStorage.getItem(THEME_KEY); } catch (e) { return null; }
+  }
+  function wantedMode() {
+    const root = parentRoot();
+    if (root && root.classList.contains("dark")) return "dark";
+    if (root && root.classList.contains("light")) return "light";
+    const stored = storedMode();
+    if (stored === "dark" || stored === "light") return stored;
+    return systemDark && systemDark.matches ? "dark" : "light";
+  }
+  function applyTheme() {
+    const mode = wantedMode();
+    const html = document.documentElement;
+    html.classList.toggle("dark", mode === "dark");
+    html.classList.toggle("light", mode !== "dark");
+    html.dataset.theme = mode;
+    const root = parentRoot();
+    if (root) {
+      const style = window.parent.getComputedStyle(root);
+      for (const [ours, theirs] of Object.entries(TOKENS)) {
+        const value = style.getPropertyValue(theirs).trim();
+        if (value) html.style.setProperty(ours, value); else html.style.removeProperty(ours);
+      }
+    }
+  }
+  applyTheme();
+  const watched = parentRoot();
+  if (watched && window.MutationObserver) {
+    new MutationObserver(applyTheme).observe(watched, { attributes: true, attributeFilter: ["class", "style", "data-theme"] });
+  }
+  window.addEventListener("storage", (event) => { if (event.key === null || event.key === THEME_KEY) applyTheme(); });
+  if (systemDark && systemDark.addEventListener) systemDark.addEventListener("change", applyTheme);
 
   async function api(path, options = {}) {
     const response = await fetch(PLUGIN_BASE + "api/" + path, {
@@ -127,5 +175,5 @@ const Lease = (() => {
     ]));
   }
 
-  return { api, el, cell, airflowLink, runLink, runBlock, time, duration, badge, flash, fill, AIRFLOW_BASE };
+  return { api, el, cell, airflowLink, runLink, runBlock, time, duration, badge, flash, fill, applyTheme, AIRFLOW_BASE };
 })();

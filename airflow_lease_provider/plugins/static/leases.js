@@ -23,8 +23,9 @@
     }
   }
   function writeFilters() {
-    const params = new URLSearchParams();
+    const params = new URLSearchParams(window.location.search);  // keeps the timeline's tkey/trange
     for (const name of ["key", "kind", "range", "limit"]) {
+      params.delete(name);
       const value = form.elements[name].value;
       if (value && !(name === "range" && value === "7d") && !(name === "limit" && value === "100")) params.set(name, value);
     }
@@ -143,7 +144,68 @@
     form.elements.key.value = key;
     writeFilters();
     loadEvents();
+    if ([...timelineKey.options].some((o) => o.value === key) && timelineKey.value !== key) {
+      timelineKey.value = key;
+      writeTimelineQuery();
+      loadTimeline();
+    }
   }
+
+  // -- the timeline of one key (timeline.js) ------------------------------------------------------------
+  const timelineKey = $("timeline-key");
+  let timelineRange = new URLSearchParams(window.location.search).get("trange") || "7d";
+  let wantedKey = new URLSearchParams(window.location.search).get("tkey") || "";
+
+  function setRangeButtons() {
+    for (const button of $("timeline-range").querySelectorAll("button")) {
+      button.setAttribute("aria-pressed", String(button.dataset.range === timelineRange));
+    }
+  }
+
+  function writeTimelineQuery() {
+    const params = new URLSearchParams(window.location.search);
+    if (timelineKey.value) params.set("tkey", timelineKey.value); else params.delete("tkey");
+    if (timelineRange !== "7d") params.set("trange", timelineRange); else params.delete("trange");
+    const query = params.toString();
+    history.replaceState(null, "", window.location.pathname + (query ? "?" + query : ""));
+  }
+
+  // Keys to pick from: held ones first, then those with recent events; the one in the query string kept.
+  function fillTimelineKeys(leases, counts) {
+    const held = leases.leases.filter((l) => l.held).map((l) => l.key);
+    const rest = [...new Set([...counts.counts.map((c) => c.key), ...leases.leases.map((l) => l.key)])]
+      .filter((k) => !held.includes(k)).sort();
+    const keys = [...held, ...rest];
+    const current = timelineKey.value || wantedKey || keys[0] || "";
+    if (current && !keys.includes(current)) keys.unshift(current);
+    timelineKey.replaceChildren(...(keys.length ? keys.map((k) => el("option", { value: k }, held.includes(k) ? `${k} (held)` : k))
+      : [el("option", { value: "" }, "no keys yet")]));
+    timelineKey.value = current;
+  }
+
+  async function loadTimeline() {
+    const key = timelineKey.value;
+    const box = $("timeline");
+    if (!key) { box.replaceChildren(el("p", { class: "muted" }, "No lease keys in the store yet.")); return; }
+    try {
+      const data = await api(`timeline?key=${encodeURIComponent(key)}&range=${timelineRange}`);
+      if (data.key !== timelineKey.value) return;  // another key was picked meanwhile
+      box.replaceChildren(LeaseTimeline.block(data, data.trend));
+    } catch (error) {
+      box.replaceChildren(el("p", { class: "error" }, `Could not load the timeline: ${error.message}`));
+    }
+  }
+
+  timelineKey.addEventListener("change", () => { writeTimelineQuery(); loadTimeline(); });
+  $("timeline-range").addEventListener("click", (event) => {
+    const range = event.target.closest("button") && event.target.closest("button").dataset.range;
+    if (!range) return;
+    timelineRange = range;
+    setRangeButtons();
+    writeTimelineQuery();
+    loadTimeline();
+  });
+  setRangeButtons();
 
   // -- loading ----------------------------------------------------------------------------------------
   async function loadEvents() {
@@ -183,7 +245,10 @@
       renderLeases(leases);
       renderAdvice(advice);
       fillKeys(leases, counts);
-      await loadEvents();
+      fillTimelineKeys(leases, counts);
+      // A refresh redraws the timeline unless someone is reading a bar's or marker's details.
+      const reading = document.querySelector("#timeline .timeline-detail:not([hidden])");
+      await Promise.all([loadEvents(), reading ? null : loadTimeline()]);
       if ($("flash").classList.contains("error")) flash("");  // recovered; keep any notice
     } catch (error) {
       flash(`Could not load leases: ${error.message}`, true);

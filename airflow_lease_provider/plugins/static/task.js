@@ -16,12 +16,13 @@
     const parts = [];
     if (skip) {
       box.className = "explain skipped";
-      const verb = skip.kind === "skipped_overlap" ? "was skipped" : "failed (on_overlap=fail)";
-      parts.push(el("h2", {}, `This task ${verb}: lease "${skip.key}" was held by another run`));
+      // The first line is the skip reason itself, as the operator recorded it.
+      const verb = skip.kind === "skipped_overlap" ? "Skipped" : "Failed (on_overlap=fail)";
+      const reason = data.skip_reason || skip.detail.reason || `lease "${skip.key}" was held by another run`;
+      parts.push(el("h2", { class: "wrap", id: "skip-reason" }, `${verb}: ${reason}`));
       parts.push(el("p", {}, skip.blocked_by ? ["Holder: ", runBlock(skip.blocked_by)] : `Holder: ${skip.detail.holder_owner || "unknown"}`,
         skip.detail.holder_token ? ` with token ${skip.detail.holder_token}` : "",
         skip.detail.holder_expires_at ? [" until ", time(skip.detail.holder_expires_at)] : ""));
-      if (skip.detail.reason) parts.push(el("p", { class: "muted wrap" }, skip.detail.reason));
       parts.push(el("p", { class: "muted" }, "A skip is not a failure: the two runs never overlapped, and no failure alert fired."));
     } else if (catchup) {
       box.className = "explain";
