@@ -132,6 +132,10 @@ _LOCATIONS: dict[str, tuple[tuple[str, str], ...]] = {
     "get_auth_manager": (("airflow.api_fastapi.app", "get_auth_manager"),),
     # The simple auth manager answers custom-view questions as reads; the admin check needs its type.
     "SimpleAuthManager": (("airflow.api_fastapi.auth.managers.simple.simple_auth_manager", "SimpleAuthManager"),),
+    # The auth managers' resource descriptions (is_authorized_dag(details=DagDetails(id=...))).
+    "DagDetails": (("airflow.api_fastapi.auth.managers.models.resource_details", "DagDetails"),),
+    # [core] hostname_callable as Airflow resolves it (recorded with each lease a worker acquires).
+    "get_hostname": (("airflow.sdk.api.client", "get_hostname"), ("airflow.utils.net", "get_hostname")),
     "SimpleAuthManagerRole": (
         ("airflow.api_fastapi.auth.managers.simple.simple_auth_manager", "SimpleAuthManagerRole"),
     ),

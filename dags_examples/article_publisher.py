@@ -34,8 +34,8 @@ from datetime import timedelta
 from pathlib import Path
 
 import pendulum
+from airflow.providers.common.compat.sdk import AirflowSkipException  # Airflow 3.1-3.3 alike
 from airflow.sdk import DAG, Param, task
-from airflow.sdk.exceptions import AirflowSkipException
 from psycopg2 import sql
 
 from airflow_lease_provider.core import DuplicatePublish

@@ -244,7 +244,7 @@ def _location(conn: Any, conn_id: str, schema: str | None) -> StoreLocation:
 def _hostname() -> str | None:
     """This worker's host name as Airflow reports it ([core] hostname_callable), recorded with leases."""
     try:
-        from airflow.sdk.api.client import get_hostname
+        from airflow_lease_provider.version_compat import get_hostname
 
         return str(get_hostname())
     except Exception:  # an unimportable or failing callable: the core falls back to the machine's name

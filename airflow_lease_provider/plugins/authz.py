@@ -63,12 +63,12 @@ def scope(auth_manager: Any, user: Any) -> Scope:
 
 
 def may_read_dag(auth_manager: Any, user: Any, dag_id: str) -> bool:
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+    from airflow_lease_provider.version_compat import DagDetails
 
     return bool(auth_manager.is_authorized_dag(method="GET", details=DagDetails(id=dag_id), user=user))
 
 
 def may_edit_dag(auth_manager: Any, user: Any, dag_id: str) -> bool:
-    from airflow.api_fastapi.auth.managers.models.resource_details import DagDetails
+    from airflow_lease_provider.version_compat import DagDetails
 
     return bool(auth_manager.is_authorized_dag(method="PUT", details=DagDetails(id=dag_id), user=user))
