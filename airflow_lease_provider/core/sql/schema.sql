@@ -129,10 +129,16 @@ LANGUAGE plpgsql VOLATILE
 SET search_path FROM CURRENT
 AS $$
 DECLARE
-    v_system bigint := (pg_control_system()).system_identifier;
+    -- The system identifier never changes while a server runs: read from the control file once per
+    -- session. The timeline does (a promoted standby keeps its sessions): read on every call.
+    v_system bigint := nullif(current_setting('airflow_lease.system_identifier', true), '')::bigint;
     v_timeline integer := lease_timeline();
     v_epoch integer;
 BEGIN
+    IF v_system IS NULL THEN
+        v_system := (pg_control_system()).system_identifier;
+        PERFORM set_config('airflow_lease.system_identifier', v_system::text, false);
+    END IF;
     SELECT e.epoch INTO v_epoch FROM lease_epoch e
      WHERE e.system_identifier = v_system AND e.timeline = v_timeline;
     IF NOT FOUND THEN
