@@ -7,6 +7,7 @@
     airflow-lease counts                      # per key and kind: last 24 h / 7 days
     airflow-lease advise-ttl                  # TTL vs 1.5-2x the worst observed hold
     airflow-lease release --force daily-article --reason "worker host lost"
+    airflow-lease failover --reason "restored from last night's dump"   # a new token epoch
 
 The store is found like the hooks find it (``[lease] conn_id``, default ``lease_default``, or the
 embedded PostgreSQL of a single-host Airflow); ``--dsn``/``--schema`` bypass Airflow's configuration
@@ -245,6 +246,16 @@ def build_parser() -> argparse.ArgumentParser:
         "--expected-token", type=_token, default=None, help="release only if the lease still has this token"
     )
     release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation on a terminal")
+
+    failover = commands.add_parser(
+        "failover", parents=sub,
+        help="start a new token epoch after a failover or restore the store cannot see (docs/core.md)",
+    )
+    failover.add_argument("--reason", type=_reason, default="", help="why, recorded with the epoch")
+    failover.add_argument(
+        "--show", action="store_true",
+        help="only show the epoch (a store on a new timeline moves to its new epoch first, as an acquire would)",
+    )
 
     advise = commands.add_parser("advise-ttl", parents=sub, help="TTL vs 1.5-2x the worst observed hold")
     advise.add_argument("--key", type=_checked(validation.name), help="only this key")
@@ -485,6 +496,34 @@ def cmd_release(
     return EXIT_OK
 
 
+def _epoch_row(epoch: Any) -> dict[str, Any]:
+    return {
+        "epoch": epoch.epoch, "tokens_above": epoch.floor, "system_identifier": str(epoch.system_identifier),
+        "timeline": epoch.timeline, "changed_at": epoch.changed_at.isoformat(), "reason": epoch.reason,
+    }
+
+
+def cmd_failover(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
+    before = store.token_epoch()
+    if args.show:
+        data = {"epoch": _epoch_row(before)}
+    else:
+        reason = args.reason or f"airflow-lease failover by {getpass.getuser()}@{socket.gethostname()}"
+        data = {"previous": _epoch_row(before), "epoch": _epoch_row(store.bump_epoch(reason))}
+    if args.json:
+        return _json(data, out)
+    now = data["epoch"]
+    if "previous" in data:
+        out.write(f"token epoch {data['previous']['epoch']} -> {now['epoch']}: ")
+    else:
+        out.write(f"token epoch {now['epoch']}: ")
+    out.write(
+        f"every token issued from now on is above {now['tokens_above']} (timeline {now['timeline']}, "
+        f"since {_t(now['changed_at'])}: {now['reason']})\n"
+    )
+    return EXIT_OK
+
+
 def _results_only_stdout() -> TextIO:
     """The real stdout for our output, with file descriptor 1 sent to stderr from now on.
 
@@ -534,6 +573,8 @@ def main(
             code = cmd_counts(store, args, out)
         elif args.command == "advise-ttl":
             code = cmd_advise(store, args, out)
+        elif args.command == "failover":
+            code = cmd_failover(store, args, out)
         else:
             code = cmd_release(store, args, out, confirm)
     except InvalidArgument as exc:

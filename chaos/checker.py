@@ -564,6 +564,44 @@ class Checker:
                 r.coverage.append(f"no {kind} fault was injected")
 
 
+def check_acknowledged(records: list[dict[str, Any]]) -> Report:
+    """Check only what the clients were told: for a run whose store failed over, where the database
+    that answers at the end is not the one that acknowledged everything (tests/reliability/failover.py).
+
+    ``token-reissued``, ``token-order`` and ``overlap`` as in :meth:`Checker.check`; ``fence-order``: a
+    publish acknowledged as accepted whose token is not larger than one of the same (resource, lease key)
+    acknowledged as accepted before it was sent; ``duplicate-publish``: one token acknowledged as accepted
+    twice for one resource; ``unexpected-error``: an ``error`` outcome.
+    """
+    checker = Checker(records)
+    checker._count()
+    leases = checker._client_leases()
+    checker._client_tokens(leases)
+    checker._client_overlap(leases)
+    accepted = sorted(
+        (op for op in checker.ops if op["op"] == "publish" and op.get("outcome") == "accepted"),
+        key=lambda op: op["t1"],
+    )
+    seen: Counter[tuple[str, str, int]] = Counter()
+    done: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
+    for op in accepted:
+        ident, token = (op["resource"], op["key"]), int(op["token"])
+        seen[(*ident, token)] += 1
+        before = [p for p in done[ident] if p["t1"] < op["t0"] and int(p["token"]) >= token]
+        if before:
+            checker.report.violate(
+                "fence-order",
+                f"{op['resource']} ({op['key']}): token {token} of {op['owner']} accepted after token "
+                f"{before[0]['token']} of {before[0]['owner']} was",
+            )
+        done[ident].append(op)
+    for (resource, key, token), n in seen.items():
+        if n > 1:
+            checker.report.violate("duplicate-publish", f"{resource}: token {token} of {key} accepted {n} times")
+    checker._errors()
+    return checker.report
+
+
 def check_records(records: list[dict[str, Any]]) -> Report:
     return Checker(records).check()
 

@@ -25,7 +25,7 @@ from airflow_lease_provider.core.events import Event, EventCount, EventKind, Eve
 from airflow_lease_provider.core.fence import FenceDecision, FenceStore
 from airflow_lease_provider.core.keeper import LeaseKeeper
 from airflow_lease_provider.core.lease import LeaseStore
-from airflow_lease_provider.core.types import Acquisition, Lease
+from airflow_lease_provider.core.types import Acquisition, Lease, TokenEpoch
 
 __all__ = [
     "DEFAULT_SCHEMA",
@@ -48,4 +48,5 @@ __all__ = [
     "LeaseStoreUnavailable",
     "SchemaError",
     "StaleFencingToken",
+    "TokenEpoch",
 ]

@@ -17,9 +17,9 @@ from airflow_lease_provider.core.errors import InvalidArgument, LeaseError
 from airflow_lease_provider.core.events import Event, EventCount, EventKind, HoldStats, event_kind
 from airflow_lease_provider.core.keeper import LeaseKeeper
 from airflow_lease_provider.core.store import Store
-from airflow_lease_provider.core.types import Acquisition, Lease, checked, lease_from_row
+from airflow_lease_provider.core.types import Acquisition, Lease, TokenEpoch, checked, lease_from_row
 
-__all__ = ["Acquisition", "Lease", "LeaseStore", "checked", "positive_limit"]
+__all__ = ["Acquisition", "Lease", "LeaseStore", "TokenEpoch", "checked", "positive_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -330,3 +330,29 @@ class LeaseStore(Store):
         keeper = LeaseKeeper(self, lease, renew_every=renew_every, on_lost=on_lost)
         keeper.start()
         return keeper
+
+    # -- the token epoch (failover) ----------------------------------------------------------------
+
+    def token_epoch(self) -> TokenEpoch:
+        """The token epoch tokens are issued in now (docs/core.md, "Failover of the store").
+
+        Like every acquire, it first moves to a new epoch when the store runs on another server history
+        than the one it recorded (a promoted standby: a new timeline; another cluster).
+        """
+        db = self._ready()
+        db.run("token_floor", {}, durable=True)
+        return TokenEpoch(*db.run("token_epoch", {})[0])
+
+    def bump_epoch(self, reason: str) -> TokenEpoch:
+        """Start a new token epoch: every token issued from now on is larger than any issued before.
+
+        The operator's step after a failover or restore the store cannot detect by itself (a schema
+        restored from a dump into the same cluster). Harmless when not needed: tokens only jump up.
+
+        :param reason: why, recorded with the epoch.
+        """
+        validation.name("reason", reason)
+        row = self._ready().run("token_epoch_bump", {"reason": reason}, durable=True)[0]
+        epoch = TokenEpoch(*row)
+        log.warning("token epoch bumped to %d (%s)", epoch.epoch, reason)
+        return epoch

@@ -125,3 +125,30 @@ class Acquisition:
     @property
     def acquired(self) -> bool:
         return self.lease is not None
+
+
+#: Every token is at least ``(epoch << EPOCH_SHIFT) + 1`` (migrations/0006): tokens of a later epoch are
+#: larger than any token of an earlier one, as long as a key takes fewer than 2**40 tokens in one epoch.
+EPOCH_SHIFT = 40
+
+
+@dataclass(frozen=True)
+class TokenEpoch:
+    """The store's token epoch and the server history it was recorded on (docs/core.md, "Failover").
+
+    :ivar epoch: every token issued now is at least ``(epoch << 40) + 1``.
+    :ivar system_identifier: the PostgreSQL cluster's system identifier when the epoch was recorded.
+    :ivar timeline: the server's timeline when the epoch was recorded.
+    :ivar changed_at: when (database clock) it was recorded; ``reason`` says why.
+    """
+
+    epoch: int
+    system_identifier: int
+    timeline: int
+    changed_at: datetime
+    reason: str
+
+    @property
+    def floor(self) -> int:
+        """The largest token this epoch never issues: every token of it is above."""
+        return self.epoch << EPOCH_SHIFT

@@ -40,7 +40,8 @@ WITH old AS (
       FROM {schema}.lease WHERE key = %(key)s FOR UPDATE
 )
 UPDATE {schema}.lease AS l
-   SET token = l.token + 1, expires_at = LEAST(l.expires_at, clock_timestamp()), released_at = clock_timestamp()
+   SET token = greatest(l.token + 1, {schema}.lease_token_floor() + 1),
+       expires_at = LEAST(l.expires_at, clock_timestamp()), released_at = clock_timestamp()
   FROM old
  WHERE l.key = old.key
 RETURNING old.key, old.owner, old.token, old.ttl, old.acquired_at, old.renewed_at, old.expires_at,
@@ -108,6 +109,16 @@ SELECT key, kind, count(*) FILTER (WHERE at >= clock_timestamp() - interval '24 
  GROUP BY key, kind
  ORDER BY key, kind;
 
+-- name: token_floor
+-- The floor of the tokens issued now (migrations/0006); bumps the epoch first on a new server history.
+SELECT {schema}.lease_token_floor();
+
+-- name: token_epoch
+SELECT e.epoch, e.system_identifier, e.timeline, e.changed_at, e.reason FROM {schema}.lease_epoch e;
+
+-- name: token_epoch_bump
+SELECT * FROM {schema}.lease_epoch_bump(%(reason)s);
+
 -- name: schema_version
 SELECT coalesce(max(version), 0) FROM {schema}.schema_version;
 
@@ -142,7 +153,8 @@ WITH old AS (
       FROM {schema}.lease WHERE key = %(key)s FOR UPDATE
 ), upd AS (
     UPDATE {schema}.lease AS l
-       SET token = l.token + 1, expires_at = LEAST(l.expires_at, clock_timestamp()),
+       SET token = greatest(l.token + 1, {schema}.lease_token_floor() + 1),
+           expires_at = LEAST(l.expires_at, clock_timestamp()),
            released_at = clock_timestamp()
       FROM old
      WHERE l.key = old.key AND (%(expected_token)s::bigint IS NULL OR old.token = %(expected_token)s::bigint)
