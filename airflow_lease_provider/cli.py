@@ -473,18 +473,19 @@ def cmd_release(
         expected = current.token
     by = args.by or f"{getpass.getuser()}@{socket.gethostname()} (airflow-lease)"
     try:
-        previous = store.force_release(
+        done = store.force_release_with_token(
             args.key, by=by, reason=args.reason or "force-released with airflow-lease", expected_token=expected
         )
     except LeaseChanged as exc:
         return _fail(str(exc))
-    if previous is None:
+    if done is None:
         return _fail(f"no lease {args.key!r} in the store")
+    previous, new_token = done
     result = {
         "key": args.key,
         "by": by,
         "previous": report.lease_row(previous),
-        "new_token": previous.token + 1,
+        "new_token": new_token,
     }
     if args.json:
         return _json(result, out)

@@ -177,14 +177,26 @@ class LeaseStore(Store):
     ) -> Lease | None:
         """Admin action: free ``key`` whoever holds it, and bump its token so the old holder is fenced out.
 
+        :returns: the lease as it was just before, or ``None`` when the key was never acquired; see
+            :meth:`force_release_with_token` for the token it has now.
+        """
+        done = self.force_release_with_token(key, by=by, reason=reason, expected_token=expected_token)
+        return None if done is None else done[0]
+
+    def force_release_with_token(
+        self, key: str, *, by: str = "admin", reason: str = "", expected_token: int | None = None
+    ) -> tuple[Lease, int] | None:
+        """:meth:`force_release`, returning ``(the lease as it was just before, the token it has now)``.
+
         One statement: with ``expected_token`` the row is compared and released under one row lock, so a
         lease re-acquired or bumped since the caller looked is never released by mistake.
 
         :param by: who did it, for the ledger.
         :param expected_token: release only if the lease still has this token; otherwise raise
             :class:`LeaseChanged` (carrying the lease as it is) and write nothing.
-        :returns: the lease as it was just before (whether or not it was still valid); its token is now
-            ``previous.token + 1``. ``None`` when the key was never acquired.
+        :returns: the lease as it was just before (whether or not it was still valid) and its new token:
+            ``previous.token + 1``, or the token epoch's floor + 1 after a failover. ``None`` when the key
+            was never acquired.
         """
         validation.name("key", key)
         validation.name("by", by)
@@ -209,7 +221,7 @@ class LeaseStore(Store):
                 detail={"by": by, "reason": reason, "was_held": previous.held, "new_token": new_token},
             )
         log.warning("lease %r force-released by %s (was %s)", key, by, previous.describe())
-        return previous
+        return previous, new_token
 
     def leases(
         self,

@@ -306,7 +306,7 @@ def _force_release(auth_manager: Any, user: Any, store: LeaseStore, body: ForceR
     try:
         if expected != current.token:
             raise LeaseChanged(body.key, expected, current)
-        previous = store.force_release(
+        done = store.force_release_with_token(
             body.key, by=by, reason=body.reason or "force-released from the Airflow UI", expected_token=expected
         )
     except LeaseChanged as exc:
@@ -315,14 +315,15 @@ def _force_release(auth_manager: Any, user: Any, store: LeaseStore, body: ForceR
             f"lease {body.key!r} changed since you looked (token is now {exc.current.token}); "
             "reload and check again",
         ) from None
-    if previous is None:
+    if done is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no lease {body.key!r} in the store")
+    previous, new_token = done
     log.warning("lease %r force-released by %s from the Airflow UI", body.key, by)
     return {
         "key": body.key,
         "by": by,
         "previous": report.lease_row(previous),
-        "new_token": previous.token + 1,
+        "new_token": new_token,
     }
 
 

@@ -51,3 +51,16 @@ def test_failover_on_no_store_creates_nothing(pg_dsn: str, schema: str) -> None:
     code, _ = _run(pg_dsn, schema, "failover")
     assert code == cli.EXIT_ERROR
     assert not execute(pg_dsn, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+
+
+def test_force_release_after_a_failover_reports_the_token_the_lease_really_has(
+    pg_dsn: str, schema: str, store: LeaseStore
+) -> None:
+    held = store.acquire("daily-article", "run-1", timedelta(seconds=30))
+    assert held is not None and held.token == 1
+    store.bump_epoch("promoted the standby")
+    code, text = _run(pg_dsn, schema, "release", "--force", "daily-article", "--yes", "--json")
+    assert code == 0, text
+    reported = json.loads(text)["new_token"]
+    row = store.lease("daily-article")
+    assert row is not None and reported == row.token == (1 << EPOCH_SHIFT) + 1  # not the old token + 1
