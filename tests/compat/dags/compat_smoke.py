@@ -61,6 +61,7 @@ with DAG(
     schedule=CappedCatchupTimetable(timedelta(hours=1), max_backfill=2),
     start_date=START,
     catchup=True,
+    max_active_runs=1,  # kept slots run one at a time (the timetable's active_runs_limit, docs/timetable.md)
 ):
 
     @task
