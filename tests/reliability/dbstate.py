@@ -36,6 +36,9 @@ class Rows:
         self.conn.close()
 
 
+#: Server-wide names whose existence is compared: the test server's own and the payloads' targets.
+WATCHED = ("postgres", "test", "template0", "template1", "lease_evil")
+
 _CATALOG = {
     "relations": "SELECT c.relname, c.relkind, c.relpersistence, c.reloptions::text FROM pg_class c "
                  "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %(schema)s",
@@ -51,8 +54,12 @@ _CATALOG = {
     "privileges": "SELECT c.relname, c.relacl::text FROM pg_class c "
                   "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %(schema)s",
     "schema": "SELECT nspname, nspacl::text FROM pg_namespace WHERE nspname = %(schema)s",
-    "roles": "SELECT rolname, rolsuper, rolcanlogin FROM pg_roles",
-    "databases": "SELECT datname FROM pg_database",
+    # Server-wide objects: other test files running at the same time create and drop their own
+    # databases and (non-superuser) roles, so what is compared is what an injection would touch: the
+    # superusers, the databases that were there before any test, and the names the payloads use.
+    "roles": "SELECT rolname, rolsuper, rolcanlogin FROM pg_roles "
+             "WHERE rolsuper OR rolname LIKE 'pg\\_%%' OR rolname = ANY(%(watched)s)",
+    "databases": "SELECT datname FROM pg_database WHERE datname = ANY(%(watched)s)",
     "settings": "SELECT name, setting FROM pg_settings WHERE source NOT IN ('default', 'session', 'client') "
                 "AND name NOT LIKE 'application_name'",
 }
@@ -69,7 +76,7 @@ def catalog(dsn: str, schema: str) -> dict[str, list[tuple[Any, ...]]]:
         with conn.cursor() as cur:
             out = {}
             for name, query in _CATALOG.items():
-                cur.execute(query, {"schema": schema})
+                cur.execute(query, {"schema": schema, "watched": list(WATCHED)})
                 out[name] = sorted(cur.fetchall(), key=repr)
             return out
     finally:

@@ -65,19 +65,21 @@ with DAG("celery_zombie", schedule=None, start_date=START, catchup=False):
     )
     def publish(lease=None):
         try_number = get_current_context()["ti"].try_number
-        mark(f"zombie-try{try_number}", f"{os.getpid()} {os.getpgid(0)} {lease.token}")
         if try_number > 1:
+            mark(f"zombie-try{try_number}", f"{os.getpid()} {os.getpgid(0)} {lease.token}")
             with lease.fenced_transaction("celery.zombie_target") as cur:
                 _write(cur, lease, f"try{try_number}")
             mark(f"zombie-try{try_number}-published", str(lease.token))
             return
         # Try 1: checked, so past the early safety net, its write target at hand (the store is made
         # now: resolving a connection talks to the supervisor, which stays frozen while this process
-        # is resumed), then frozen here by the test.
+        # is resumed), then frozen by the test once its marker is written. The marker comes last: a
+        # process frozen while it waits for the (frozen) supervisor's answer would never get here.
         from airflow_lease_provider.hooks import FenceHook
 
         fences = FenceHook().get_store()
         lease.check()
+        mark("zombie-try1", f"{os.getpid()} {os.getpgid(0)} {lease.token}")
         try:
             wait_for("zombie-freeze-done")
         except LeaseLost as lost:  # the keeper's report, raised in this thread when it resumes
