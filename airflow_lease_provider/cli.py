@@ -32,10 +32,12 @@ from collections.abc import Callable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn, TextIO
 
+from airflow_lease_provider import reading
 from airflow_lease_provider.core import (
     DEFAULT_SCHEMA,
     EventKind,
     InvalidArgument,
+    Lease,
     LeaseError,
     LeaseStore,
     validation,
@@ -43,7 +45,8 @@ from airflow_lease_provider.core import (
 from airflow_lease_provider.core.db import describe_dsn, redact, remember_secrets
 from airflow_lease_provider.core.lease import LeaseChanged
 from airflow_lease_provider.core.schema import SchemaMissing
-from airflow_lease_provider.plugins import report
+from airflow_lease_provider.identity import RunRef
+from airflow_lease_provider.ttl_advice import ttl_advice
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_ADVICE, EXIT_NOT_CONFIRMED = 0, 1, 2, 3, 4
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
@@ -313,11 +316,11 @@ def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO, *,
 
 
 def _t(iso: str | None) -> str | None:
-    return report.short_time(iso).removesuffix(" UTC") if iso else None
+    return reading.short_time(iso).removesuffix(" UTC") if iso else None
 
 
 def _d(seconds: float | None) -> str | None:
-    return report.format_duration(seconds) if seconds is not None else None
+    return reading.format_duration(seconds) if seconds is not None else None
 
 
 def _run(run: dict[str, Any] | None, fallback: str | None = None) -> str | None:
@@ -332,7 +335,7 @@ def _run(run: dict[str, Any] | None, fallback: str | None = None) -> str | None:
 
 def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
     if args.key:
-        row = report.lease(store, args.key)
+        row = reading.lease(store, args.key)
         if row is None or (args.held and not row["held"]):
             return _fail(f"no {'held ' if args.held else ''}lease {args.key!r} in the store")
         data: dict[str, Any] = {"observed_at": row["observed_at"], "leases": [row]}
@@ -340,7 +343,7 @@ def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
         data = {"observed_at": None, "leases": []}
         cursor = None
         while True:  # every key, a page at a time (keyset pagination: no page costs more than the first)
-            page = report.leases(store, held_only=args.held, cursor=cursor)
+            page = reading.leases(store, held_only=args.held, cursor=cursor)
             data["leases"] += page["leases"]
             data["observed_at"] = page["observed_at"] or data["observed_at"]
             cursor = page["next_cursor"]
@@ -370,7 +373,7 @@ def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_events(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
-    data = report.events(
+    data = reading.events(
         store, key=args.key, kind=args.kind, since=args.since, until=args.until, limit=args.limit
     )
     if args.json:
@@ -395,7 +398,7 @@ def cmd_events(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
 
 
 def cmd_counts(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
-    data = report.counts(store)
+    data = reading.counts(store)
     if args.json:
         return _json(data, out)
     kinds = [k for k in data["kinds"] if any(k in row["kinds"] for row in data["counts"])]
@@ -421,7 +424,7 @@ def _pair(counts: dict[str, int] | None) -> str:
 
 
 def cmd_advise(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
-    data = report.ttl_advice(store, window=timedelta(days=args.days), key=args.key)
+    data = ttl_advice(store, window=timedelta(days=args.days), key=args.key)
     flagged = [a for a in data["advice"] if a["verdict"] in ("too_short", "too_long")]
     if args.json:
         _json(data, out)
@@ -444,6 +447,27 @@ def cmd_advise(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
             wide=args.wide,
         )
     return EXIT_ADVICE if args.check and flagged else EXIT_OK
+
+
+def _force_release(
+    store: LeaseStore, key: str, current: Lease, expected: int | None, *, by: str, reason: str
+) -> tuple[Lease, int] | None:
+    """Force-release ``key``, its event naming the run whose lease it was (the owner read just before).
+
+    Without an expected token whoever holds it now is released: when the lease changed since ``current``
+    was read, the new one is read and released instead (so the run recorded is the one released).
+    """
+    for _ in range(3):
+        try:
+            return store.force_release_with_token(
+                key, by=by, reason=reason, expected_token=current.token if expected is None else expected,
+                run=RunRef.parse(current.owner),
+            )
+        except LeaseChanged as exc:
+            if expected is not None:
+                raise
+            current = exc.current
+    return store.force_release_with_token(key, by=by, reason=reason)  # changing all the time: release it anyway
 
 
 def cmd_release(
@@ -472,10 +496,9 @@ def cmd_release(
         # What was confirmed is what gets released: if the lease changed meanwhile, nothing is.
         expected = current.token
     by = args.by or f"{getpass.getuser()}@{socket.gethostname()} (airflow-lease)"
+    reason = args.reason or "force-released with airflow-lease"
     try:
-        done = store.force_release_with_token(
-            args.key, by=by, reason=args.reason or "force-released with airflow-lease", expected_token=expected
-        )
+        done = _force_release(store, args.key, current, expected, by=by, reason=reason)
     except LeaseChanged as exc:
         return _fail(str(exc))
     if done is None:
@@ -484,7 +507,7 @@ def cmd_release(
     result = {
         "key": args.key,
         "by": by,
-        "previous": report.lease_row(previous),
+        "previous": reading.lease_row(previous),
         "new_token": new_token,
     }
     if args.json:

@@ -26,6 +26,7 @@ from airflow_lease_provider.core import (
     LeaseStore,
     StaleFencingToken,
 )
+from airflow_lease_provider.identity import RunRef
 from airflow_lease_provider.outcomes import Outcome, report
 
 _current: contextvars.ContextVar[LeaseContext | None] = contextvars.ContextVar("lease_context", default=None)
@@ -52,6 +53,7 @@ class LeaseContext:
     :ivar conn_id: the connection of the lease's store (the task's ``lease_conn_id``; ``None`` is
         ``[lease] conn_id``): fences use it unless given another.
     :ivar detail: who holds it (dag_id, run_id, task_id, ...), for the ledger events it causes.
+    :ivar run: the task instance holding it, for the run columns of the ledger events it causes.
     """
 
     lease: Lease
@@ -60,6 +62,7 @@ class LeaseContext:
     tags: dict[str, str] = field(default_factory=dict)
     conn_id: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
+    run: RunRef | None = None
     _loss_reported: bool = field(default=False, init=False, repr=False)
 
     @property
@@ -81,13 +84,12 @@ class LeaseContext:
         """
         if self.keeper is not None:
             self.lease = self.keeper.check()
-        holder = self.store.holder(self.key)
-        if holder is None or holder.owner != self.owner or holder.token != self.token:
-            who = holder.describe() if holder else "nobody holds it"
-            lost = LeaseLost(self.key, self.token, f"the store no longer shows it as ours ({who})")
+        holding = self.store.holds(self.key, self.owner, token=self.token)
+        if holding.lease is None:
+            lost = LeaseLost(self.key, self.token, f"the store no longer shows it as ours ({holding.who()})")
             self.report_loss(lost)
             raise lost
-        return holder
+        return holding.lease
 
     def report_loss(self, lost: LeaseLost, logger: Any = None) -> None:
         """Record the loss of this lease once (ledger event, ``lease.lost``, log), however often it is seen.
@@ -106,7 +108,7 @@ class LeaseContext:
         report(
             Outcome.LOST, store=self.store, key=self.key, owner=self.owner, token=self.token,
             detail={**self.detail, "reason": lost.reason}, tags=self.tags, logger=logger,
-            message=f"{lost}; the task fails", recorded=found_by_keeper,
+            message=f"{lost}; the task fails", recorded=found_by_keeper, run=self.run,
         )
 
     def fence(
@@ -122,7 +124,9 @@ class LeaseContext:
         self.check()
         fences = self._fences(conn_id)
         try:
-            return fences.guard(resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key)
+            return fences.guard(
+                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key, run=self.run
+            )
         except StaleFencingToken as refused:
             self._rejected(resource, refused)
             raise
@@ -140,7 +144,7 @@ class LeaseContext:
         fences = self._fences(conn_id)
         try:
             with fences.transaction(
-                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key
+                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key, run=self.run
             ) as cur:
                 yield cur
         except StaleFencingToken as refused:
@@ -156,6 +160,7 @@ class LeaseContext:
         report(
             Outcome.FENCE_REJECTED, store=self.store, key=resource, owner=self.owner, token=self.token,
             tags={**self.tags, "resource": resource}, message=f"the fence of {resource!r} refused: {refused}",
+            run=self.run,
         )
 
     def to_dict(self) -> dict[str, Any]:

@@ -1,7 +1,9 @@
 """Who holds a lease: the run identity behind an owner string, and the default lease key.
 
-The one place where an Airflow task instance becomes a lease owner and an owner string becomes a run
-again (the operators write it, the UI and CLI read it back). Nothing here imports Airflow.
+The owner an Airflow task instance becomes, and the key it defaults to. The type that formats and parses
+them, :class:`RunRef`, lives in the Airflow-free core (:mod:`airflow_lease_provider.core.identity`) and is
+re-exported here: the operators write owners with it, the ledger stores it in typed columns, the UI and
+CLI read owners back with it. Nothing here imports Airflow.
 
 ======================================  =================================================  ===================
 lease                                   owner                                              default key
@@ -24,75 +26,6 @@ index 3) still parse, as a run with that map index.
 
 from __future__ import annotations
 
-import re
-from dataclasses import dataclass, field
-from typing import Any
+from airflow_lease_provider.core.identity import RunRef
 
-_TASK_PART = re.compile(r"(?P<task_id>[^/\[\]]+?)(?:\[(?P<map_index>\d+)\])?")
-
-
-@dataclass(frozen=True)
-class RunRef:
-    """A DAG run, or one task instance of it (``task_id`` set; ``map_index`` >= 0 when mapped)."""
-
-    dag_id: str
-    run_id: str
-    map_index: int = -1
-    task_id: str | None = field(default=None, kw_only=True)
-
-    @classmethod
-    def of_task(cls, ti: Any) -> RunRef:
-        """The task instance ``ti`` (anything with ``dag_id``, ``run_id``, ``task_id``, ``map_index``)."""
-        map_index = getattr(ti, "map_index", -1)
-        return cls(str(ti.dag_id), str(ti.run_id), -1 if map_index is None else int(map_index), task_id=str(ti.task_id))
-
-    @classmethod
-    def of_run(cls, ti: Any) -> RunRef:
-        """The DAG run the task instance ``ti`` belongs to."""
-        return cls(str(ti.dag_id), str(ti.run_id))
-
-    @property
-    def run(self) -> RunRef:
-        """The DAG run alone (no task, no map index)."""
-        return RunRef(self.dag_id, self.run_id)
-
-    @property
-    def _task_part(self) -> str:
-        if self.task_id is None:
-            raise ValueError(f"{self!r} names a run, not a task")
-        return self.task_id + (f"[{self.map_index}]" if self.map_index >= 0 else "")
-
-    def owner(self) -> str:
-        """The lease owner: ``dag_id/run_id`` for a run, ``dag_id/run_id/task_id[map_index]`` for a task."""
-        if self.task_id is None:
-            return f"{self.dag_id}/{self.run_id}"
-        return f"{self.dag_id}/{self.run_id}/{self._task_part}"
-
-    def default_key(self) -> str:
-        """The lease key when none is given: ``dag_id`` for a run, ``dag_id.task_id[map_index]`` for a task."""
-        if self.task_id is None:
-            return self.dag_id
-        return f"{self.dag_id}.{self._task_part}"
-
-    def detail(self) -> dict[str, Any]:
-        """The identity as ledger event detail (``dag_id``, ``run_id``, ``task_id``, ``map_index``)."""
-        return {"dag_id": self.dag_id, "run_id": self.run_id, "task_id": self.task_id, "map_index": self.map_index}
-
-    @classmethod
-    def parse(cls, owner: str | None) -> RunRef | None:
-        """The run (and task) an owner string names; None for any other owner (e.g. a script's)."""
-        if not owner:
-            return None
-        parts = owner.split("/")
-        if len(parts) == 2 and all(parts):
-            return cls(parts[0], parts[1])
-        if len(parts) != 3 or not all(parts):
-            return None
-        dag_id, run_id, task = parts
-        if task.isdigit():  # written before owners carried the task id: dag_id/run_id/map_index
-            return cls(dag_id, run_id, int(task))
-        match = _TASK_PART.fullmatch(task)
-        if match is None:
-            return None
-        index = match.group("map_index")
-        return cls(dag_id, run_id, -1 if index is None else int(index), task_id=match.group("task_id"))
+__all__ = ["RunRef"]

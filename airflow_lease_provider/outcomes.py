@@ -17,6 +17,7 @@ from typing import Any
 
 from airflow_lease_provider import metrics
 from airflow_lease_provider.core import EventKind, LeaseStore
+from airflow_lease_provider.identity import RunRef
 
 log = logging.getLogger(__name__)
 
@@ -65,12 +66,15 @@ def report(
     tags: dict[str, str] | None = None,
     logger: Any = None,
     recorded: bool = False,
+    run: RunRef | None = None,
 ) -> None:
     """Write what ``outcome`` writes: its ledger event (unless the store or the keeper ``recorded`` it
-    already), its metric and its log line ``lease: <message>``. Never raises for the ledger or metrics."""
+    already), its metric and its log line ``lease: <message>``. Never raises for the ledger or metrics.
+
+    ``run``: the task instance the outcome is about, for the event's run columns."""
     spec = OUTCOMES[outcome]
     if not (spec.by_store or recorded) and store.record_events:
-        store.events.record(spec.event, key, owner=owner, token=token, detail=detail)
+        store.events.record(spec.event, key, owner=owner, token=token, detail=detail, run=run)
     if spec.metric is not None:
         metrics.incr(spec.metric, tags)
     (logger or log).log(spec.level, "lease: %s", message)

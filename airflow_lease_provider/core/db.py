@@ -462,6 +462,10 @@ class Database:
             return "SET LOCAL statement_timeout TO DEFAULT"
         return f"SET LOCAL statement_timeout = {max(1, round(timeout.total_seconds() * 1000))}"
 
+    def records(self, name: str, params: Mapping[str, Any]) -> list[dict[str, Any]]:
+        """Run one named read and return its rows as dicts by column name (read them by name, not position)."""
+        return self.run(name, params, _cursor_factory=psycopg2.extras.RealDictCursor)  # type: ignore[return-value]
+
     def run(
         self,
         name: str,
@@ -469,6 +473,7 @@ class Database:
         *,
         durable: bool | None = False,
         retry: bool = True,
+        _cursor_factory: Any = None,
     ) -> list[tuple[Any, ...]]:
         """Run one named query and return its rows.
 
@@ -483,7 +488,7 @@ class Database:
                 fresh = self._conn is None
                 conn = self._connection()
                 try:
-                    with self._guarded(conn), conn.cursor() as cur:
+                    with self._guarded(conn), conn.cursor(cursor_factory=_cursor_factory) as cur:
                         cur.execute(self._prefix(durable) + self.query_text(name, conn), params)
                         return cur.fetchall() if cur.description is not None else []
                 except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:

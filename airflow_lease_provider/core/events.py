@@ -10,7 +10,7 @@ import enum
 import json
 import logging
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -18,6 +18,7 @@ from typing import Any
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.db import Database
 from airflow_lease_provider.core.errors import InvalidArgument, LeaseError
+from airflow_lease_provider.core.identity import RunRef, run_columns
 
 log = logging.getLogger(__name__)
 
@@ -66,6 +67,12 @@ def event_kind(value: object) -> str:
 
 @dataclass(frozen=True)
 class Event:
+    """One row of the ledger.
+
+    :ivar run: the DAG run (and task instance) the event is about, from its run columns (migration
+        0007); ``None`` for an event about no run (a core API user passed none).
+    """
+
     id: int
     at: datetime
     kind: str
@@ -73,6 +80,15 @@ class Event:
     owner: str | None
     token: int | None
     detail: dict[str, Any] = field(default_factory=dict)
+    run: RunRef | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Event:
+        """An event from a row of the event table, read by column name."""
+        return cls(
+            id=row["id"], at=row["at"], kind=row["kind"], key=row["key"], owner=row["owner"],
+            token=row["token"], detail=row["detail"] or {}, run=RunRef.from_columns(row),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +99,7 @@ class Event:
             "owner": self.owner,
             "token": self.token,
             "detail": self.detail,
+            **run_columns(self.run),
         }
 
 
@@ -132,12 +149,17 @@ class EventLedger:
         owner: str | None = None,
         token: int | None = None,
         detail: dict[str, Any] | None = None,
+        run: RunRef | None = None,
     ) -> bool:
         """Write one event. Returns False (and logs) instead of raising when the store fails.
+
+        :param run: the DAG run (and task instance) the event is about, stored in the run columns;
+            ``None`` (a core API user's event) leaves them NULL.
 
         Bad arguments still raise :class:`InvalidArgument`: that is the caller's bug, not an outage.
         """
         kind_value = event_kind(kind)
+        columns = run_columns(run)
         validation.name("key", key)
         if owner is not None:
             validation.name("owner", owner)
@@ -158,7 +180,7 @@ class EventLedger:
             self._prepare()
             self.db.run(
                 "record_event",
-                {"kind": kind_value, "key": key, "owner": owner, "token": token, "detail": payload},
+                {"kind": kind_value, "key": key, "owner": owner, "token": token, "detail": payload, **columns},
                 durable=None,
             )
         except LeaseError as exc:
@@ -198,10 +220,10 @@ class EventLedger:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidArgument("limit", limit, "must be an integer from 1 to 10000")
         self._prepare()
-        rows = self.db.run(
+        rows = self.db.records(
             "query_events", {"key": key, "kind": kind, "since": since, "until": until, "limit": limit}
         )
-        return [Event(r[0], r[1], r[2], r[3], r[4], r[5], r[6] or {}) for r in rows]
+        return [Event.from_row(r) for r in rows]
 
     def counts(self) -> list[EventCount]:
         """Per key and kind: how many events in the last 24 hours and the last 7 days."""

@@ -25,6 +25,7 @@ from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.db import translate
 from airflow_lease_provider.core.errors import DuplicatePublish, StaleFencingToken
 from airflow_lease_provider.core.events import EventKind
+from airflow_lease_provider.core.identity import RunRef
 from airflow_lease_provider.core.store import Store
 
 log = logging.getLogger(__name__)
@@ -70,7 +71,8 @@ class FenceStore(Store):
     a transaction. One fence per (resource, lease key): pass the lease's key as ``key``.
 
     Takes :class:`~airflow_lease_provider.core.store.Store`'s arguments; ``record_events`` writes fence
-    rejections to this database's event ledger.
+    rejections to this database's event ledger. Every publish takes ``run=``: the
+    :class:`~airflow_lease_provider.core.identity.RunRef` publishing, stored with a rejection's event.
     """
 
     @staticmethod
@@ -95,7 +97,7 @@ class FenceStore(Store):
             params["idempotency_key"], params["key"],
         )
 
-    def _decided(self, params: dict[str, Any], row: tuple[Any, ...]) -> FenceDecision:
+    def _decided(self, params: dict[str, Any], row: tuple[Any, ...], run: RunRef | None) -> FenceDecision:
         decision = self._decision(params, row)
         if not decision.accepted:
             log.warning(
@@ -111,6 +113,7 @@ class FenceStore(Store):
                         "current_token": decision.current_token,
                         "idempotency_key": decision.idempotency_key,
                     },
+                    run=run,
                 )
         return decision
 
@@ -122,6 +125,7 @@ class FenceStore(Store):
         key: str,
         owner: str | None = None,
         idempotency_key: str | None = None,
+        run: RunRef | None = None,
     ) -> FenceDecision:
         """Advance the fence of ``resource`` for lease ``key`` to ``token`` if it is larger than every token
         of that key accepted so far. Tokens of other lease keys are never compared with it.
@@ -133,7 +137,7 @@ class FenceStore(Store):
         """
         params = self._params(resource, key, token, owner, idempotency_key)
         rows = self._ready().run("fence_advance", params, durable=True, retry=False)
-        return self._decided(params, rows[0])
+        return self._decided(params, rows[0], run)
 
     def accept(
         self,
@@ -143,10 +147,11 @@ class FenceStore(Store):
         key: str,
         owner: str | None = None,
         idempotency_key: str | None = None,
+        run: RunRef | None = None,
     ) -> bool:
         """True iff ``token`` is larger than every token of lease ``key`` accepted so far (and the
         idempotency key is unused)."""
-        return self.advance(resource, token, key=key, owner=owner, idempotency_key=idempotency_key).accepted
+        return self.advance(resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run).accepted
 
     def guard(
         self,
@@ -156,9 +161,10 @@ class FenceStore(Store):
         key: str,
         owner: str | None = None,
         idempotency_key: str | None = None,
+        run: RunRef | None = None,
     ) -> FenceDecision:
         """Like :meth:`advance`, but raise :class:`StaleFencingToken` (or :class:`DuplicatePublish`)."""
-        decision = self.advance(resource, token, key=key, owner=owner, idempotency_key=idempotency_key)
+        decision = self.advance(resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run)
         decision.raise_if_rejected()
         return decision
 
@@ -184,6 +190,7 @@ class FenceStore(Store):
         owner: str | None = None,
         idempotency_key: str | None = None,
         timeout: timedelta | None = None,
+        run: RunRef | None = None,
     ) -> Iterator[Any]:
         """Advance the fence and write in one transaction: exactly once when the target is this database.
 
@@ -222,7 +229,7 @@ class FenceStore(Store):
             raise wrapped.error from None
         if rejected is not None:
             # Recorded after the (empty) transaction ended, on the autocommit connection.
-            self._decided(params, (rejected.outcome, rejected.current_token))
+            self._decided(params, (rejected.outcome, rejected.current_token), run)
             rejected.raise_if_rejected()
 
     def advance_in(
@@ -234,6 +241,7 @@ class FenceStore(Store):
         key: str,
         owner: str | None = None,
         idempotency_key: str | None = None,
+        run: RunRef | None = None,
     ) -> FenceDecision:
         """Advance the fence inside the caller's own transaction (a psycopg2 cursor on this database).
 
@@ -252,6 +260,6 @@ class FenceStore(Store):
             raise translate(exc, self.db.where) from exc
         decision = self._decision(params, row)
         if not decision.accepted:
-            self._decided(params, (decision.outcome, decision.current_token))
+            self._decided(params, (decision.outcome, decision.current_token), run)
         decision.raise_if_rejected()
         return decision

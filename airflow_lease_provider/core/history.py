@@ -45,10 +45,6 @@ class KeyUse:
     last_at: datetime
 
 
-def _event(row: tuple[Any, ...]) -> Event:
-    return Event(row[0], row[1], row[2], row[3], row[4], row[5], row[6] or {})
-
-
 def _range(since: object, until: object) -> None:
     for name, value in (("since", since), ("until", until)):
         if not (isinstance(value, datetime) and value.tzinfo is not None):
@@ -77,6 +73,9 @@ class LeaseHistory:
     def _run(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
         return self.store._ready().run(name, params)
 
+    def _events(self, name: str, params: dict[str, Any]) -> list[Event]:
+        return [Event.from_row(r) for r in self.store._ready().records(name, params)]
+
     def now(self) -> datetime:
         """The database clock."""
         value = self._run("db_now", {})[0][0]
@@ -101,7 +100,7 @@ class LeaseHistory:
         _range(since, until)
         params = {"key": key, "since": since, "until": until, "dag_ids": _dags(dag_ids),
                   "limit": _limit(limit, 100_000)}
-        return [_event(r) for r in self._run("timeline_events", params)]
+        return self._events("timeline_events", params)
 
     def open_holding(self, key: str, since: datetime) -> list[Event]:
         """The last acquisition of ``key`` before ``since`` and the events that ended it before ``since``
@@ -109,7 +108,7 @@ class LeaseHistory:
         validation.name("key", key)
         if not (isinstance(since, datetime) and since.tzinfo is not None):
             raise InvalidArgument("since", since, "must be a timezone-aware datetime")
-        return [_event(r) for r in self._run("timeline_open_holding", {"key": key, "since": since})]
+        return self._events("timeline_open_holding", {"key": key, "since": since})
 
     def catchup_events(
         self, dag_ids: Collection[str], since: datetime, until: datetime, *, limit: int = 1000
@@ -120,7 +119,7 @@ class LeaseHistory:
         if not dags:
             return []
         params = {"dag_ids": dags, "since": since, "until": until, "limit": _limit(limit, 100_000)}
-        return [_event(r) for r in self._run("catchup_events", params)]
+        return self._events("catchup_events", params)
 
     def _trend(self, name: str, params: dict[str, Any]) -> list[TrendRow]:
         if params["unit"] not in UNITS:

@@ -32,6 +32,7 @@ from typing import Any, Protocol
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.errors import LeaseError, LeaseLost, LeaseStoreUnavailable
 from airflow_lease_provider.core.events import EventKind
+from airflow_lease_provider.core.identity import RunRef
 from airflow_lease_provider.core.types import Lease, checked
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,7 @@ class KeptStore(Protocol):
 
     def holder(self, key: str) -> Lease | None: ...
 
-    def release(self, lease: Lease) -> bool: ...
+    def release(self, lease: Lease, *, run: RunRef | None = None) -> bool: ...
 
 
 class LeaseKeeper:
@@ -69,6 +70,8 @@ class LeaseKeeper:
     :param safety_margin: the lease is declared lost this long before it would expire without a
         renewal, so the holder stops before anybody else can get in (default: TTL/10, at most 5 s).
     :param on_lost: called once, from a keeper thread, with the :class:`LeaseLost` error.
+    :param run: the run (task instance) holding the lease, for the ledger events the keeper writes
+        (``lost``, ``renewed_late``); ``None`` leaves their run columns NULL.
     """
 
     def __init__(
@@ -79,8 +82,10 @@ class LeaseKeeper:
         renew_every: timedelta | None = None,
         safety_margin: timedelta | None = None,
         on_lost: Callable[[LeaseLost], None] | None = None,
+        run: RunRef | None = None,
     ) -> None:
         self.store = store
+        self.run = run
         checked(lease)
         self.safety_margin = validation.safety_margin(safety_margin, lease.ttl)
         self.renew_every = validation.renew_every(
@@ -201,7 +206,7 @@ class LeaseKeeper:
             if thread is not None and thread is not threading.current_thread():
                 thread.join(timeout=bound)
         if release and self._lost is None:
-            return self.store.release(self.lease)
+            return self.store.release(self.lease, run=self.run)
         return False
 
     def __enter__(self) -> LeaseKeeper:
@@ -235,7 +240,7 @@ class LeaseKeeper:
             self._lost_recorder = threading.Thread(
                 target=self.store.events.record,
                 args=(EventKind.LOST, lease.key),
-                kwargs={"owner": lease.owner, "token": lease.token, "detail": {"reason": reason}},
+                kwargs={"owner": lease.owner, "token": lease.token, "detail": {"reason": reason}, "run": self.run},
                 name=f"lease-lost-event:{lease.key}",
                 daemon=True,
             )
@@ -320,6 +325,7 @@ class LeaseKeeper:
                     self.store.events.record(
                         EventKind.RENEWED_LATE, lease.key, owner=lease.owner, token=lease.token,
                         detail={"seconds_left": round(left_before, 3), "failed_attempts": failures},
+                        run=self.run,
                     )
             failures = 0
             next_at = self._next_renewal()

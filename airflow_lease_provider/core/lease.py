@@ -15,11 +15,12 @@ from typing import Any
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.errors import InvalidArgument, LeaseError
 from airflow_lease_provider.core.events import Event, EventCount, EventKind, HoldStats, event_kind
+from airflow_lease_provider.core.identity import RunRef
 from airflow_lease_provider.core.keeper import LeaseKeeper
 from airflow_lease_provider.core.store import Store
-from airflow_lease_provider.core.types import Acquisition, Lease, TokenEpoch, checked, lease_from_row
+from airflow_lease_provider.core.types import Acquisition, Holding, Lease, TokenEpoch, checked, lease_from_row
 
-__all__ = ["Acquisition", "Lease", "LeaseStore", "TokenEpoch", "checked", "positive_limit"]
+__all__ = ["Acquisition", "Holding", "Lease", "LeaseStore", "TokenEpoch", "checked", "positive_limit"]
 
 log = logging.getLogger(__name__)
 
@@ -59,21 +60,21 @@ def _aware(parameter: str, value: object) -> None:
         raise InvalidArgument(parameter, value, "must be a timezone-aware datetime or None")
 
 
-def _event(row: tuple[Any, ...]) -> Event:
-    return Event(row[0], row[1], row[2], row[3], row[4], row[5], row[6] or {})
-
-
 class LeaseStore(Store):
     """Leases on PostgreSQL. Creates or migrates its schema on first use.
 
     Takes :class:`~airflow_lease_provider.core.store.Store`'s arguments: ``dsn``, and optionally
     ``schema`` (default ``airflow_lease``), ``connect_timeout``, ``statement_timeout``,
     ``record_events`` (acquired/released/force-released events) and ``event_retention``.
+
+    The calls that write an event take ``run=``: the :class:`~airflow_lease_provider.core.identity.RunRef`
+    the event is about, stored in the event's run columns (the Airflow layer passes the task instance;
+    without it the columns are NULL).
     """
 
     # -- the lease operations ----------------------------------------------------------------------
 
-    def try_acquire(self, key: str, owner: str, ttl: timedelta) -> Acquisition:
+    def try_acquire(self, key: str, owner: str, ttl: timedelta, *, run: RunRef | None = None) -> Acquisition:
         """Take the lease if it is free, expired, or already this owner's (which bumps the token).
 
         :returns: the new lease, or the current holder when someone else holds it.
@@ -100,6 +101,7 @@ class LeaseStore(Store):
                         "expires_at": lease.expires_at.isoformat(),
                         "host": self.host,
                     },
+                    run=run,
                 )
             return Acquisition(lease, None)
         if not lease.held:
@@ -119,9 +121,9 @@ class LeaseStore(Store):
                 return str(host) if host else None
         return None
 
-    def acquire(self, key: str, owner: str, ttl: timedelta) -> Lease | None:
+    def acquire(self, key: str, owner: str, ttl: timedelta, *, run: RunRef | None = None) -> Lease | None:
         """The lease, or ``None`` when someone else holds it (:meth:`try_acquire` says who)."""
-        return self.try_acquire(key, owner, ttl).lease
+        return self.try_acquire(key, owner, ttl, run=run).lease
 
     def holder(self, key: str) -> Lease | None:
         """The current valid lease on ``key``, or ``None`` when it is free."""
@@ -130,6 +132,16 @@ class LeaseStore(Store):
         sent_at = time.monotonic()
         rows = db.run("holder", {"key": key})
         return lease_from_row(rows[0], sent_at) if rows else None
+
+    def holds(self, key: str, owner: str, *, token: int | None = None) -> Holding:
+        """Does ``owner`` (with ``token``, when given) hold ``key`` right now? One read of the store.
+
+        The answer carries the current holder either way, to say who holds it instead.
+        """
+        validation.name("owner", owner)
+        if token is not None:
+            validation.token("token", token)
+        return Holding(key, owner, token, self.holder(key))
 
     def renew(self, lease: Lease, ttl: timedelta | None = None) -> Lease | None:
         """Extend the lease by ``ttl`` (default: its own TTL) from now, by the database clock.
@@ -146,7 +158,7 @@ class LeaseStore(Store):
         )
         return lease_from_row(rows[0], sent_at) if rows else None
 
-    def release(self, lease: Lease) -> bool:
+    def release(self, lease: Lease, *, run: RunRef | None = None) -> bool:
         """Free the lease. True only if owner and token still matched (so nobody else's lease is freed)."""
         checked(lease)
         rows = self._ready().run(
@@ -160,6 +172,7 @@ class LeaseStore(Store):
                     "held_seconds": (released.observed_at - lease.acquired_at).total_seconds(),
                     "released_at": released.observed_at.isoformat(),
                 },
+                run=run,
             )
         return bool(rows)
 
@@ -173,18 +186,20 @@ class LeaseStore(Store):
         return lease_from_row(rows[0]) if rows else None
 
     def force_release(
-        self, key: str, *, by: str = "admin", reason: str = "", expected_token: int | None = None
+        self, key: str, *, by: str = "admin", reason: str = "", expected_token: int | None = None,
+        run: RunRef | None = None,
     ) -> Lease | None:
         """Admin action: free ``key`` whoever holds it, and bump its token so the old holder is fenced out.
 
         :returns: the lease as it was just before, or ``None`` when the key was never acquired; see
             :meth:`force_release_with_token` for the token it has now.
         """
-        done = self.force_release_with_token(key, by=by, reason=reason, expected_token=expected_token)
+        done = self.force_release_with_token(key, by=by, reason=reason, expected_token=expected_token, run=run)
         return None if done is None else done[0]
 
     def force_release_with_token(
-        self, key: str, *, by: str = "admin", reason: str = "", expected_token: int | None = None
+        self, key: str, *, by: str = "admin", reason: str = "", expected_token: int | None = None,
+        run: RunRef | None = None,
     ) -> tuple[Lease, int] | None:
         """:meth:`force_release`, returning ``(the lease as it was just before, the token it has now)``.
 
@@ -194,6 +209,8 @@ class LeaseStore(Store):
         :param by: who did it, for the ledger.
         :param expected_token: release only if the lease still has this token; otherwise raise
             :class:`LeaseChanged` (carrying the lease as it is) and write nothing.
+        :param run: the run whose lease this was, for the ledger (the caller knows its owner format; the
+            core never guesses a run from an owner).
         :returns: the lease as it was just before (whether or not it was still valid) and its new token:
             ``previous.token + 1``, or the token epoch's floor + 1 after a failover. ``None`` when the key
             was never acquired.
@@ -219,6 +236,7 @@ class LeaseStore(Store):
             self.events.record(
                 EventKind.FORCE_RELEASED, key, owner=previous.owner, token=previous.token,
                 detail={"by": by, "reason": reason, "was_held": previous.held, "new_token": new_token},
+                run=run,
             )
         log.warning("lease %r force-released by %s (was %s)", key, by, previous.describe())
         return previous, new_token
@@ -277,14 +295,14 @@ class LeaseStore(Store):
             _aware("before", before[0])
             before_at, before_id = before
         positive_limit(limit, maximum=10_000)
-        rows = self._ready().run(
+        rows = self._ready().records(
             "event_page",
             {
                 "key": key, "kind": kind, "since": since, "until": until, "limit": limit,
                 "before_at": before_at, "before_id": before_id, "dag_ids": _dag_list(dag_ids),
             },
         )
-        return [_event(r) for r in rows]
+        return [Event.from_row(r) for r in rows]
 
     def run_events(
         self,
@@ -295,24 +313,18 @@ class LeaseStore(Store):
         until: datetime | None = None,
         limit: int = 10_000,
     ) -> list[Event]:
-        """The events of one DAG run, newest first, selected in SQL (by the detail's run, or the owner).
-
-        Owners of the run are ``dag_id/run_id`` (run-scoped) and ``dag_id/run_id/...`` (its tasks).
-        """
+        """The events of one DAG run, newest first, selected in SQL by their run columns (migration 0007:
+        the run the Airflow layer passed when it wrote them; events from before are filled in from their
+        detail or owner)."""
         validation.name("dag_id", dag_id)
         validation.name("run_id", run_id)
         _aware("since", since)
         _aware("until", until)
         positive_limit(limit, maximum=100_000)
-        owner = f"{dag_id}/{run_id}"
-        rows = self._ready().run(
-            "run_events",
-            {
-                "dag_id": dag_id, "run_id": run_id, "run_owner": owner, "run_prefix": owner + "/",
-                "since": since, "until": until, "limit": limit,
-            },
+        rows = self._ready().records(
+            "run_events", {"dag_id": dag_id, "run_id": run_id, "since": since, "until": until, "limit": limit}
         )
-        return [_event(r) for r in rows]
+        return [Event.from_row(r) for r in rows]
 
     def event_counts(self, *, dag_ids: Collection[str] | None = None) -> list[EventCount]:
         """:meth:`EventLedger.counts`, limited to the events of ``dag_ids`` when given."""
@@ -333,13 +345,14 @@ class LeaseStore(Store):
         *,
         renew_every: timedelta | None = None,
         on_lost: Any = None,
+        run: RunRef | None = None,
     ) -> LeaseKeeper:
         """A started :class:`LeaseKeeper` renewing ``lease`` every ``renew_every`` (default TTL/3).
 
         The keeper counts the time left from when ``lease`` was read (:attr:`Lease.sent_at`), not from
         this call: a lease kept after a pause longer than its time left is reported lost at once.
         """
-        keeper = LeaseKeeper(self, lease, renew_every=renew_every, on_lost=on_lost)
+        keeper = LeaseKeeper(self, lease, renew_every=renew_every, on_lost=on_lost, run=run)
         keeper.start()
         return keeper
 

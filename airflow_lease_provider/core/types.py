@@ -127,6 +127,33 @@ class Acquisition:
         return self.lease is not None
 
 
+@dataclass(frozen=True)
+class Holding:
+    """The answer of :meth:`LeaseStore.holds`: does ``owner`` hold ``key`` (with ``token``, when given)?
+
+    :ivar holder: the valid lease on ``key`` when it was read, whoever holds it (``None``: free).
+    """
+
+    key: str
+    owner: str
+    token: int | None
+    holder: Lease | None
+
+    @property
+    def held(self) -> bool:
+        h = self.holder
+        return h is not None and h.owner == self.owner and (self.token is None or h.token == self.token)
+
+    @property
+    def lease(self) -> Lease | None:
+        """The owner's lease when it holds it, else ``None``."""
+        return self.holder if self.held else None
+
+    def who(self) -> str:
+        """Who holds the key instead, for messages: the holder's :meth:`Lease.describe` or "nobody holds it"."""
+        return self.holder.describe() if self.holder is not None else "nobody holds it"
+
+
 #: Every token is at least ``(epoch << EPOCH_SHIFT) + 1`` (migrations/0006): tokens of a later epoch are
 #: larger than any token of an earlier one, as long as a key takes fewer than 2**40 tokens in one epoch.
 EPOCH_SHIFT = 40

@@ -24,7 +24,7 @@ from psycopg2 import sql
 
 from airflow_lease_provider.context import LeaseContext, _current
 from airflow_lease_provider.core import DuplicatePublish, LeaseLost, validation
-from airflow_lease_provider.operators.leased import check_name, event_detail, run_ref, task_tags
+from airflow_lease_provider.operators.leased import check_name, event_detail, run_ref, task_ref, task_tags
 from airflow_lease_provider.outcomes import Outcome, report
 from airflow_lease_provider.version_compat import AirflowSkipException
 
@@ -40,19 +40,19 @@ def publishing_lease(context: Any, lease_key: str | None, lease_conn_id: str | N
     key = run.default_key() if lease_key is None else validation.name("lease_key", lease_key)
     store = LeaseHook(lease_conn_id).get_store()
     owner = run.owner()
-    holder = store.holder(key)
+    holding = store.holds(key, owner)
     tags = task_tags(context, key)
-    if holder is None or holder.owner != owner:
-        who = holder.describe() if holder else "nobody holds it"
-        reason = f"this run ({owner}) does not hold lease {key!r} ({who}); nothing is published"
-        lost = LeaseLost(key, holder.token if holder else 0, reason)
+    if holding.lease is None:
+        reason = f"this run ({owner}) does not hold lease {key!r} ({holding.who()}); nothing is published"
+        lost = LeaseLost(key, holding.holder.token if holding.holder else 0, reason)
         report(
             Outcome.LOST, store=store, key=key, owner=owner, tags=tags, message=str(lost),
-            detail=event_detail(context, reason=reason, stage="publish"),
+            detail=event_detail(context, reason=reason, stage="publish"), run=task_ref(context),
         )
         raise lost
     return LeaseContext(
-        lease=holder, store=store, keeper=None, tags=tags, conn_id=lease_conn_id, detail=event_detail(context)
+        lease=holding.lease, store=store, keeper=None, tags=tags, conn_id=lease_conn_id,
+        detail=event_detail(context), run=task_ref(context),
     )
 
 

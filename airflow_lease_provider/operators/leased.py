@@ -348,7 +348,7 @@ class LeasedOperator(BaseOperator):
         if self.lease_scope == "run":
             return self._run_joined(context, store, key)
         owner = self._identity(context).owner()
-        outcome = store.try_acquire(key, owner, self._ttl())
+        outcome = store.try_acquire(key, owner, self._ttl(), run=task_ref(context))
         if outcome.lease is None:
             return self._on_held(context, store, key, owner, outcome.holder, waited=None)
         return self._run_holding(context, store, outcome.lease, release=True)
@@ -369,7 +369,7 @@ class LeasedOperator(BaseOperator):
         key = self._key(context)
         store = self._store()
         owner = self._identity(context).owner()
-        outcome = store.try_acquire(key, owner, self._ttl())
+        outcome = store.try_acquire(key, owner, self._ttl(), run=task_ref(context))
         if outcome.lease is not None:
             return self._run_holding(context, store, outcome.lease, release=True)
         return self._on_held(context, store, key, owner, outcome.holder, waited=deadline)
@@ -402,12 +402,12 @@ class LeasedOperator(BaseOperator):
         if self.on_overlap == "fail":
             report(
                 Outcome.OVERLAP_FAILED, store=store, key=key, owner=owner, detail=detail, tags=tags,
-                logger=self.log, message=f"failing (on_overlap=fail): {reason}",
+                logger=self.log, message=f"failing (on_overlap=fail): {reason}", run=task_ref(context),
             )
             raise LeaseHeld(key, holder, reason)
         report(
             Outcome.SKIPPED_OVERLAP, store=store, key=key, owner=owner, detail=detail, tags=tags,
-            logger=self.log, message=f"skipping: {reason}",
+            logger=self.log, message=f"skipping: {reason}", run=task_ref(context),
         )
         context["ti"].xcom_push(key=XCOM_SKIP_REASON, value=detail)
         raise AirflowSkipException(reason)
@@ -425,7 +425,7 @@ class LeasedOperator(BaseOperator):
         if first:
             report(
                 Outcome.WAITING, store=store, key=key, owner=owner, tags=task_tags(context, key),
-                logger=self.log, message=message,
+                logger=self.log, message=message, run=task_ref(context),
                 detail=event_detail(
                     context, holder_owner=holder.owner if holder else None,
                     holder_token=holder.token if holder else None, until=end.isoformat(),
@@ -446,21 +446,22 @@ class LeasedOperator(BaseOperator):
     def _run_joined(self, context: Any, store: LeaseStore, key: str) -> Any:
         """Run-scoped: renew the run's lease while this task runs; never acquire or release it."""
         owner = run_ref(context).owner()
-        holder = store.holder(key)
-        if holder is None or holder.owner != owner:
-            who = holder.describe() if holder else "nobody holds it"
+        holding = store.holds(key, owner)
+        if holding.lease is None:
+            who = holding.who()
             lost = LeaseLost(
                 key,
-                holder.token if holder else 0,
+                holding.holder.token if holding.holder else 0,
                 f"this run ({owner}) does not hold it: {who} (a run-scoped task must run downstream of the "
                 "run's acquire task, and while the run lease is still valid)",
             )
             report(
                 Outcome.LOST, store=store, key=key, owner=owner, tags=task_tags(context, key), logger=self.log,
                 detail=event_detail(context, reason=f"run lease gone: {who}"), message=f"{lost}; the task fails",
+                run=task_ref(context),
             )
             raise lost
-        return self._run_holding(context, store, holder, release=False)
+        return self._run_holding(context, store, holding.lease, release=False)
 
     def _run_holding(self, context: Any, store: LeaseStore, lease: Lease, *, release: bool) -> Any:
         """Run the wrapped operator under ``lease``; with ``release``, this task acquired it and frees it.
@@ -471,6 +472,7 @@ class LeasedOperator(BaseOperator):
         """
         key = lease.key
         tags = task_tags(context, key)
+        run = task_ref(context)
         keeper: LeaseKeeper | None = None
         try:
             warn_on_clock_skew(lease, datetime.now(timezone.utc), self.log)
@@ -480,16 +482,16 @@ class LeasedOperator(BaseOperator):
                     message=f"acquired {key!r} with token {lease.token} (owner {lease.owner}, TTL {lease.ttl})",
                 )
             context["ti"].xcom_push(key=XCOM_LEASE, value=lease.to_dict())
-            keeper = LeaseKeeper(store, lease, renew_every=self._renew_every(lease))
+            keeper = LeaseKeeper(store, lease, renew_every=self._renew_every(lease), run=run)
             ctx = LeaseContext(
                 lease=lease, store=store, keeper=keeper, tags=tags, conn_id=self.lease_conn_id,
-                detail=event_detail(context),
+                detail=event_detail(context), run=run,
             )
             context[XCOM_LEASE] = ctx
             started = time.monotonic()
             keeper.start()
         except BaseException:
-            self._give_back(store, lease, keeper, release=release)
+            self._give_back(store, lease, keeper, release=release, run=run)
             raise
         released = False
         try:
@@ -529,13 +531,15 @@ class LeasedOperator(BaseOperator):
                 self.log.info("lease: %r token %s not released", key, lease.token)
         return result
 
-    def _give_back(self, store: LeaseStore, lease: Lease, keeper: LeaseKeeper | None, *, release: bool) -> None:
+    def _give_back(
+        self, store: LeaseStore, lease: Lease, keeper: LeaseKeeper | None, *, release: bool, run: RunRef | None = None
+    ) -> None:
         """Getting ready to run failed: stop the keeper and, if this task acquired the lease, free it."""
         try:
             if keeper is not None:
                 keeper.stop()
             if release:
-                freed = store.release(keeper.lease if keeper is not None else lease)
+                freed = store.release(keeper.lease if keeper is not None else lease, run=run)
                 self.log.warning(
                     "lease: %r token %s %s: the task failed before it started", lease.key, lease.token,
                     "released" if freed else "was no longer ours to release",

@@ -26,6 +26,7 @@ from airflow_lease_provider.operators.leased import (
     LeasedOperator,
     check_name,
     run_ref,
+    task_ref,
     task_tags,
     warn_on_clock_skew,
 )
@@ -58,7 +59,7 @@ class AcquireRunLeaseOperator(LeasedOperator):
             )
             context["ti"].xcom_push(key=XCOM_LEASE, value=lease.to_dict())
         except BaseException:
-            self._give_back(store, lease, None, release=True)
+            self._give_back(store, lease, None, release=True, run=task_ref(context))
             raise
         return lease.to_dict()
 
@@ -82,15 +83,15 @@ class ReleaseRunLeaseOperator(BaseOperator):
         key = run.default_key() if self.lease_key is None else validation.name("lease_key", self.lease_key)
         store = LeaseHook(self.lease_conn_id).get_store()
         owner = run.owner()
-        holder = store.holder(key)
-        if holder is None or holder.owner != owner:
+        holding = store.holds(key, owner)
+        if holding.lease is None:
             self.log.warning(
                 "lease: run %s does not hold %r any more (%s); nothing to release",
-                owner, key, holder.describe() if holder else "it is free",
+                owner, key, holding.holder.describe() if holding.holder else "it is free",
             )
             return False
-        released = store.release(holder)
-        self.log.info("lease: run %s released %r token %s", owner, key, holder.token)
+        released = store.release(holding.lease, run=task_ref(context))
+        self.log.info("lease: run %s released %r token %s", owner, key, holding.lease.token)
         return released
 
 

@@ -23,12 +23,15 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from airflow_lease_provider import reading
 from airflow_lease_provider.core import InvalidArgument, LeaseError, LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.db import redact
 from airflow_lease_provider.core.lease import LeaseChanged
 from airflow_lease_provider.core.schema import SchemaMissing
-from airflow_lease_provider.plugins import authz, report
+from airflow_lease_provider.identity import RunRef
+from airflow_lease_provider.plugins import authz
 from airflow_lease_provider.plugins.authz import Scope, may_force_release
+from airflow_lease_provider.ttl_advice import ttl_advice
 from airflow_lease_provider.version_compat import GetUserDep, SessionDep, requires_authenticated
 
 log = logging.getLogger(__name__)
@@ -45,7 +48,7 @@ _ASSETS = {
 }
 MAX_EVENTS = 1000
 #: The longest page of leases (``limit``); the default page is shorter, the page asks for more.
-MAX_LEASES = report.MAX_PAGE
+MAX_LEASES = reading.MAX_PAGE
 
 
 # -- the store --------------------------------------------------------------------------------------
@@ -113,7 +116,7 @@ def public_message(exc: BaseException) -> str:
 
 
 def _lease_error(request: Request, exc: Exception) -> Response:
-    if isinstance(exc, InvalidArgument | report.BadCursor):
+    if isinstance(exc, InvalidArgument | reading.BadCursor):
         code = status.HTTP_400_BAD_REQUEST
     elif isinstance(exc, LeaseStoreUnavailable | SchemaMissing):
         code = status.HTTP_503_SERVICE_UNAVAILABLE
@@ -188,14 +191,14 @@ def get_leases(
     limit: Annotated[int, Query(ge=1, le=MAX_LEASES)] = 100,
     cursor: str | None = None,
 ) -> dict[str, Any]:
-    page = report.leases(store, held_only=held_only, limit=limit, cursor=cursor or None, dag_ids=scope.dag_ids)
+    page = reading.leases(store, held_only=held_only, limit=limit, cursor=cursor or None, dag_ids=scope.dag_ids)
     return {**page, "store": dict(_store_info)}
 
 
 def get_lease(
     store: StoreDep, scope: ScopeDep, key: Annotated[str, Query(min_length=1, max_length=512)]
 ) -> dict[str, Any]:
-    row = report.lease(store, key, dag_ids=scope.dag_ids)
+    row = reading.lease(store, key, dag_ids=scope.dag_ids)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no lease {key!r} in the store")
     return {"lease": row, "store": dict(_store_info)}
@@ -211,14 +214,14 @@ def get_events(
     limit: Annotated[int, Query(ge=1, le=MAX_EVENTS)] = 100,
     cursor: str | None = None,
 ) -> dict[str, Any]:
-    return report.events(
+    return reading.events(
         store, key=key or None, kind=kind or None, since=since, until=until, limit=limit,
         cursor=cursor or None, dag_ids=scope.dag_ids,
     )
 
 
 def get_counts(store: StoreDep, scope: ScopeDep) -> dict[str, Any]:
-    return report.counts(store, dag_ids=scope.dag_ids)
+    return reading.counts(store, dag_ids=scope.dag_ids)
 
 
 def get_ttl_advice(
@@ -227,7 +230,7 @@ def get_ttl_advice(
     days: Annotated[float, Query(gt=0, le=3650)] = 30,
     key: str | None = None,
 ) -> dict[str, Any]:
-    return report.ttl_advice(store, window=timedelta(days=days), key=key or None, dag_ids=scope.dag_ids)
+    return ttl_advice(store, window=timedelta(days=days), key=key or None, dag_ids=scope.dag_ids)
 
 
 def run_window(session: Any, dag_id: str, run_id: str) -> tuple[datetime | None, datetime | None]:
@@ -261,7 +264,7 @@ def get_task_instance(
     # The UI substitutes {MAP_INDEX} only for mapped instances; anything else means "not mapped".
     index = int(map_index) if map_index and map_index.lstrip("-").isdigit() else -1
     since, until = run_window(session, dag_id, run_id)
-    return report.task_instance_events(store, dag_id, run_id, task_id, index, since=since, until=until)
+    return reading.task_instance_events(store, dag_id, run_id, task_id, index, since=since, until=until)
 
 
 class ForceReleaseBody(BaseModel):
@@ -295,7 +298,7 @@ def _force_release(auth_manager: Any, user: Any, store: LeaseStore, body: ForceR
     current = store.lease(body.key)
     if current is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no lease {body.key!r} in the store")
-    dag_id = report.owner_dag(current.owner)
+    dag_id = reading.owner_dag(current.owner)
     if dag_id is not None and not authz.may_edit_dag(auth_manager, user, dag_id):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN, f"force-release needs edit rights on DAG {dag_id!r}, whose run holds it"
@@ -307,7 +310,8 @@ def _force_release(auth_manager: Any, user: Any, store: LeaseStore, body: ForceR
         if expected != current.token:
             raise LeaseChanged(body.key, expected, current)
         done = store.force_release_with_token(
-            body.key, by=by, reason=body.reason or "force-released from the Airflow UI", expected_token=expected
+            body.key, by=by, reason=body.reason or "force-released from the Airflow UI", expected_token=expected,
+            run=RunRef.parse(current.owner),
         )
     except LeaseChanged as exc:
         raise HTTPException(
@@ -322,7 +326,7 @@ def _force_release(auth_manager: Any, user: Any, store: LeaseStore, body: ForceR
     return {
         "key": body.key,
         "by": by,
-        "previous": report.lease_row(previous),
+        "previous": reading.lease_row(previous),
         "new_token": new_token,
     }
 
@@ -341,7 +345,7 @@ def create_app() -> FastAPI:
         openapi_url=None,
     )
     app.add_exception_handler(LeaseError, _lease_error)
-    app.add_exception_handler(report.BadCursor, _lease_error)
+    app.add_exception_handler(reading.BadCursor, _lease_error)
     app.add_exception_handler(StarletteHTTPException, _http_error)
     app.add_api_route("/ui", leases_page, methods=["GET"], response_class=HTMLResponse)
     app.add_api_route("/ui/", leases_page, methods=["GET"], response_class=HTMLResponse)

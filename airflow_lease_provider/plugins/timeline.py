@@ -16,9 +16,9 @@ from dataclasses import dataclass, replace
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from airflow_lease_provider import reading
 from airflow_lease_provider.core import Event, EventKind, InvalidArgument, Lease, LeaseStore
 from airflow_lease_provider.core.history import LeaseHistory, TrendRow
-from airflow_lease_provider.plugins import report
 
 #: The ranges the page offers, and the trend's bucket for each.
 RANGES: dict[str, tuple[timedelta, str]] = {
@@ -94,7 +94,7 @@ class Holding:
             "held_seconds": round((self.end - self.start).total_seconds(), 3),
             "acquired_id": self.acquired_id,
             "end_id": self.end_id,
-            "run": report.run_link(report.parse_owner(self.owner)),
+            "run": reading.run_link(reading.parse_owner(self.owner)),
         }
 
 
@@ -209,7 +209,7 @@ def derive_holdings(
 
 def marker(event: Event) -> dict[str, Any]:
     """A marker: the event's row (run, task, summary) and, for catch-up skips, the slot count."""
-    row = report.event_row(event)
+    row = reading.event_row(event)
     count = event.detail.get("count")
     row["slots"] = int(count) if isinstance(count, int) and not isinstance(count, bool) else None
     return row
@@ -219,7 +219,7 @@ def marker(event: Event) -> dict[str, Any]:
 
 
 def _in_scope(event: Event, dag_ids: Collection[str] | None) -> bool:
-    return dag_ids is None or report.event_dag(event) in dag_ids
+    return dag_ids is None or reading.event_dag(event) in dag_ids
 
 
 def key_timeline(
@@ -240,14 +240,14 @@ def key_timeline(
     covers_from = events[-1].at if truncated else since
     before = [e for e in history.open_holding(key, covers_from) if _in_scope(e, dag_ids)]
     row = store.lease(key)
-    if row is not None and dag_ids is not None and report.owner_dag(row.owner) not in dag_ids:
+    if row is not None and dag_ids is not None and reading.owner_dag(row.owner) not in dag_ids:
         row = None
     holdings = [
         h for h in derive_holdings([*before, *events], since=covers_from, now=now, lease=row)
         if h.end >= since and h.start <= until
     ]
     markers = [marker(e) for e in reversed(events) if e.kind in MARKER_KINDS]
-    dags = {report.owner_dag(h.owner) for h in holdings} | {report.event_dag(e) for e in events}
+    dags = {reading.owner_dag(h.owner) for h in holdings} | {reading.event_dag(e) for e in events}
     dags.discard(None)
     shown = {m["id"] for m in markers}
     catchup = [
@@ -263,7 +263,7 @@ def key_timeline(
         "observed_at": now.isoformat(),
         "truncated": truncated,
         "covers_from": covers_from.isoformat(),
-        "lease": report.lease_row(row) if row is not None else None,
+        "lease": reading.lease_row(row) if row is not None else None,
         "holdings": [h.to_dict() for h in holdings],
         "markers": markers,
     }
@@ -349,8 +349,8 @@ def gaps(events: Iterable[Event]) -> list[dict[str, Any]]:
             "slots": int(count) if isinstance(count, int) and not isinstance(count, bool) else None,
             "first_start": d.get("first_start"),
             "last_end": d.get("last_end") or d.get("last_start"),
-            "run": report.run_link(report._event_run(event)),
-            "summary": report.summarize(event),
+            "run": reading.run_link(reading.event_run(event)),
+            "summary": reading.summarize(event),
         })
     return found
 
@@ -371,7 +371,7 @@ def key_trend(
     since, until = now - length, now + timedelta(seconds=1)
     rows = history.key_trend(key, since, until, unit=unit, dag_ids=dag_ids)
     row = store.lease(key)
-    dags = {d for d in [report.owner_dag(row.owner) if row is not None else None] if d}
+    dags = {d for d in [reading.owner_dag(row.owner) if row is not None else None] if d}
     if dag_ids is not None:
         dags &= set(dag_ids)
     own = store.event_page(

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.timetables.base import DataInterval
 
 from airflow_lease_provider.core.errors import InvalidArgument, LeaseError
+from airflow_lease_provider.identity import RunRef
 from airflow_lease_provider.timetables.capped_catchup import CappedCatchupTimetable, SkippedSlots
 
 if TYPE_CHECKING:
@@ -82,19 +83,22 @@ def skipped_catchup_slots(context: Mapping[str, Any]) -> SkippedSlots | None:
     return timetable.skipped_slots(run, previous, earliest=earliest)
 
 
-def _insert_once(ledger: EventLedger, job: str, owner: str, detail: dict[str, Any]) -> bool | None:
+def _insert_once(ledger: EventLedger, job: str, run: RunRef, detail: dict[str, Any]) -> bool | None:
     """Write the run's record unless it exists: True when this call wrote it, False when it existed.
 
     None when the store could not be reached or failed: the ledger is best effort by design and must
     not fail the task; the record (and the metric) is then left to a task or try that can write it.
     """
+    from airflow_lease_provider.core.identity import run_columns
     from airflow_lease_provider.core.schema import ensure_schema
 
     payload = json.dumps(detail, default=str, sort_keys=True)
     try:
         ensure_schema(ledger.db)  # cheap when current (one query); the record may be a store's first use
         rows = ledger.db.run(
-            "record_skipped_catchup", {"key": job, "owner": owner, "detail": payload}, durable=None
+            "record_skipped_catchup",
+            {"key": job, "owner": run.run.owner(), "detail": payload, **run_columns(run)},
+            durable=None,
         )
     except LeaseError as exc:
         log.warning("catch-up: could not record the skipped slots of %r: %s", job, exc)
@@ -144,7 +148,9 @@ def record_skipped_catchup(
             "run_id": run_id,
             "max_backfill": timetable.max_backfill,
         }
-        if not _insert_once(ledger, job, f"{dag_id}/{run_id}", detail):
+        ti = context.get("ti")
+        run = RunRef.of_task(ti) if ti is not None and getattr(ti, "task_id", None) else RunRef(dag_id, run_id)
+        if not _insert_once(ledger, job, run, detail):
             return skipped  # another task or try wrote the record and counted it (or will)
     else:
         ti = context.get("ti")

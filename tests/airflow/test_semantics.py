@@ -21,7 +21,7 @@ from airflow_lease_provider import metrics
 from airflow_lease_provider.core import EventKind, InvalidArgument, LeaseHeld, LeaseLost, LeaseStore
 from airflow_lease_provider.identity import RunRef
 from airflow_lease_provider.operators import AcquireRunLeaseOperator, LeasedOperator, ReleaseRunLeaseOperator
-from airflow_lease_provider.plugins.report import parse_owner
+from airflow_lease_provider.reading import parse_owner
 from tests.pg import execute, q
 
 LeasedPython = LeasedOperator.wrap(PythonOperator)

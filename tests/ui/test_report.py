@@ -6,10 +6,12 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
+from airflow_lease_provider import reading as report
 from airflow_lease_provider.core import Event
 from airflow_lease_provider.core.events import HoldStats
-from airflow_lease_provider.plugins import report
-from airflow_lease_provider.plugins.report import RunRef, advise, parse_owner
+from airflow_lease_provider.identity import RunRef
+from airflow_lease_provider.reading import parse_owner
+from airflow_lease_provider.ttl_advice import advise
 
 NOW = datetime(2026, 11, 29, 12, 0, tzinfo=timezone.utc)
 

@@ -73,16 +73,16 @@ SELECT {schema}.fence_token(%(resource)s, %(key)s);
 SELECT key, token FROM {schema}.fence WHERE resource = %(resource)s AND key <> '' ORDER BY key;
 
 -- name: record_event
-INSERT INTO {schema}.event (kind, key, owner, token, detail)
-VALUES (%(kind)s, %(key)s, %(owner)s, %(token)s, %(detail)s)
+INSERT INTO {schema}.event (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
+VALUES (%(kind)s, %(key)s, %(owner)s, %(token)s, %(detail)s, %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s)
 RETURNING id, at;
 
 -- name: record_skipped_catchup
 -- One record per gap per DAG in one statement: the unique index of migrations/0004 lets the first writer
 -- of a run (dag_id, run_id) insert and every other one insert nothing. A row back means "this call wrote
 -- it", and only that caller logs and counts the skipped slots.
-INSERT INTO {schema}.event (kind, key, owner, token, detail)
-VALUES ('skipped_catchup', %(key)s, %(owner)s, NULL, %(detail)s)
+INSERT INTO {schema}.event (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
+VALUES ('skipped_catchup', %(key)s, %(owner)s, NULL, %(detail)s, %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s)
 ON CONFLICT ((detail->>'dag_id'), (detail->>'run_id')) WHERE kind = 'skipped_catchup' DO NOTHING
 RETURNING id, at;
 
@@ -92,7 +92,7 @@ DELETE FROM {schema}.event
  WHERE id IN (SELECT id FROM {schema}.event WHERE at < clock_timestamp() - %(retention)s LIMIT 10000);
 
 -- name: query_events
-SELECT id, at, kind, key, owner, token, detail
+SELECT id, at, kind, key, owner, token, detail, dag_id, run_id, task_id, map_index
   FROM {schema}.event
  WHERE (%(key)s::text IS NULL OR key = %(key)s)
    AND (%(kind)s::text IS NULL OR kind = %(kind)s)
@@ -179,7 +179,7 @@ SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at
 -- name: event_page
 -- Newest first, keyset-paginated by (at, id): the events older than the cursor (NULL: the newest).
 -- An event's DAG is its detail's dag_id when the operator wrote one, else its owner's.
-SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
   FROM {schema}.event e
  WHERE (%(key)s::text IS NULL OR e.key = %(key)s::text)
    AND (%(kind)s::text IS NULL OR e.kind = %(kind)s::text)
@@ -194,13 +194,11 @@ SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
  LIMIT %(limit)s;
 
 -- name: run_events
--- The events of one DAG run, newest first: those whose detail names the run, and those whose owner
--- is the run (dag_id/run_id) or one of its task instances (dag_id/run_id/...). Within the run's time
--- window when one is given (the event_at_idx index), filtered in SQL, not after a LIMIT.
-SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+-- The events of one DAG run, newest first, by its run columns (event_run_at_idx, migrations/0007);
+-- within the run's time window when one is given, filtered in SQL, not after a LIMIT.
+SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
   FROM {schema}.event e
- WHERE ((e.detail->>'dag_id' = %(dag_id)s AND e.detail->>'run_id' = %(run_id)s)
-        OR e.owner = %(run_owner)s OR starts_with(e.owner, %(run_prefix)s))
+ WHERE e.dag_id = %(dag_id)s AND e.run_id = %(run_id)s
    AND (%(since)s::timestamptz IS NULL OR e.at >= %(since)s::timestamptz)
    AND (%(until)s::timestamptz IS NULL OR e.at < %(until)s::timestamptz)
  ORDER BY e.at DESC, e.id DESC
@@ -240,12 +238,12 @@ SELECT e.key, count(*), max((e.detail->>'held_seconds')::float8),
 -- name: timeline_events
 -- The events of one lease key in [since, until), newest first (a LIMIT keeps the newest): those recorded
 -- under the key, and the fence rejections of tokens of that key.
-SELECT t.id, t.at, t.kind, t.key, t.owner, t.token, t.detail FROM (
-    SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+SELECT t.id, t.at, t.kind, t.key, t.owner, t.token, t.detail, t.dag_id, t.run_id, t.task_id, t.map_index FROM (
+    SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
       FROM {schema}.event e
      WHERE e.key = %(key)s AND e.at >= %(since)s AND e.at < %(until)s
     UNION ALL
-    SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+    SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
       FROM {schema}.event e
      WHERE e.kind = 'fence_rejected' AND e.detail->>'lease_key' = %(key)s AND e.key <> %(key)s
        AND e.at >= %(since)s AND e.at < %(until)s
@@ -261,22 +259,22 @@ SELECT t.id, t.at, t.kind, t.key, t.owner, t.token, t.detail FROM (
 -- The holding that may still run at %(since)s: the key's last acquisition before it, and the events that
 -- ended that token before it (none: it was still held, or it lapsed, at %(since)s).
 WITH last AS (
-    SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+    SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
       FROM {schema}.event e
      WHERE e.key = %(key)s AND e.kind = 'acquired' AND e.at < %(since)s
      ORDER BY e.at DESC, e.id DESC
      LIMIT 1
 )
-SELECT last.id, last.at, last.kind, last.key, last.owner, last.token, last.detail FROM last
+SELECT last.id, last.at, last.kind, last.key, last.owner, last.token, last.detail, last.dag_id, last.run_id, last.task_id, last.map_index FROM last
 UNION ALL
-SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
   FROM {schema}.event e JOIN last ON e.token = last.token
  WHERE e.key = %(key)s AND e.kind IN ('released', 'lost', 'force_released')
    AND e.at >= last.at AND e.at < %(since)s;
 
 -- name: catchup_events
 -- The skipped catch-up records of some DAGs in [since, until) (one per gap), newest first.
-SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail
+SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
   FROM {schema}.event e
  WHERE e.kind = 'skipped_catchup' AND e.detail->>'dag_id' = ANY(%(dag_ids)s::text[])
    AND e.at >= %(since)s AND e.at < %(until)s

@@ -38,7 +38,13 @@ CREATE TABLE event (
     key     text        NOT NULL,
     owner   text,
     token   bigint,
-    detail  jsonb       NOT NULL DEFAULT '{}'::jsonb
+    detail  jsonb       NOT NULL DEFAULT '{}'::jsonb,
+    -- The DAG run (and task instance) the event is about (migrations/0007): NULL for an event about no
+    -- run; map_index as Airflow numbers it (-1: not mapped) when task_id is set, NULL for a run.
+    dag_id    text,
+    run_id    text,
+    task_id   text,
+    map_index integer
 );
 CREATE INDEX event_at_idx ON event (at);
 CREATE INDEX event_key_at_idx ON event (key, at);
@@ -50,6 +56,8 @@ CREATE UNIQUE INDEX event_skipped_catchup_uq ON event ((detail->>'dag_id'), (det
 CREATE INDEX event_dag_at_idx ON event
     ((coalesce(detail->>'dag_id', CASE WHEN strpos(owner, '/') > 1 THEN split_part(owner, '/', 1) END)), at);
 CREATE INDEX event_fence_lease_key_at_idx ON event ((detail->>'lease_key'), at) WHERE kind = 'fence_rejected';
+-- The events of one DAG run by time, and of one DAG (migrations/0007).
+CREATE INDEX event_run_at_idx ON event (dag_id, run_id, at);
 
 CREATE FUNCTION fence_advance(p_resource text, p_key text, p_token bigint, p_owner text, p_idempotency_key text)
 RETURNS TABLE (outcome text, current_token bigint)

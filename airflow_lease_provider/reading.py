@@ -1,36 +1,23 @@
-"""What the Leases page, its JSON endpoints and the ``airflow-lease`` CLI show, as plain dicts.
+"""The read model: what the Leases page, its JSON endpoints and the ``airflow-lease`` CLI show, as plain dicts.
 
 One read model for all three, so the CLI's ``--json`` and the API return the same shapes (documented in
-docs/ui.md). Nothing here imports Airflow: it reads a :class:`LeaseStore` and links owners to DAG runs
-by the owner format the operators write (:mod:`airflow_lease_provider.identity`).
+docs/ui.md). Nothing here imports Airflow (nor the UI package, :mod:`airflow_lease_provider.plugins`): it
+reads a :class:`LeaseStore` and links events to DAG runs by their run columns, and owners by the owner
+format the operators write (:mod:`airflow_lease_provider.identity`). TTL advice is
+:mod:`airflow_lease_provider.ttl_advice`.
 """
 
 from __future__ import annotations
 
 import base64
 import json
-import math
-from collections.abc import Collection, Iterable, Iterator, Mapping
+from collections.abc import Collection, Iterator, Mapping
 from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import quote
 
 from airflow_lease_provider.core import Event, EventKind, Lease, LeaseStore
-from airflow_lease_provider.core.events import DEFAULT_RETENTION, HoldStats
 from airflow_lease_provider.identity import RunRef
-
-# TTL advice (DESIGN: TTL = 1.5 to 2x the worst normal run time).
-ADVICE_LOW = 1.5
-ADVICE_HIGH = 2.0
-#: Above this multiple of the worst hold the TTL only delays recovery after a crash...
-FAR_TOO_LONG = 4.0
-#: ...unless the extra wait is this short, which nobody would notice.
-NEGLIGIBLE_EXTRA = timedelta(minutes=1)
-#: Fewer holds than this make the worst one a weak estimate; the advice says so.
-FEW_HOLDS = 5
-#: The smallest TTL advised: renewals run every TTL/3 and one may take the store's 5 s timeouts, so a
-#: shorter TTL can lapse on a single slow round trip.
-MIN_TTL = timedelta(seconds=30)
 
 
 def parse_owner(owner: str | None) -> RunRef | None:
@@ -75,7 +62,8 @@ def short_time(value: Any) -> str:
     return moment.strftime("%Y-%m-%d %H:%M:%S") + (" UTC" if moment.tzinfo is not None else "")
 
 
-def _seconds(value: timedelta) -> float:
+def seconds_of(value: timedelta) -> float:
+    """A duration in seconds, rounded to the millisecond (the JSON's ``*_seconds``)."""
     return round(value.total_seconds(), 3)
 
 
@@ -91,15 +79,15 @@ def lease_row(lease: Lease) -> dict[str, Any]:
         "owner": lease.owner,
         "holder_run": run_link(parse_owner(lease.owner)),
         "token": lease.token,
-        "ttl_seconds": _seconds(lease.ttl),
+        "ttl_seconds": seconds_of(lease.ttl),
         "acquired_at": _iso(lease.acquired_at),
         "renewed_at": _iso(lease.renewed_at),
         "expires_at": _iso(lease.expires_at),
         "released_at": _iso(lease.released_at),
         "observed_at": _iso(lease.observed_at),
         # Both measured against the database clock, so a browser or laptop clock that is off changes nothing.
-        "expires_in_seconds": _seconds(lease.remaining) if held else 0.0,
-        "since_renewal_seconds": _seconds(lease.observed_at - lease.renewed_at) if held else None,
+        "expires_in_seconds": seconds_of(lease.remaining) if held else 0.0,
+        "since_renewal_seconds": seconds_of(lease.observed_at - lease.renewed_at) if held else None,
     }
 
 
@@ -188,11 +176,18 @@ def _int(value: Any, default: int = -1) -> int:
         return default
 
 
-def _event_run(event: Event) -> RunRef | None:
-    """The run an event is about: from its detail when the operator wrote one, else from its owner."""
+def event_run(event: Event) -> RunRef | None:
+    """The run (and task instance) an event is about: its run columns; for an event without them (a core
+    API user's), the run its detail or its owner names, if any."""
+    if event.run is not None:
+        return event.run
     detail = event.detail
     if detail.get("dag_id") and detail.get("run_id"):
-        return RunRef(str(detail["dag_id"]), str(detail["run_id"]), _int(detail.get("map_index")))
+        task_id = detail.get("task_id")
+        return RunRef(
+            str(detail["dag_id"]), str(detail["run_id"]), _int(detail.get("map_index")),
+            task_id=str(task_id) if task_id else None,
+        )
     return parse_owner(event.owner)
 
 
@@ -242,14 +237,13 @@ def summarize(event: Event) -> str:
 
 def event_row(event: Event) -> dict[str, Any]:
     """An event with the run and task it is about, the run that blocked it, and a readable summary."""
-    ref = _event_run(event)
-    task_id = event.detail.get("task_id")
+    ref = event_run(event)
     task = None
-    if ref is not None and task_id:
+    if ref is not None and ref.task_id:
         task = {
-            "task_id": str(task_id),
+            "task_id": ref.task_id,
             "map_index": ref.map_index,
-            "path": task_path(ref.dag_id, ref.run_id, str(task_id), ref.map_index),
+            "path": task_path(ref.dag_id, ref.run_id, ref.task_id, ref.map_index),
         }
     blocker = (
         parse_owner(event.detail.get("holder_owner"))
@@ -298,20 +292,9 @@ def events(
 
 
 def _about(event: Event, dag_id: str, run_id: str, task_id: str, map_index: int) -> bool:
-    """Whether ``event`` concerns this task instance.
-
-    Skips, waits and catch-up records name their run (and task) in the detail. The others (acquired,
-    released, lost, fence rejections) carry only the owner, which names the run and, for a mapped
-    instance, its map index; they are this instance's unless another instance of the run is named.
-    """
-    d = event.detail
-    if d.get("dag_id") is not None or d.get("run_id") is not None:
-        if d.get("dag_id") != dag_id or d.get("run_id") != run_id:
-            return False
-        if d.get("task_id") is None:
-            return True
-        return d.get("task_id") == task_id and _int(d.get("map_index")) in (map_index, -1)
-    ref = parse_owner(event.owner)
+    """Whether ``event`` concerns this task instance: its run (columns, see :func:`_event_run`) is this
+    run, and it names this task and map index, or none (a run's event, a catch-up record)."""
+    ref = event_run(event)
     return (
         ref is not None
         and (ref.dag_id, ref.run_id) == (dag_id, run_id)
@@ -332,8 +315,8 @@ def task_instance_events(
 ) -> dict[str, Any]:
     """The events one task instance caused, and why it was skipped if it was.
 
-    The run's events are selected in SQL (by the run named in their detail, or an owner of that run),
-    within the run's time window when Airflow knows it; of those, the ones about this task instance.
+    The run's events are selected in SQL by their run columns, within the run's time window when Airflow
+    knows it; of those, the ones about this task instance.
     """
     found = store.run_events(dag_id, run_id, since=since, until=until)
     rows = [event_row(e) for e in found if _about(e, dag_id, run_id, task_id, map_index)]
@@ -362,111 +345,7 @@ def counts(store: LeaseStore, *, dag_ids: Collection[str] | None = None) -> dict
     }
 
 
-# -- TTL advice -------------------------------------------------------------------------------------
-
-
-def advise(ttl: timedelta | None, stats: HoldStats | None, *, lost: int = 0, late: int = 0) -> dict[str, Any]:
-    """Compare a configured TTL with 1.5-2x the worst observed hold.
-
-    Verdicts: ``too_short`` (a normal run can outlive its lease when renewals stall: a zombie window),
-    ``too_long`` (a crashed holder blocks the job for far longer than needed), ``ok``, ``no_data``.
-    """
-    advice: dict[str, Any] = {
-        "ttl_seconds": _seconds(ttl) if ttl is not None else None,
-        "holds": stats.holds if stats else 0,
-        "worst_hold_seconds": round(stats.worst_seconds, 3) if stats else None,
-        "p95_hold_seconds": round(stats.p95_seconds, 3) if stats else None,
-        "recommended_min_seconds": None,
-        "recommended_max_seconds": None,
-        "lost_7d": lost,
-        "renewed_late_7d": late,
-    }
-    if stats is None or stats.holds == 0:
-        return {
-            **advice,
-            "verdict": "no_data",
-            "message": "no completed holds recorded yet: the advice needs released leases in the ledger",
-        }
-    worst = stats.worst_seconds
-    floor = MIN_TTL.total_seconds()
-    low = max(math.ceil(worst * ADVICE_LOW), floor)
-    high = max(math.ceil(worst * ADVICE_HIGH), floor)
-    advice.update(recommended_min_seconds=low, recommended_max_seconds=high)
-    span = format_duration(low) if low == high else f"{format_duration(low)}-{format_duration(high)}"
-    rule = f"1.5-2x the worst hold of {format_duration(worst)}"
-    rule += f" is {span}" if low > floor else f", at least {format_duration(floor)}, is {span}"
-    few = (
-        f" (only {stats.holds} hold(s) observed: treat as a first estimate)"
-        if stats.holds < FEW_HOLDS
-        else ""
-    )
-    if ttl is None:
-        return {**advice, "verdict": "no_data", "message": f"no TTL known for this key; {rule}{few}"}
-    seconds = ttl.total_seconds()
-    if seconds < low:
-        if seconds < worst * ADVICE_LOW:
-            severity = (
-                "shorter than the worst hold itself" if seconds < worst else "less than 1.5x the worst hold"
-            )
-            why = "if renewals stall, a normal run outlives its lease and another run can take it (a zombie window)"
-        else:
-            severity = f"under the {format_duration(floor)} minimum"
-            why = "renewals every TTL/3 must fit the store's 5 s timeouts, or one slow round trip loses the lease"
-        return {
-            **advice,
-            "verdict": "too_short",
-            "message": f"TTL {format_duration(seconds)} is {severity}: {why}; {rule}{few}",
-        }
-    extra = timedelta(seconds=seconds - high)
-    if seconds > max(worst * FAR_TOO_LONG, high * 2) and extra > NEGLIGIBLE_EXTRA:
-        return {
-            **advice,
-            "verdict": "too_long",
-            "message": (
-                f"TTL {format_duration(seconds)} is far above the advised range: after a crash the "
-                f"job stays blocked up to {format_duration(extra.total_seconds())} longer than needed; {rule}{few}"
-            ),
-        }
-    fits = "fits" if seconds <= high else "is above the advised range, but a crash costs little extra wait"
-    return {**advice, "verdict": "ok", "message": f"TTL {format_duration(seconds)} {fits}: {rule}{few}"}
-
-
-def ttl_advice(
-    store: LeaseStore,
-    *,
-    window: timedelta = DEFAULT_RETENTION,
-    key: str | None = None,
-    dag_ids: Collection[str] | None = None,
-) -> dict[str, Any]:
-    """TTL advice for every key with a lease or with holds in the ledger (of ``dag_ids`` if given)."""
-    stats = {s.key: s for s in store.hold_stats(window, dag_ids=dag_ids)}
-    if key is not None:
-        found = store.lease(key)
-        current = [found] if found is not None and (dag_ids is None or owner_dag(found.owner) in dag_ids) else []
-    else:
-        current = list(_all_leases(store, dag_ids))
-    ttls = {lease.key: lease.ttl for lease in current}
-    troubles = {(c.key, c.kind): c.last_7d for c in store.event_counts(dag_ids=dag_ids)}
-    keys: Iterable[str] = sorted(set(stats) | set(ttls))
-    rows = []
-    for k in keys:
-        if key is not None and k != key:
-            continue
-        rows.append(
-            {
-                "key": k,
-                **advise(
-                    ttls.get(k),
-                    stats.get(k),
-                    lost=troubles.get((k, EventKind.LOST.value), 0),
-                    late=troubles.get((k, EventKind.RENEWED_LATE.value), 0),
-                ),
-            }
-        )
-    return {"window_seconds": _seconds(window), "low": ADVICE_LOW, "high": ADVICE_HIGH, "advice": rows}
-
-
-def _all_leases(store: LeaseStore, dag_ids: Collection[str] | None) -> Iterator[Lease]:
+def all_leases(store: LeaseStore, dag_ids: Collection[str] | None) -> Iterator[Lease]:
     """Every lease, a page at a time (keyset pagination: no page costs more than the first)."""
     after = None
     while True:
