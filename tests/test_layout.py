@@ -120,6 +120,39 @@ def test_core_source_imports_nothing_from_airflow_or_the_airflow_layer() -> None
     assert offenders == []
 
 
+def _imported_modules(path: Path) -> list[tuple[int, str]]:
+    """(line, module) of every absolute import in ``path``, including ``from X import name`` as ``X.name``."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found += [(node.lineno, f"{node.module}.{alias.name}") for alias in node.names]
+    return found
+
+
+def test_the_cli_and_the_core_do_not_import_the_ui_package(tmp_path: Path) -> None:
+    # The read model and TTL advice are domain logic (reading.py, ttl_advice.py); the UI package builds on them.
+    sources = [PACKAGE / "cli.py", PACKAGE / "reading.py", PACKAGE / "ttl_advice.py", *_sources(PACKAGE / "core")]
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for path in sources
+        for line, module in _imported_modules(path)
+        if module == "airflow_lease_provider.plugins" or module.startswith("airflow_lease_provider.plugins.")
+    ]
+    assert offenders == []
+    # The check sees every import form.
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import airflow_lease_provider.plugins.api\n"
+        "from airflow_lease_provider.plugins import report\n"
+        "from airflow_lease_provider import plugins\n"
+    )
+    assert [m for _, m in _imported_modules(sample)] == [
+        "airflow_lease_provider.plugins.api", "airflow_lease_provider.plugins.report", "airflow_lease_provider.plugins",
+    ]
+
+
 # Run in a fresh interpreter: a meta-path finder refuses every ``airflow`` module, as if Airflow were
 # not installed, then the core and each of its modules is imported.
 _NO_AIRFLOW = textwrap.dedent(
