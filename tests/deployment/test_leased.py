@@ -7,11 +7,15 @@ the test shares with the task processes say when a task reached a point (``_util
 
 from __future__ import annotations
 
+import json
 import os
 import signal
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -143,3 +147,59 @@ def test_lease_owners_and_default_keys_are_the_task_instance(airflow: Deployment
     for run_id in retried:
         result = api.xcom("retry_after_crash", run_id, "crash_then_succeed")
         assert result["owner"] == f"retry_after_crash/{run_id}/crash_then_succeed", result
+
+
+def _lease_api(api: Any, path: str, **params: Any) -> Any:
+    """GET a Leases plugin endpoint (``/lease/api/...``) as the deployment's API user."""
+    token = api._token or api._login()
+    reply = api._client.get(path, params=params, headers={"Authorization": f"Bearer {token}"})
+    assert reply.status_code == 200, (path, reply.status_code, reply.text[:2000])
+    return reply.json()
+
+
+def test_the_events_of_a_run_carry_its_columns_and_are_found_by_them_through_rest_and_cli(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """Every event a real run caused (also those the store writes: acquired, released) names its task
+    instance in the run columns, and the UI's task-instance endpoint and the CLI find them by it."""
+    api = airflow.api
+    run = api.trigger("mapped_and_bash")  # no logical date
+    assert api.wait_for_run("mapped_and_bash", run) == "success", api.task_states("mapped_and_bash", run)
+
+    found = store.run_events("mapped_and_bash", run)
+    assert {e.run.run_id for e in found if e.run} == {run} and all(e.run for e in found)
+    by_instance = {(e.kind, e.run.task_id, e.run.map_index) for e in found if e.run}
+    for kind in (EventKind.ACQUIRED.value, EventKind.RELEASED.value):
+        assert {(kind, "shard", i) for i in range(3)} | {(kind, "bash", -1)} <= by_instance, by_instance
+    # The columns are what the owner says, written with the event (not matched on the owner afterwards).
+    rows = execute(
+        airflow.dsn,
+        q("SELECT owner, dag_id, run_id, task_id, map_index FROM {schema}.event WHERE starts_with(owner, %s)", SCHEMA),
+        (f"mapped_and_bash/{run}/",),
+    )
+    assert rows and all(
+        owner == f"{dag}/{run_id}/{task}" + (f"[{index}]" if index >= 0 else "") for owner, dag, run_id, task, index in rows
+    ), rows
+
+    # The task tab's endpoint, for one mapped instance: only that instance's events, with their columns.
+    shown = _lease_api(
+        api, "/lease/api/task-instance", dag_id="mapped_and_bash", run_id=run, task_id="shard", map_index="1"
+    )
+    kinds = [e["kind"] for e in shown["events"]]
+    assert "acquired" in kinds and "released" in kinds, shown
+    assert {(e["dag_id"], e["run_id"], e["task_id"], e["map_index"]) for e in shown["events"]} == {
+        ("mapped_and_bash", run, "shard", 1)
+    }
+    assert all(e["task"]["path"].endswith("/tasks/shard/mapped/1") for e in shown["events"]), shown
+
+    # The CLI shows the same columns.
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "airflow-lease"), "--dsn", airflow.dsn, "--schema", SCHEMA, "--json",
+         "events", "--key", "shard-1", "--kind", "acquired"],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr
+    newest = json.loads(result.stdout)["events"][0]
+    assert (newest["dag_id"], newest["run_id"], newest["task_id"], newest["map_index"]) == (
+        "mapped_and_bash", run, "shard", 1
+    ), newest
