@@ -61,11 +61,16 @@ def _seed(store: LeaseStore) -> None:
 
 
 def _zombie_publish(store: LeaseStore, holder: Lease) -> None:
-    """The crashed holder wakes up after a newer token reached the fence: its publish is rejected."""
+    """The crashed holder wakes up after a newer token reached the fence: its publish is rejected.
+
+    Written as the holder's task would (``LeaseContext.fence`` passes the task instance as ``run``).
+    """
     fences = FenceStore(store.db.dsn, schema=store.schema)
     try:
         assert fences.accept("blog", holder.token + 1, key=holder.key)
-        assert not fences.accept("blog", holder.token, key=holder.key, owner=holder.owner)
+        assert not fences.accept(
+            "blog", holder.token, key=holder.key, owner=holder.owner, run=RunRef.parse(holder.owner)
+        )
     finally:
         fences.close()
 
