@@ -5,8 +5,8 @@
 Seeds a fresh schema with ``generate_series`` in SQL (30 days of events, 100 per key, 1,000 DAGs of 10
 keys each, the kinds mixed as a busy deployment writes them), runs ``EXPLAIN (ANALYZE, BUFFERS)`` on each
 named query the timeline, the trends and the DAG tab use (the queries of core/sql/queries.sql, as the
-store sends them), then again without migration 0005's indexes (dropped inside a transaction that is
-rolled back), and drops the schema. Prints one line per query; docs/ui.md has the figures.
+store sends them), then again without migration 0005's indexes and 0007's run index (dropped inside a
+transaction that is rolled back), and drops the schema. Prints one line per query; docs/ui.md has the figures.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ SELECT format('dag_%s.task_%s', k % {dags}, k), format('dag_%s/scheduled__%s/tas
        CASE WHEN k % 10 = 0 THEN NULL ELSE now() - interval '50 minutes' END
   FROM generate_series(0, {keys} - 1) AS k;
 
-INSERT INTO {schema}.event (at, kind, key, owner, token, detail)
+INSERT INTO {schema}.event (at, kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
 SELECT now() - (i * interval '{days} days' / {events}),
        kind,
        CASE WHEN kind = 'fence_rejected' THEN format('resource_%s', k % 500) ELSE format('dag_%s.task_%s', k % {dags}, k) END,
@@ -54,7 +54,9 @@ SELECT now() - (i * interval '{days} days' / {events}),
          WHEN 'skipped_catchup' THEN jsonb_build_object('dag_id', format('dag_%s', k % {dags}),
              'run_id', format('scheduled__%s', i), 'count', 1 + i % 7)
          ELSE jsonb_build_object('reason', 'renewal failed')
-       END
+       END,
+       -- the run columns (migration 0007), as the operators write them: the task instance of the owner
+       format('dag_%s', k % {dags}), format('run_%s', i), format('task_%s', k), -1
   FROM (
     SELECT i, i % {keys} AS k,
            CASE WHEN i % 100 < 46 THEN 'acquired' WHEN i % 100 < 92 THEN 'released'
@@ -66,7 +68,7 @@ ANALYZE {schema}.lease;
 ANALYZE {schema}.event;
 """
 
-NEW_INDEXES = ("event_dag_at_idx", "event_fence_lease_key_at_idx")
+NEW_INDEXES = ("event_dag_at_idx", "event_fence_lease_key_at_idx", "event_run_at_idx")
 
 
 def plans(cur: Any, db: Database, conn: Any) -> list[dict[str, Any]]:
@@ -89,6 +91,8 @@ def plans(cur: Any, db: Database, conn: Any) -> list[dict[str, Any]]:
          {"dag_id": dag, "since": month, "until": now, "limit": 100}),
         ("catchup_events", "catch-up gaps of a DAG, 30 d",
          {"dag_ids": [dag], "since": month, "until": now, "limit": 1000}),
+        ("run_events", "the events of one run (the task tab)",
+         {"dag_id": dag, "run_id": "run_4007", "since": None, "until": None, "limit": 10_000}),
         ("dag_leases", "the lease rows of a DAG's runs",
          {"owner_prefix": dag + "/", "limit": 1000}),
     ]
