@@ -23,9 +23,10 @@ from airflow_lease_provider.core.errors import (
 )
 from airflow_lease_provider.core.events import Event, EventCount, EventKind, EventLedger
 from airflow_lease_provider.core.fence import FenceDecision, FenceStore
+from airflow_lease_provider.core.identity import RunRef
 from airflow_lease_provider.core.keeper import LeaseKeeper
 from airflow_lease_provider.core.lease import LeaseStore
-from airflow_lease_provider.core.types import Acquisition, Lease, TokenEpoch
+from airflow_lease_provider.core.types import Acquisition, Holding, Lease, TokenEpoch
 
 __all__ = [
     "DEFAULT_SCHEMA",
@@ -37,6 +38,7 @@ __all__ = [
     "EventLedger",
     "FenceDecision",
     "FenceStore",
+    "Holding",
     "InvalidArgument",
     "Lease",
     "LeaseError",
@@ -46,6 +48,7 @@ __all__ = [
     "LeaseStore",
     "LeaseStoreError",
     "LeaseStoreUnavailable",
+    "RunRef",
     "SchemaError",
     "StaleFencingToken",
     "TokenEpoch",
