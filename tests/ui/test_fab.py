@@ -13,7 +13,7 @@ from datetime import timedelta
 
 import pytest
 
-from airflow_lease_provider.core import EventKind, LeaseStore
+from airflow_lease_provider.core import EventKind, LeaseStore, RunRef
 from tests.pg import drop_schema, new_schema_name
 from tests.ui.server import DAG_ID, OTHER_DAG_ID, AirflowServer, make_fab_server
 
@@ -52,6 +52,8 @@ def fab(pg_dsn: str) -> Iterator[Fab]:
             owner=f"{OTHER_DAG_ID}/manual__2026-12-01T11:05:00+00:00/work",
             detail={"dag_id": OTHER_DAG_ID, "run_id": "manual__2026-12-01T11:05:00+00:00", "task_id": "work",
                     "map_index": -1, "reason": "held", "holder_owner": f"{OTHER_DAG_ID}/{OTHER_RUN}/work"},
+            # as the operator writes it: the skipped task instance in the run columns
+            run=RunRef(OTHER_DAG_ID, "manual__2026-12-01T11:05:00+00:00", task_id="work"),
         )
         for key, owner in ((DEMO_KEY, f"{DAG_ID}/r0/publish"), (OTHER_KEY, f"{OTHER_DAG_ID}/r0/work")):
             store.events.record(EventKind.RELEASED, key, owner=owner, token=1, detail={"held_seconds": 60})
