@@ -96,3 +96,24 @@ class RunRef:
             return None
         index = match.group("map_index")
         return cls(dag_id, run_id, -1 if index is None else int(index), task_id=match.group("task_id"))
+
+
+def task_ref(context: Any) -> RunRef:
+    """The task instance running (its owner is ``dag_id/run_id/task_id[map_index]``)."""
+    return RunRef.of_task(context["ti"])
+
+
+def run_ref(context: Any) -> RunRef:
+    """The DAG run of the running task (the owner of a run-scoped lease: ``dag_id/run_id``)."""
+    return RunRef.of_run(context["ti"])
+
+
+def task_tags(context: Any, key: str) -> dict[str, str]:
+    ti = context["ti"]
+    return {"dag_id": ti.dag_id, "task_id": ti.task_id, "lease_key": key}
+
+
+def event_detail(context: Any, **extra: Any) -> dict[str, Any]:
+    """Who an event is about: the task instance (and its try), plus ``extra``."""
+    ti = context["ti"]
+    return {**task_ref(context).detail(), "try_number": getattr(ti, "try_number", None), **extra}
