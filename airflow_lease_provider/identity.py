@@ -1,7 +1,9 @@
 """Who holds a lease: the run identity behind an owner string, and the default lease key.
 
 The one place where an Airflow task instance becomes a lease owner and an owner string becomes a run
-again (the operators write it, the UI and CLI read it back). Nothing here imports Airflow.
+again (the operators write it, the UI and CLI read it back). The functions at the end read the running
+task's identity from its Airflow context (``context["ti"]``): its owner, metric tags and event detail.
+Nothing here imports Airflow.
 
 ======================================  =================================================  ===================
 lease                                   owner                                              default key
