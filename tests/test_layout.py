@@ -257,3 +257,19 @@ def test_the_import_check_resolves_relative_imports() -> None:
     source = "from .leased import LeasedOperator, check_name\nfrom . import leased\nfrom ..operators.leased import x\n"
     found = _imports_from(PACKAGE / "operators" / "sample.py", "airflow_lease_provider.operators.leased", source)
     assert found == [(1, "LeasedOperator"), (1, "check_name"), (3, "x")]
+
+
+def test_the_provider_info_and_its_table_import_without_airflow() -> None:
+    # Airflow calls get_provider_info while it is still configuring itself: the table (and the core
+    # constants it refers to) must not import Airflow.
+    code = _NO_AIRFLOW.split("import airflow_lease_provider.core")[0] + textwrap.dedent(
+        """
+        from airflow_lease_provider.get_provider_info import get_provider_info
+        info = get_provider_info()
+        leaked = sorted(m for m in sys.modules if m == "airflow" or m.startswith("airflow."))
+        print(sorted(info["config"]["lease"]["options"]), leaked)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("'schema'] []"), result.stdout
