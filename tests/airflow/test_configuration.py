@@ -15,8 +15,10 @@ import pytest
 
 from airflow_lease_provider import settings
 from airflow_lease_provider.core import DEFAULT_SCHEMA
+from airflow_lease_provider.core.db import DEFAULT_STATEMENT_TIMEOUT
 from airflow_lease_provider.core.events import DEFAULT_RETENTION
 from airflow_lease_provider.core.keeper import DEFAULT_RENEW_FRACTION
+from airflow_lease_provider.core.validation import MAX_DEFAULT_SAFETY_MARGIN
 from airflow_lease_provider.get_provider_info import (
     CONN_TYPE,
     CONNECTION_FIELDS,
@@ -115,3 +117,17 @@ def test_no_other_module_writes_a_default_of_the_table() -> None:
             if isinstance(node, ast.Constant) and node.value in values and path not in owners:
                 found.append(f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}")
     assert found == []
+
+
+def test_the_core_figures_the_docs_quote_are_the_cores() -> None:
+    # The core's own defaults (renewal, safety margin, statement timeout) as the docs state them.
+    airflow_md = " ".join((ROOT / "docs" / "airflow.md").read_text().split())
+    core_md = " ".join((ROOT / "docs" / "core.md").read_text().split())
+    margin = f"{MAX_DEFAULT_SAFETY_MARGIN.total_seconds():g} s"
+    assert DEFAULT_RENEW_FRACTION == pytest.approx(1 / 3)
+    assert (
+        "TTL x `renew_fraction` (TTL/3) | must be shorter than the TTL minus the keeper's safety margin "
+        f"(TTL/10, at most {margin})"
+    ) in airflow_md
+    assert f"(`safety_margin`, default TTL/10 up to {margin}," in core_md
+    assert f"`statement_timeout` ({DEFAULT_STATEMENT_TIMEOUT.total_seconds():g} s by default)" in core_md
