@@ -4,10 +4,11 @@ The one table of the provider's configuration facts: the ``[lease]`` options wit
 (:data:`OPTIONS`, which :mod:`airflow_lease_provider.settings` reads its fallbacks from) and the
 connection form (:data:`CONNECTION_FIELDS`, :data:`CONNECTION_FORM`, which ``LeaseHook`` returns too).
 Where a default is the core's own (the schema, the renewal fraction, the event retention), the table
-refers to the core's constant instead of repeating it.
+states the core's value and ``tests/airflow/test_configuration.py`` holds the two equal: importing the
+core here would load psycopg2 and the whole store into every process that lists providers.
 
-Keep it import-light: Airflow calls it while it is still configuring itself. It imports nothing from
-Airflow or the Airflow layer; the core it refers to imports nothing from Airflow either.
+Keep it import-light: Airflow calls it while it is still configuring itself. It imports nothing but the
+package's version (tests/test_layout.py checks that neither Airflow nor the core is loaded).
 """
 
 from __future__ import annotations
@@ -16,9 +17,12 @@ from copy import deepcopy
 from typing import Any
 
 from airflow_lease_provider import __version__
-from airflow_lease_provider.core.db import DEFAULT_SCHEMA
-from airflow_lease_provider.core.events import DEFAULT_RETENTION
-from airflow_lease_provider.core.keeper import DEFAULT_RENEW_FRACTION
+
+#: The core's defaults, as the table states them (equal to ``core.db.DEFAULT_SCHEMA``,
+#: ``core.keeper.DEFAULT_RENEW_FRACTION`` and ``core.events.DEFAULT_RETENTION``: tested).
+DEFAULT_SCHEMA = "airflow_lease"
+DEFAULT_RENEW_FRACTION = "0.3333"
+DEFAULT_RETENTION_DAYS = "30"
 
 #: The lease store's connection: its default id, its type and the name the connection form shows.
 DEFAULT_CONN_ID = "lease_default"
@@ -54,14 +58,14 @@ OPTIONS: dict[str, dict[str, str]] = {
         "version_added": "0.1.0",
         "type": "float",
         "example": "0.25",
-        "default": f"{DEFAULT_RENEW_FRACTION:.4f}",
+        "default": DEFAULT_RENEW_FRACTION,
     },
     "event_retention_days": {
         "description": "How many days the event ledger keeps events.",
         "version_added": "0.1.0",
         "type": "integer",
         "example": "90",
-        "default": str(DEFAULT_RETENTION.days),
+        "default": DEFAULT_RETENTION_DAYS,
     },
     "clock_skew_warning_seconds": {
         "description": (

@@ -260,13 +260,16 @@ def test_the_import_check_resolves_relative_imports() -> None:
 
 
 def test_the_provider_info_and_its_table_import_without_airflow() -> None:
-    # Airflow calls get_provider_info while it is still configuring itself: the table (and the core
-    # constants it refers to) must not import Airflow.
+    # Airflow calls get_provider_info while it is still configuring itself, in every process that
+    # lists providers: the table must not import Airflow, nor the core (psycopg2, the store).
     code = _NO_AIRFLOW.split("import airflow_lease_provider.core")[0] + textwrap.dedent(
         """
         from airflow_lease_provider.get_provider_info import get_provider_info
         info = get_provider_info()
-        leaked = sorted(m for m in sys.modules if m == "airflow" or m.startswith("airflow."))
+        leaked = sorted(
+            m for m in sys.modules
+            if m in ("airflow", "psycopg2", "airflow_lease_provider.core") or m.startswith("airflow.")
+        )
         print(sorted(info["config"]["lease"]["options"]), leaked)
         """
     )

@@ -97,6 +97,11 @@ def test_the_core_defaults_and_the_airflow_defaults_agree(monkeypatch: pytest.Mo
     assert settings.event_retention() == DEFAULT_RETENTION
     assert settings.clock_skew_warning() == timedelta(seconds=float(OPTIONS["clock_skew_warning_seconds"]["default"]))
     assert (settings.embedded(), settings.hold_connection()) == ("auto", False)
+    # The table states the core's defaults (it does not import the core): the same values.
+    assert CONNECTION_FIELDS["lease_schema"]["schema"]["default"] == DEFAULT_SCHEMA
+    assert OPTIONS["schema"]["default"] == DEFAULT_SCHEMA
+    assert OPTIONS["renew_fraction"]["default"] == f"{DEFAULT_RENEW_FRACTION:.4f}"
+    assert OPTIONS["event_retention_days"]["default"] == str(DEFAULT_RETENTION.days)
 
 
 def test_the_documented_defaults_are_the_declared_ones() -> None:
