@@ -29,6 +29,10 @@ from airflow_lease_provider.core import (
 from airflow_lease_provider.identity import RunRef
 from airflow_lease_provider.outcomes import Outcome, report
 
+#: XCom keys this provider writes. ``lease`` is also the key of the :class:`LeaseContext` in the task's context.
+XCOM_LEASE = "lease"
+XCOM_SKIP_REASON = "lease_skip_reason"
+
 _current: contextvars.ContextVar[LeaseContext | None] = contextvars.ContextVar("lease_context", default=None)
 
 

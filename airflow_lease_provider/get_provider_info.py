@@ -1,13 +1,135 @@
 """Provider metadata read by Airflow's ProvidersManager (entry point ``apache_airflow_provider``).
 
-Keep it import-light: Airflow calls it while it is still configuring itself.
+The one table of the provider's configuration facts: the ``[lease]`` options with their defaults
+(:data:`OPTIONS`, which :mod:`airflow_lease_provider.settings` reads its fallbacks from) and the
+connection form (:data:`CONNECTION_FIELDS`, :data:`CONNECTION_FORM`, which ``LeaseHook`` returns too).
+Where a default is the core's own (the schema, the renewal fraction, the event retention), the table
+states the core's value and ``tests/airflow/test_configuration.py`` holds the two equal: importing the
+core here would load psycopg2 and the whole store into every process that lists providers.
+
+Keep it import-light: Airflow calls it while it is still configuring itself. It imports nothing but the
+package's version (tests/test_layout.py checks that neither Airflow nor the core is loaded).
 """
 
 from __future__ import annotations
 
+from copy import deepcopy
 from typing import Any
 
 from airflow_lease_provider import __version__
+
+#: The core's defaults, as the table states them (equal to ``core.db.DEFAULT_SCHEMA``,
+#: ``core.keeper.DEFAULT_RENEW_FRACTION`` and ``core.events.DEFAULT_RETENTION``: tested).
+DEFAULT_SCHEMA = "airflow_lease"
+DEFAULT_RENEW_FRACTION = "0.3333"
+DEFAULT_RETENTION_DAYS = "30"
+
+#: The lease store's connection: its default id, its type and the name the connection form shows.
+DEFAULT_CONN_ID = "lease_default"
+CONN_TYPE = "lease"
+HOOK_NAME = "Lease store (PostgreSQL)"
+
+#: The ``[lease]`` options as Airflow's provider config declares them (every value a string).
+OPTIONS: dict[str, dict[str, str]] = {
+    "conn_id": {
+        "description": (
+            "Airflow connection of the lease store: a PostgreSQL connection (conn type "
+            "postgres, e.g. AIRFLOW_CONN_LEASE_DEFAULT='postgresql://user:pw@host:5432/db'). "
+            "When it is not defined, a leased task fails with an error naming it, except "
+            "where [lease] embedded allows the embedded PostgreSQL under AIRFLOW_HOME."
+        ),
+        "version_added": "0.1.0",
+        "type": "string",
+        "example": "my_postgres",
+        "default": DEFAULT_CONN_ID,
+    },
+    "schema": {
+        "description": "PostgreSQL schema of the lease, fence and event tables.",
+        "version_added": "0.1.0",
+        "type": "string",
+        "example": "airflow_lease",
+        "default": DEFAULT_SCHEMA,
+    },
+    "renew_fraction": {
+        "description": (
+            "Renew a lease every TTL x this fraction while its task runs. 1/3 leaves room "
+            "for two missed renewals before the lease lapses."
+        ),
+        "version_added": "0.1.0",
+        "type": "float",
+        "example": "0.25",
+        "default": DEFAULT_RENEW_FRACTION,
+    },
+    "event_retention_days": {
+        "description": "How many days the event ledger keeps events.",
+        "version_added": "0.1.0",
+        "type": "integer",
+        "example": "90",
+        "default": DEFAULT_RETENTION_DAYS,
+    },
+    "clock_skew_warning_seconds": {
+        "description": (
+            "Warn at acquire when the worker's clock differs from the database's by more "
+            "than this. No decision depends on the worker's clock; the warning is for people."
+        ),
+        "version_added": "0.1.0",
+        "type": "float",
+        "example": "5",
+        "default": "2",
+    },
+    "embedded_dir": {
+        "description": (
+            "Data directory of the embedded PostgreSQL used when no lease connection is "
+            "defined on a single-host Airflow. Default: AIRFLOW_HOME/lease-postgres."
+        ),
+        "version_added": "0.1.0",
+        "type": "string",
+        "example": "/var/lib/airflow/lease-postgres",
+        "default": "",
+    },
+    "embedded": {
+        "description": (
+            "Whether a missing lease connection falls back to the embedded PostgreSQL, "
+            "which protects one host only. auto: only where no second host can exist "
+            "(every executor local and the metadata database on SQLite, as airflow "
+            "standalone has it); true: always (you promise Airflow runs on one host); "
+            "false: never."
+        ),
+        "version_added": "0.1.0",
+        "type": "string",
+        "example": "true",
+        "default": "auto",
+    },
+    "hold_connection": {
+        "description": (
+            "Keep one open store connection per running leased task. False (the "
+            "default): the connection is closed as soon as it is idle and opened again "
+            "for the next renewal, so a thousand running leases do not need a thousand "
+            "server connections. True saves a connect per renewal (behind pgbouncer, "
+            "where client connections are cheap)."
+        ),
+        "version_added": "0.1.0",
+        "type": "boolean",
+        "example": "True",
+        "default": "False",
+    },
+}
+
+#: Extra fields of the connection form (Airflow 3's ``conn-fields``).
+CONNECTION_FIELDS: dict[str, dict[str, Any]] = {
+    "lease_schema": {
+        "label": "Lease schema",
+        "schema": {"type": ["string", "null"], "default": DEFAULT_SCHEMA},
+        "description": "PostgreSQL schema holding the lease tables (default [lease] schema).",
+    },
+}
+
+#: The standard fields of the connection form, as ``BaseHook.get_ui_field_behaviour`` returns them.
+CONNECTION_FORM: dict[str, Any] = {
+    "hidden_fields": [],
+    "relabeling": {"schema": "Database"},
+    "placeholders": {"host": "localhost", "port": "5432", "schema": "airflow", "login": "airflow"},
+}
 
 
 def get_provider_info() -> dict[str, Any]:
@@ -50,20 +172,10 @@ def get_provider_info() -> dict[str, Any]:
         "connection-types": [
             {
                 "hook-class-name": "airflow_lease_provider.hooks.lease.LeaseHook",
-                "hook-name": "Lease store (PostgreSQL)",
-                "connection-type": "lease",
-                "conn-fields": {
-                    "lease_schema": {
-                        "label": "Lease schema",
-                        "schema": {"type": ["string", "null"], "default": "airflow_lease"},
-                        "description": "PostgreSQL schema holding the lease tables (default [lease] schema).",
-                    },
-                },
-                "ui-field-behaviour": {
-                    "hidden-fields": [],
-                    "relabeling": {"schema": "Database"},
-                    "placeholders": {"host": "localhost", "port": "5432", "schema": "airflow"},
-                },
+                "hook-name": HOOK_NAME,
+                "connection-type": CONN_TYPE,
+                "conn-fields": deepcopy(CONNECTION_FIELDS),
+                "ui-field-behaviour": {key.replace("_", "-"): deepcopy(value) for key, value in CONNECTION_FORM.items()},
             }
         ],
         "task-decorators": [
@@ -76,90 +188,7 @@ def get_provider_info() -> dict[str, Any]:
         "config": {
             "lease": {
                 "description": "Options of airflow-lease-provider: where leases live and how they renew.",
-                "options": {
-                    "conn_id": {
-                        "description": (
-                            "Airflow connection of the lease store: a PostgreSQL connection (conn type "
-                            "postgres, e.g. AIRFLOW_CONN_LEASE_DEFAULT='postgresql://user:pw@host:5432/db'). "
-                            "When it is not defined, a leased task fails with an error naming it, except "
-                            "where [lease] embedded allows the embedded PostgreSQL under AIRFLOW_HOME."
-                        ),
-                        "version_added": "0.1.0",
-                        "type": "string",
-                        "example": "my_postgres",
-                        "default": "lease_default",
-                    },
-                    "schema": {
-                        "description": "PostgreSQL schema of the lease, fence and event tables.",
-                        "version_added": "0.1.0",
-                        "type": "string",
-                        "example": "airflow_lease",
-                        "default": "airflow_lease",
-                    },
-                    "renew_fraction": {
-                        "description": (
-                            "Renew a lease every TTL x this fraction while its task runs. 1/3 leaves room "
-                            "for two missed renewals before the lease lapses."
-                        ),
-                        "version_added": "0.1.0",
-                        "type": "float",
-                        "example": "0.25",
-                        "default": "0.3333",
-                    },
-                    "event_retention_days": {
-                        "description": "How many days the event ledger keeps events.",
-                        "version_added": "0.1.0",
-                        "type": "integer",
-                        "example": "90",
-                        "default": "30",
-                    },
-                    "clock_skew_warning_seconds": {
-                        "description": (
-                            "Warn at acquire when the worker's clock differs from the database's by more "
-                            "than this. No decision depends on the worker's clock; the warning is for people."
-                        ),
-                        "version_added": "0.1.0",
-                        "type": "float",
-                        "example": "5",
-                        "default": "2",
-                    },
-                    "embedded_dir": {
-                        "description": (
-                            "Data directory of the embedded PostgreSQL used when no lease connection is "
-                            "defined on a single-host Airflow. Default: AIRFLOW_HOME/lease-postgres."
-                        ),
-                        "version_added": "0.1.0",
-                        "type": "string",
-                        "example": "/var/lib/airflow/lease-postgres",
-                        "default": "",
-                    },
-                    "embedded": {
-                        "description": (
-                            "Whether a missing lease connection falls back to the embedded PostgreSQL, "
-                            "which protects one host only. auto: only where no second host can exist "
-                            "(every executor local and the metadata database on SQLite, as airflow "
-                            "standalone has it); true: always (you promise Airflow runs on one host); "
-                            "false: never."
-                        ),
-                        "version_added": "0.1.0",
-                        "type": "string",
-                        "example": "true",
-                        "default": "auto",
-                    },
-                    "hold_connection": {
-                        "description": (
-                            "Keep one open store connection per running leased task. False (the "
-                            "default): the connection is closed as soon as it is idle and opened again "
-                            "for the next renewal, so a thousand running leases do not need a thousand "
-                            "server connections. True saves a connect per renewal (behind pgbouncer, "
-                            "where client connections are cheap)."
-                        ),
-                        "version_added": "0.1.0",
-                        "type": "boolean",
-                        "example": "True",
-                        "default": "False",
-                    },
-                },
+                "options": deepcopy(OPTIONS),
             }
         },
     }

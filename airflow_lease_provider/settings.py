@@ -9,16 +9,10 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
-DEFAULTS = {
-    "conn_id": "lease_default",
-    "schema": "airflow_lease",
-    "renew_fraction": "0.3333",
-    "event_retention_days": "30",
-    "clock_skew_warning_seconds": "2",
-    "embedded_dir": "",
-    "embedded": "auto",
-    "hold_connection": "False",
-}
+from airflow_lease_provider.get_provider_info import OPTIONS
+
+#: Each option's fallback when Airflow's config has none: the default the provider declares.
+DEFAULTS = {name: option["default"] for name, option in OPTIONS.items()}
 
 # Executors whose tasks all run on the scheduler's host: the embedded store protects them fully.
 SINGLE_HOST_EXECUTORS = {"LocalExecutor", "SequentialExecutor", "DebugExecutor"}
@@ -91,7 +85,7 @@ def single_host() -> bool:
 
 def embedded() -> str:
     """``[lease] embedded``: ``auto`` (the default), ``true`` or ``false``."""
-    raw = _get("embedded").lower() or "auto"
+    raw = (_get("embedded") or DEFAULTS["embedded"]).lower()
     if raw in ("true", "1", "yes", "on"):
         return "true"
     if raw in ("false", "0", "no", "off"):
@@ -122,7 +116,7 @@ def embedded_allowed() -> bool:
 
 def hold_connection() -> bool:
     """``[lease] hold_connection``: keep one store connection open per running task (default: no)."""
-    raw = _get("hold_connection").lower() or "false"
+    raw = (_get("hold_connection") or DEFAULTS["hold_connection"]).lower()
     if raw in ("true", "1", "yes", "on"):
         return True
     if raw in ("false", "0", "no", "off"):

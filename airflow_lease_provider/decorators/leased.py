@@ -20,7 +20,8 @@ from typing import Any
 
 from airflow.providers.standard.operators.python import PythonOperator
 
-from airflow_lease_provider.operators.leased import LeasedOperator, validate_lease_kwargs
+from airflow_lease_provider.arguments import validate_lease_kwargs
+from airflow_lease_provider.operators.leased import LeasedOperator
 from airflow_lease_provider.version_compat import DecoratedOperator, TaskDecorator, task_decorator_factory
 
 LeasedPythonOperator = LeasedOperator.wrap(PythonOperator)

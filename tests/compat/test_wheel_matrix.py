@@ -2,23 +2,32 @@
 
 Per version: the provider, the plugin and the timetable load; the example DAGs import cleanly; and a
 smoke through ``airflow dags test`` (a leased task, a leased BashOperator, an overlap skip, a fenced
-publish, a fence rejection, metrics through statsd) plus the capped catch-up as the scheduler computes
-it (``airflow dags next-execution`` on the serialized DAG). ``scripts/compat`` runs this tier.
+publish, a fence rejection, metrics through statsd), the same smoke run by real processes (``airflow
+standalone``, triggered through the REST API with no logical date), plus the capped catch-up as the
+scheduler computes it (``airflow dags next-execution`` on the serialized DAG). ``scripts/compat`` runs
+this tier.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import inspect
+import json
+import os
 import re
+import signal
 import sqlite3
+import subprocess
 import textwrap
 
 import pytest
 
 from airflow_lease_provider.core import EventKind, FenceStore, LeaseStore
+from demo.airflow_api import AirflowAPI, wait
 from tests.airflow.harness import StatsdListener
 from tests.compat.conftest import Home
+from tests.deployment.deployment import free_port
 from tests.pg import execute, q
 
 pytestmark = [pytest.mark.compat, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -158,3 +167,72 @@ def test_capped_catch_up_as_the_scheduler_computes_it(home: Home) -> None:
     first = datetime.datetime.fromisoformat(stamps[0])
     now = datetime.datetime.now(datetime.timezone.utc)
     assert now - datetime.timedelta(hours=3) <= first <= now, stamps
+
+
+def test_real_airflow_processes_run_the_smoke_dag_triggered_with_no_logical_date(home: Home, pg_dsn: str) -> None:
+    """The door a user walks through: ``airflow standalone`` (scheduler, dag-processor, api-server,
+    triggerer) of this Airflow, the run triggered through the REST API with no logical date, the
+    outcome read back from Airflow's API and from the ledger."""
+    store = LeaseStore(pg_dsn, schema=home.schema)
+    port = free_port()
+    env = {
+        **home.env,
+        "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": "admin:admin",
+        "AIRFLOW__CORE__DAGS_ARE_PAUSED_AT_CREATION": "True",
+        "AIRFLOW__API__PORT": str(port),
+        "AIRFLOW__API__BASE_URL": f"http://localhost:{port}",
+        "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__WORKER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__LOGGING__TRIGGER_LOG_SERVER_PORT": str(free_port()),
+        "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+    }
+    log_path = home.path / "standalone.log"
+    passwords = home.path / "simple_auth_manager_passwords.json.generated"
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(
+            [str(home.venv.bin / "airflow"), "standalone"], env=env, cwd=home.path, stdout=log,
+            stderr=subprocess.STDOUT, start_new_session=True,
+        )
+    probe = AirflowAPI(f"http://localhost:{port}", "admin", "")
+    api: AirflowAPI | None = None
+    held = None
+    try:
+        def up() -> bool:
+            if proc.poll() is not None:
+                raise AssertionError(f"airflow standalone exited {proc.returncode}:\n{log_path.read_text()[-4000:]}")
+            return passwords.exists() and probe.healthy()
+
+        wait(up, bool, 300, f"Airflow {home.venv.airflow_version} standalone to be healthy")
+        api = AirflowAPI(f"http://localhost:{port}", "admin", json.loads(passwords.read_text())["admin"])
+        wait(api.dag_ids, lambda ids: "compat_smoke" in ids, 180, "compat_smoke to be parsed")
+        held = store.acquire("compat-held", owner="someone-else/run", ttl=datetime.timedelta(minutes=5))
+        assert held is not None
+        before = store.events.query(key="compat-held", kind=EventKind.SKIPPED_OVERLAP)
+        api.unpause("compat_smoke")
+        run_id = api.trigger("compat_smoke")  # no logical date, as the UI's trigger button sends
+        state = api.wait_for_run("compat_smoke", run_id, timeout=300)
+        states = api.task_states("compat_smoke", run_id)
+        assert (state, states) == ("success", {"publish": "success", "bash": "success", "overlapped": "skipped"}), (
+            state, states, log_path.read_text()[-4000:],
+        )
+        token = api.xcom("compat_smoke", run_id, "publish")
+        rows = execute(pg_dsn, q("SELECT writer, token FROM {schema}.compat_articles", home.schema))
+        assert ("publish", token) in rows  # the fenced write, with this run's token
+        skipped = store.events.query(key="compat-held", kind=EventKind.SKIPPED_OVERLAP)
+        assert len(skipped) == len(before) + 1
+        assert store.holder("compat-held").owner == "someone-else/run"
+        assert store.holder("compat-publish") is None
+    finally:
+        probe.close()
+        if api is not None:
+            api.close()
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+        if held is not None:
+            store.release(held)
+        store.close()
