@@ -148,8 +148,12 @@ def record_skipped_catchup(
             "run_id": run_id,
             "max_backfill": timetable.max_backfill,
         }
+        # The run columns: this run, and the task instance writing the record when the context has one.
         ti = context.get("ti")
-        run = RunRef.of_task(ti) if ti is not None and getattr(ti, "task_id", None) else RunRef(dag_id, run_id)
+        task_id, map_index = _value(ti, "task_id"), _value(ti, "map_index")
+        run = RunRef(dag_id, run_id, -1 if map_index is None else int(map_index), task_id=str(task_id)) if task_id else (
+            RunRef(dag_id, run_id)
+        )
         if not _insert_once(ledger, job, run, detail):
             return skipped  # another task or try wrote the record and counted it (or will)
     else:

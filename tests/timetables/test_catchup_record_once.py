@@ -117,6 +117,16 @@ def test_a_retry_and_a_later_task_of_the_run_find_the_record(
     assert [c for s, c in metric_calls if s == METRIC] == [SKIPPED]
 
 
+def test_the_record_names_its_run_and_the_writing_task_in_the_run_columns(pg_dsn: str, schema: str) -> None:
+    ctx = context(AFTER_GAP, BEFORE_GAP)
+    ctx["ti"].task_id, ctx["ti"].map_index = "publish", 2
+    with LeaseStore(pg_dsn, schema=schema) as store:
+        assert record_skipped_catchup(ctx, ledger=store.events) is not None
+        (event,) = store.run_events("articles", AFTER_GAP.run_id)
+    assert event.kind == "skipped_catchup" and event.owner == f"articles/{AFTER_GAP.run_id}"
+    assert event.run is not None and (event.run.task_id, event.run.map_index) == ("publish", 2)
+
+
 def test_the_database_refuses_a_second_record_of_a_gap(pg_dsn: str, schema: str) -> None:
     """The rule lives in the database: even a plain INSERT of a second record for the run fails."""
     LeaseStore(pg_dsn, schema=schema).ensure_schema()
