@@ -1,0 +1,94 @@
+-- Version 8: the cheapest statement first (issue 15). acquire reads before it writes, so a held key costs
+-- one index lookup and no token floor; renew and release run as plpgsql functions, so their plans are
+-- cached per session like acquire's (they were parsed and planned on every call). Same results, same
+-- single round trip, same database clock.
+
+-- acquire: a key someone else holds is answered by one read (a failed attempt takes no row lock and
+-- writes nothing); otherwise the conditional UPDATE takes a free, expired or own lease, or the INSERT
+-- creates a new key. The token floor (lease_token_floor) is computed only for a row actually written.
+-- Each statement takes its own READ COMMITTED snapshot, so a change made between two of them is seen by
+-- the next: an UPDATE that finds nothing (someone took the lease since the read) starts over, at most
+-- three times; after that the row is returned as it is (the caller reads the holder again).
+CREATE OR REPLACE FUNCTION lease_acquire(p_key text, p_owner text, p_ttl interval)
+RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
+               renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+BEGIN
+    FOR attempt IN 1..3 LOOP
+        RETURN QUERY
+        SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+               clock_timestamp()
+          FROM lease l
+         WHERE l.key = p_key AND l.expires_at > clock_timestamp() AND l.owner <> p_owner;
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        RETURN QUERY
+        UPDATE lease AS l
+           SET owner = p_owner, token = greatest(l.token + 1, lease_token_floor() + 1), ttl = p_ttl,
+               acquired_at = clock_timestamp(), renewed_at = clock_timestamp(),
+               expires_at = clock_timestamp() + p_ttl, released_at = NULL
+         WHERE l.key = p_key AND (l.expires_at <= clock_timestamp() OR l.owner = p_owner)
+        RETURNING true, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+                  clock_timestamp();
+        IF FOUND THEN
+            RETURN;
+        END IF;
+        RETURN QUERY
+        INSERT INTO lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at)
+        VALUES (p_key, p_owner, lease_token_floor() + 1, p_ttl, clock_timestamp(), clock_timestamp(),
+                clock_timestamp() + p_ttl)
+        ON CONFLICT (key) DO NOTHING
+        RETURNING true, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+                  clock_timestamp();
+        IF FOUND THEN
+            RETURN;
+        END IF;
+    END LOOP;
+    RETURN QUERY
+    SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+           clock_timestamp()
+      FROM lease l
+     WHERE l.key = p_key;
+END;
+$$;
+
+-- renew: extends a lease only while it is still this owner's, with this token, and unexpired (decision 6).
+CREATE FUNCTION lease_renew(p_key text, p_owner text, p_token bigint, p_ttl interval)
+RETURNS TABLE (key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
+               renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    UPDATE lease AS l
+       SET renewed_at = clock_timestamp(), expires_at = clock_timestamp() + p_ttl, ttl = p_ttl
+     WHERE l.key = p_key AND l.owner = p_owner AND l.token = p_token
+       AND l.expires_at > clock_timestamp() AND l.released_at IS NULL
+    RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+              clock_timestamp();
+END;
+$$;
+
+-- release: frees the lease only if owner and token still match (decision 7). The row and its token stay.
+CREATE FUNCTION lease_release(p_key text, p_owner text, p_token bigint)
+RETURNS TABLE (key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
+               renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    UPDATE lease AS l
+       SET expires_at = LEAST(l.expires_at, clock_timestamp()), released_at = clock_timestamp()
+     WHERE l.key = p_key AND l.owner = p_owner AND l.token = p_token AND l.released_at IS NULL
+    RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+              l.released_at;
+END;
+$$;
