@@ -12,6 +12,11 @@
 -- row lock re-evaluates its WHERE and SET on the new row version, and must do so with the time *then*.
 SELECT * FROM {schema}.lease_acquire(%(key)s, %(owner)s, %(ttl)s);
 
+-- name: acquire_logged
+-- acquire with the ledger on: the grant and its 'acquired' event (%(detail)s plus the expiry) in one
+-- transaction, so one durable commit and one round trip (migrations/0008). A failed attempt writes nothing.
+SELECT * FROM {schema}.lease_acquire_logged(%(key)s, %(owner)s, %(ttl)s, %(detail)s);
+
 -- name: renew
 -- Extends a lease only while it is still this owner's, with this token, and unexpired (decision 6):
 -- a renewal never brings back a lease that lapsed, even if nobody took it. A renewal that waited on a
@@ -23,6 +28,11 @@ SELECT * FROM {schema}.lease_renew(%(key)s, %(owner)s, %(token)s, %(ttl)s);
 -- Frees the lease only if owner and token still match (decision 7). The row and its token stay.
 -- lease_release (migrations/0008) is that one UPDATE, with its plan cached per session.
 SELECT * FROM {schema}.lease_release(%(key)s, %(owner)s, %(token)s);
+
+-- name: release_logged
+-- release with the ledger on: the release and its 'released' event (held_seconds, released_at by the
+-- database clock, plus %(detail)s) in one transaction.
+SELECT * FROM {schema}.lease_release_logged(%(key)s, %(owner)s, %(token)s, %(detail)s);
 
 -- name: force_release
 -- Admin action: frees the lease whoever holds it and bumps the token, so the old holder's renew and
@@ -65,9 +75,8 @@ SELECT {schema}.fence_token(%(resource)s, %(key)s);
 SELECT key, token FROM {schema}.fence WHERE resource = %(resource)s AND key <> '' ORDER BY key;
 
 -- name: record_event
-INSERT INTO {schema}.event (kind, key, owner, token, detail)
-VALUES (%(kind)s, %(key)s, %(owner)s, %(token)s, %(detail)s)
-RETURNING id, at;
+-- lease_event_insert (migrations/0008) is the ledger's one INSERT, shared with acquire_logged/release_logged.
+SELECT id, at FROM {schema}.lease_event_insert(%(kind)s, %(key)s, %(owner)s, %(token)s, %(detail)s);
 
 -- name: record_skipped_catchup
 -- One record per gap per DAG in one statement: the unique index of migrations/0004 lets the first writer

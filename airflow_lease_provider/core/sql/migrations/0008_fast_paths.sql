@@ -92,3 +92,85 @@ BEGIN
               l.released_at;
 END;
 $$;
+
+-- The ledger's insert, in one place: record_event (queries.sql) and the lease functions that write their
+-- event in the same transaction as the lease (below) all call it. A plpgsql function, so its plan is
+-- cached per session too.
+CREATE FUNCTION lease_event_insert(p_kind text, p_key text, p_owner text, p_token bigint, p_detail jsonb)
+RETURNS TABLE (id bigint, at timestamptz)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+BEGIN
+    RETURN QUERY
+    INSERT INTO event AS e (kind, key, owner, token, detail)
+    VALUES (p_kind, p_key, p_owner, p_token, p_detail)
+    RETURNING e.id, e.at;
+END;
+$$;
+
+-- acquire with the ledger on: a grant and its 'acquired' event are one transaction, so one commit (the
+-- grant's durable one) and one round trip. p_detail is the event's detail from the caller; the grant's
+-- expiry is added here. A failed attempt writes nothing. The event is best effort, as when it was written
+-- on its own: if its insert fails (a broken ledger), the grant stands and `logged` says false.
+CREATE FUNCTION lease_acquire_logged(p_key text, p_owner text, p_ttl interval, p_detail jsonb)
+RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
+               renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz,
+               logged boolean)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT * FROM lease_acquire(p_key, p_owner, p_ttl) LOOP
+        logged := false;
+        IF r.acquired THEN
+            BEGIN
+                PERFORM lease_event_insert('acquired', p_key, p_owner, r.token,
+                                           p_detail || jsonb_build_object('expires_at', r.expires_at));
+                logged := true;
+            EXCEPTION WHEN OTHERS THEN
+                logged := false;
+            END;
+        END IF;
+        acquired := r.acquired; key := r.key; owner := r.owner; token := r.token; ttl := r.ttl;
+        acquired_at := r.acquired_at; renewed_at := r.renewed_at; expires_at := r.expires_at;
+        released_at := r.released_at; observed_at := r.observed_at;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
+
+-- release with the ledger on: the release and its 'released' event (how long it was held, by the
+-- database clock) in one transaction; the event best effort as above.
+CREATE FUNCTION lease_release_logged(p_key text, p_owner text, p_token bigint, p_detail jsonb)
+RETURNS TABLE (key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
+               renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz,
+               logged boolean)
+LANGUAGE plpgsql
+SET search_path FROM CURRENT
+AS $$
+#variable_conflict use_column
+DECLARE
+    r record;
+BEGIN
+    FOR r IN SELECT * FROM lease_release(p_key, p_owner, p_token) LOOP
+        BEGIN
+            PERFORM lease_event_insert('released', p_key, p_owner, p_token,
+                                       p_detail || jsonb_build_object(
+                                           'held_seconds', extract(epoch FROM r.observed_at - r.acquired_at)::float8,
+                                           'released_at', r.observed_at));
+            logged := true;
+        EXCEPTION WHEN OTHERS THEN
+            logged := false;
+        END;
+        key := r.key; owner := r.owner; token := r.token; ttl := r.ttl; acquired_at := r.acquired_at;
+        renewed_at := r.renewed_at; expires_at := r.expires_at; released_at := r.released_at;
+        observed_at := r.observed_at;
+        RETURN NEXT;
+    END LOOP;
+END;
+$$;
