@@ -356,10 +356,21 @@ def _select_one(client: Client, pool: int) -> Attempt:
 
 
 def _commit_floor(client: Client, pool: int) -> Attempt:
-    # txid_current() gives the implicit transaction an xid, so its commit writes a commit record and,
-    # with synchronous_commit on, waits for the WAL flush: the floor for any durable write.
+    # txid_current() gives the implicit transaction an xid, so its commit writes a commit record; but a
+    # transaction that wrote no other WAL commits without waiting for the flush (RecordTransactionCommit
+    # waits only when the transaction wrote WAL), so this is the floor of a commit, not of a durable one.
     def attempt() -> bool:
         client.cur.execute(sqltext.COMMIT_FLOOR)
+        return client.cur.fetchone() is not None
+
+    return Attempt(attempt)
+
+
+def _flush_floor(client: Client, pool: int) -> Attempt:
+    # One transactional WAL record (a logical message, no table) and the commit that waits for its flush
+    # with synchronous_commit = on: the floor of any durable write, such as a grant.
+    def attempt() -> bool:
+        client.cur.execute(sqltext.FLUSH_FLOOR)
         return client.cur.fetchone() is not None
 
     return Attempt(attempt)
@@ -402,13 +413,15 @@ SHEDLOCK_UPDATE = "ShedLock UPDATE"
 SHEDLOCK_EXTEND = "ShedLock extend"
 ADVISORY = "advisory xact lock"
 SELECT1 = "SELECT 1"
-COMMIT = "durable commit (txid_current)"
+COMMIT = "commit (txid_current)"
+FLUSHED_COMMIT = "durable commit (1 WAL record, flushed)"
 FENCE = "FenceStore.accept"
 RAW_FENCE = "fence upsert (SQL)"
 
 _BUILDERS: dict[tuple[str, str], Callable[[Client, int], Attempt]] = {
     ("floor", SELECT1): _select_one,
     ("floor", COMMIT): _commit_floor,
+    ("floor", FLUSHED_COMMIT): _flush_floor,
     ("success", LEASE): _lease_pool,
     ("success", LEASE_EVENTS): _lease_pool_events,
     ("success", LEASE_BEFORE): _before_pool,

@@ -20,7 +20,7 @@ from bench.server import Server, WalAttributor
 
 #: Scenarios in table order, with their arms in table order (the run rotates the order per repeat).
 SCENARIOS: dict[str, tuple[str, ...]] = {
-    "floor": (arms.SELECT1, arms.COMMIT),
+    "floor": (arms.SELECT1, arms.COMMIT, arms.FLUSHED_COMMIT),
     "success": (arms.LEASE, arms.LEASE_EVENTS, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK, arms.ADVISORY),
     "hot": (arms.LEASE, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK, arms.SHEDLOCK_UPDATE, arms.ADVISORY),
     "handoff": (arms.LEASE, arms.NAIVE, arms.SHEDLOCK),
@@ -63,6 +63,7 @@ ARM_TABLES: dict[str, tuple[str, ...]] = {
     arms.ADVISORY: (),
     arms.SELECT1: (),
     arms.COMMIT: (),
+    arms.FLUSHED_COMMIT: (),
 }
 
 #: Successful acquires per second (all clients together) that no arm reaches: a durable write cannot

@@ -2,11 +2,10 @@
 
 On a 2-core machine 64 Python client processes take most of the CPU the server needs, so the
 store arms measure library + client + server together. Here the same statements run from pgbench
-(two threads) on a held key, as the library sends them (simple protocol: parsed and planned on every
-call), with the SET LOCAL prefix the library sends before it, prepared, and version 6's acquire for a
-before/after pair. ShedLock
-runs on JDBC, which switches to server-prepared statements after five executions, so its prepared
-form is the fair one.
+(two threads) on a held key: the statement as the library sends it (simple protocol), the same with the
+SET LOCAL prefix the library sends in the same query, prepared, and version 6's acquire for a before/after
+pair. ShedLock runs on JDBC, which switches to server-prepared statements after five executions, so its
+prepared form is the fair one.
 """
 
 from __future__ import annotations

@@ -118,6 +118,7 @@ RAW_FENCE = (
 
 SELECT_ONE = "SELECT 1"
 COMMIT_FLOOR = "SELECT txid_current()"
+FLUSH_FLOOR = "SELECT pg_logical_emit_message(true, 'lease-bench', '')"
 ADVISORY_TRY_XACT = "SELECT pg_try_advisory_xact_lock(%(lock)s)"
 
 # -- the SQL of version 6 (before issue 15), for before/after arms in the same run -------------------------
