@@ -96,14 +96,16 @@ class Client:
         if builder is None:
             raise ValueError(f"no arm {arm!r} in scenario {scenario!r}")
         self.leases.record_events = False  # only the +events arms turn it on, for their cell
-        # Only the proposed-acquire arm swaps the statement; everyone else gets the core's own again.
+        # Only the before arms swap the statements; everyone else gets the core's own again.
         self.leases.db._compiled.pop("acquire", None)
+        self.leases.db._compiled.pop("renew", None)
         return builder(self, pool)
 
-    def use_proposed_acquire(self) -> None:
-        """Send the proposed function call where the store sends its acquire statement (same code path,
-        same prefix, same parsing of the row into a Lease)."""
-        self.leases.db._compiled["acquire"] = self.q(sqltext.PROPOSED_ACQUIRE_CALL)
+    def use_before_sql(self) -> None:
+        """Send version 6's acquire function and renew statement where the store sends its own (same code
+        path, same prefix, same parsing of the row into a Lease): the before arm of a before/after pair."""
+        self.leases.db._compiled["acquire"] = self.q(sqltext.BEFORE_ACQUIRE_CALL)
+        self.leases.db._compiled["renew"] = self.q(sqltext.BEFORE_RENEW)
 
 
 # -- project arms ----------------------------------------------------------------------------------------
@@ -123,14 +125,19 @@ def _lease_pool_events(client: Client, pool: int) -> Attempt:
     return _lease_pool(client, pool)
 
 
-def _proposed_pool(client: Client, pool: int) -> Attempt:
-    client.use_proposed_acquire()
+def _before_pool(client: Client, pool: int) -> Attempt:
+    client.use_before_sql()
     return _lease_pool(client, pool)
 
 
-def _proposed_hot(client: Client, pool: int) -> Attempt:
-    client.use_proposed_acquire()
+def _before_hot(client: Client, pool: int) -> Attempt:
+    client.use_before_sql()
     return _lease_hot(client, pool)
+
+
+def _before_renew(client: Client, pool: int) -> Attempt:
+    client.use_before_sql()
+    return _lease_renew(client, pool)
 
 
 def _lease_hot(client: Client, pool: int) -> Attempt:
@@ -349,10 +356,21 @@ def _select_one(client: Client, pool: int) -> Attempt:
 
 
 def _commit_floor(client: Client, pool: int) -> Attempt:
-    # txid_current() gives the implicit transaction an xid, so its commit writes a commit record and,
-    # with synchronous_commit on, waits for the WAL flush: the floor for any durable write.
+    # txid_current() gives the implicit transaction an xid, so its commit writes a commit record; but a
+    # transaction that wrote no other WAL commits without waiting for the flush (RecordTransactionCommit
+    # waits only when the transaction wrote WAL), so this is the floor of a commit, not of a durable one.
     def attempt() -> bool:
         client.cur.execute(sqltext.COMMIT_FLOOR)
+        return client.cur.fetchone() is not None
+
+    return Attempt(attempt)
+
+
+def _flush_floor(client: Client, pool: int) -> Attempt:
+    # One transactional WAL record (a logical message, no table) and the commit that waits for its flush
+    # with synchronous_commit = on: the floor of any durable write, such as a grant.
+    def attempt() -> bool:
+        client.cur.execute(sqltext.FLUSH_FLOOR)
         return client.cur.fetchone() is not None
 
     return Attempt(attempt)
@@ -388,28 +406,30 @@ def _cycled_pool(worker: int, pool: int) -> Any:
 # Arm names as printed. The scenario lists below give the order of the table.
 LEASE = "lease"
 LEASE_EVENTS = "lease+events"
-LEASE_PROPOSED = "lease, acquire in plpgsql (proposed)"
+LEASE_BEFORE = "lease, SQL of version 6 (before)"
 NAIVE = "read-then-CAS"
 SHEDLOCK = "ShedLock upsert"
 SHEDLOCK_UPDATE = "ShedLock UPDATE"
 SHEDLOCK_EXTEND = "ShedLock extend"
 ADVISORY = "advisory xact lock"
 SELECT1 = "SELECT 1"
-COMMIT = "durable commit (txid_current)"
+COMMIT = "commit (txid_current)"
+FLUSHED_COMMIT = "durable commit (1 WAL record, flushed)"
 FENCE = "FenceStore.accept"
 RAW_FENCE = "fence upsert (SQL)"
 
 _BUILDERS: dict[tuple[str, str], Callable[[Client, int], Attempt]] = {
     ("floor", SELECT1): _select_one,
     ("floor", COMMIT): _commit_floor,
+    ("floor", FLUSHED_COMMIT): _flush_floor,
     ("success", LEASE): _lease_pool,
     ("success", LEASE_EVENTS): _lease_pool_events,
-    ("success", LEASE_PROPOSED): _proposed_pool,
+    ("success", LEASE_BEFORE): _before_pool,
     ("success", NAIVE): _naive_pool,
     ("success", SHEDLOCK): _shed_pool,
     ("success", ADVISORY): _advisory_pool,
     ("hot", LEASE): _lease_hot,
-    ("hot", LEASE_PROPOSED): _proposed_hot,
+    ("hot", LEASE_BEFORE): _before_hot,
     ("hot", NAIVE): _naive_hot,
     ("hot", SHEDLOCK): _shed_hot,
     ("hot", SHEDLOCK_UPDATE): _shed_update_hot,
@@ -419,6 +439,7 @@ _BUILDERS: dict[tuple[str, str], Callable[[Client, int], Attempt]] = {
     ("handoff", NAIVE): _naive_handoff,
     ("handoff", SHEDLOCK): _shed_handoff,
     ("renew", LEASE): _lease_renew,
+    ("renew", LEASE_BEFORE): _before_renew,
     ("renew", NAIVE): _naive_renew,
     ("renew", SHEDLOCK_EXTEND): _shed_renew,
     ("renew-paced", LEASE): _lease_renew,

@@ -20,11 +20,11 @@ from bench.server import Server, WalAttributor
 
 #: Scenarios in table order, with their arms in table order (the run rotates the order per repeat).
 SCENARIOS: dict[str, tuple[str, ...]] = {
-    "floor": (arms.SELECT1, arms.COMMIT),
-    "success": (arms.LEASE, arms.LEASE_EVENTS, arms.LEASE_PROPOSED, arms.NAIVE, arms.SHEDLOCK, arms.ADVISORY),
-    "hot": (arms.LEASE, arms.LEASE_PROPOSED, arms.NAIVE, arms.SHEDLOCK, arms.SHEDLOCK_UPDATE, arms.ADVISORY),
+    "floor": (arms.SELECT1, arms.COMMIT, arms.FLUSHED_COMMIT),
+    "success": (arms.LEASE, arms.LEASE_EVENTS, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK, arms.ADVISORY),
+    "hot": (arms.LEASE, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK, arms.SHEDLOCK_UPDATE, arms.ADVISORY),
     "handoff": (arms.LEASE, arms.NAIVE, arms.SHEDLOCK),
-    "renew": (arms.LEASE, arms.NAIVE, arms.SHEDLOCK_EXTEND),
+    "renew": (arms.LEASE, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK_EXTEND),
     "fence": (arms.FENCE, arms.RAW_FENCE),
     "many": (arms.LEASE, arms.NAIVE, arms.SHEDLOCK),
 }
@@ -53,7 +53,7 @@ PACED_INTERVAL = 0.1
 ARM_TABLES: dict[str, tuple[str, ...]] = {
     arms.LEASE: ("lease", "event"),
     arms.LEASE_EVENTS: ("lease", "event"),
-    arms.LEASE_PROPOSED: ("lease", "event"),
+    arms.LEASE_BEFORE: ("lease", "event"),
     arms.NAIVE: ("naive_lease",),
     arms.SHEDLOCK: ("shedlock",),
     arms.SHEDLOCK_UPDATE: ("shedlock",),
@@ -63,6 +63,7 @@ ARM_TABLES: dict[str, tuple[str, ...]] = {
     arms.ADVISORY: (),
     arms.SELECT1: (),
     arms.COMMIT: (),
+    arms.FLUSHED_COMMIT: (),
 }
 
 #: Successful acquires per second (all clients together) that no arm reaches: a durable write cannot

@@ -2,10 +2,10 @@
 
 On a 2-core machine 64 Python client processes take most of the CPU the server needs, so the
 store arms measure library + client + server together. Here the same statements run from pgbench
-(two threads) on a held key, as the library sends them (simple protocol: parsed and planned on every
-call) and prepared (planned once per connection: what the proposed plpgsql acquire gets). ShedLock
-runs on JDBC, which switches to server-prepared statements after five executions, so its prepared
-form is the fair one.
+(two threads) on a held key: the statement as the library sends it (simple protocol), the same with the
+SET LOCAL prefix the library sends in the same query, prepared, and version 6's acquire for a before/after
+pair. ShedLock runs on JDBC, which switches to server-prepared statements after five executions, so its
+prepared form is the fair one.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from airflow_lease_provider.core.db import named_queries
+from airflow_lease_provider.core.db import Database, named_queries
 from bench import arms, sqltext
 from bench.figures import spread
 from bench.server import Server
@@ -31,7 +31,15 @@ def _one_line(statement: str) -> str:
     return " ".join(" ".join(lines).split()).rstrip(";") + ";\n"
 
 
-def _scripts(server: Server, schema: str) -> dict[str, tuple[str, str]]:
+LEASE_SIMPLE = "lease acquire SQL, simple protocol (the statement the library sends)"
+LEASE_WITH_PREFIX = "lease acquire SQL with its SET LOCAL prefix, simple protocol (the whole query the library sends)"
+LEASE_PREPARED = "lease acquire SQL, prepared"
+LEASE_BEFORE = "lease acquire SQL of version 6 (before), simple protocol"
+SHEDLOCK_UPSERT = "ShedLock upsert, prepared (as JDBC sends it)"
+SHEDLOCK_UPDATE = "ShedLock UPDATE, prepared"
+
+
+def _scripts(server: Server, dsn: str, schema: str) -> dict[str, tuple[str, str]]:
     """(protocol, script text) per arm, with the schema quoted and the values written in as literals."""
     values = {"key": "'hot'", "owner": "'w1'", "ttl": HOLDER_TTL, "name": "'hot'", "by": "'w1'", "secs": "60"}
 
@@ -40,13 +48,19 @@ def _scripts(server: Server, schema: str) -> dict[str, tuple[str, str]]:
         return re.sub(r"%\((\w+)\)s", lambda m: values[m.group(1)], rendered)
 
     lease = _one_line(render(named_queries()["acquire"]))
+    before = _one_line(render(sqltext.BEFORE_ACQUIRE_CALL))
     upsert = _one_line(render(sqltext.SHEDLOCK_UPSERT))
     update = _one_line(render(sqltext.SHEDLOCK_UPDATE))
+    # The library's SET LOCAL prefix and the call as one simple-protocol query (pgbench's \; joins them).
+    settings = [part.strip() for part in Database(dsn, schema=schema)._prefix(True).split(";") if part.strip()]
+    with_prefix = " \\; ".join([*settings, lease.rstrip().rstrip(";")]) + ";\n"
     return {
-        "lease acquire SQL, simple protocol (as sent today)": ("simple", lease),
-        "lease acquire SQL, prepared (plan cached)": ("prepared", lease),
-        "ShedLock upsert, prepared (as JDBC sends it)": ("prepared", upsert),
-        "ShedLock UPDATE, prepared": ("prepared", update),
+        LEASE_SIMPLE: ("simple", lease),
+        LEASE_WITH_PREFIX: ("simple", with_prefix),
+        LEASE_PREPARED: ("prepared", lease),
+        LEASE_BEFORE: ("simple", before),
+        SHEDLOCK_UPSERT: ("prepared", upsert),
+        SHEDLOCK_UPDATE: ("prepared", update),
     }
 
 
@@ -103,7 +117,7 @@ def run_pgbench(
     server.seed(schema, sqltext.SEED_HELD_LEASE, {"key": arms.HOT_KEY}, table="lease")
     server.seed(schema, sqltext.SEED_HELD_SHEDLOCK, {"key": arms.HOT_KEY})
     server.vacuum(schema, ("lease", "shedlock"))
-    scripts = _scripts(server, schema)
+    scripts = _scripts(server, dsn, schema)
     names = list(scripts)
     runs: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     folder = Path(tempfile.mkdtemp(prefix="lease-bench-pgbench-"))
@@ -136,14 +150,14 @@ def run_pgbench(
             "latency_avg_ms": spread(r.get("latency_avg_ms") for r in runs[name]),
             "runs": runs[name],
         }
-    upsert = "ShedLock upsert, prepared (as JDBC sends it)"
     out["ratios"] = {
-        f"{name} / ShedLock upsert": spread(
+        f"{name} / {baseline}": spread(
             a["tps"] / b["tps"]
-            for a, b in zip(runs[name], runs[upsert], strict=True)
+            for a, b in zip(runs[name], runs[baseline], strict=True)
             if "tps" in a and "tps" in b
         )
+        for baseline in (SHEDLOCK_UPSERT, SHEDLOCK_UPDATE)
         for name in names
-        if name != upsert
+        if name not in (SHEDLOCK_UPSERT, SHEDLOCK_UPDATE) or (name == SHEDLOCK_UPDATE and baseline == SHEDLOCK_UPSERT)
     }
     return out

@@ -7,7 +7,7 @@ from collections.abc import Callable, Iterable
 from datetime import timedelta
 from typing import Any
 
-from bench import arms
+from bench import arms, pgbench
 from bench.cells import PACED_INTERVAL, SCENARIO_TITLES, SCENARIOS, TOP_ONLY
 from bench.figures import paired_ratios, spread
 
@@ -188,13 +188,15 @@ def pgbench_lines(found: dict[str, Any]) -> list[str]:
         return [f"pgbench: {found.get('status')}"]
     rows = []
     for name, arm in found["arms"].items():
-        ratio = found["ratios"].get(f"{name} / ShedLock upsert")
+        upsert = found["ratios"].get(f"{name} / ShedLock upsert, prepared (as JDBC sends it)")
+        update = found["ratios"].get(f"{name} / ShedLock UPDATE, prepared")
         rows.append(
             [
                 name,
                 cell_text(arm["tps"], "rate"),
                 cell_text(arm["latency_avg_ms"], "ms"),
-                cell_text(ratio, "x") if ratio else "1x",
+                cell_text(upsert, "x") if upsert else "1x" if "upsert" in name else "-",
+                cell_text(update, "x") if update else "1x" if "UPDATE" in name else "-",
             ]
         )
     header = [
@@ -202,8 +204,9 @@ def pgbench_lines(found: dict[str, Any]) -> list[str]:
         "attempts/s",
         "avg latency ms",
         "vs ShedLock upsert",
+        "vs ShedLock UPDATE",
     ]
-    return _table(header, rows, "lrrr")
+    return _table(header, rows, "lrrrr")
 
 
 def overhead_lines(overhead: dict[str, Any]) -> list[str]:
@@ -272,7 +275,7 @@ def _renew_targets(cells: list[dict[str, Any]], top: int) -> list[dict[str, Any]
     return out
 
 
-def targets(
+def earlier_targets(
     cells: list[dict[str, Any]],
     clients: tuple[int, ...],
     catchup: dict[str, Any] | None,
@@ -377,27 +380,237 @@ def targets(
     return out
 
 
-def proposed_lines(cells: list[dict[str, Any]], clients: tuple[int, ...]) -> list[str]:
-    """The targets' ratios again with the proposed acquire in place of today's, from the same run."""
+def _short(median: float, target: float, at_least: bool) -> str:
+    """PASS, or MISS with by how much."""
+    if at_least:
+        if median >= target:
+            return "PASS"
+        return f"MISS: short by {(1 - median / target) * 100:.0f}% ({median:.2f}x of {target:g}x)"
+    if median <= target:
+        return "PASS"
+    return f"MISS: over by {(median / target - 1) * 100:.0f}% ({median:.2f}x against at most {target:g}x)"
+
+
+def _issue_row(figure: str, measured: str, target: str, verdict: str, **extra: Any) -> dict[str, Any]:
+    return {"figure": figure, "measured": measured, "target": target, "verdict": verdict, **extra}
+
+
+def _ratio_row(
+    figure: str, ratios: list[float], target: float, at_least: bool, measured: str = "", **extra: Any
+) -> dict[str, Any]:
+    target_text = f"{'>=' if at_least else '<='} {target:g}x"
+    if not ratios:
+        return _issue_row(figure, measured or "not measured in this run", target_text, "not measured", **extra)
+    text = _ratio_text(ratios) + (f" ({measured})" if measured else "")
+    return _issue_row(figure, text, target_text, _short(statistics.median(ratios), target, at_least), ratios=ratios, **extra)
+
+
+def _rate_pair(cells: list[dict[str, Any]], scenario: str, clients: int, *arm_names: str) -> str:
+    """Median attempts/s of each arm, ``a vs b / c``."""
+    rates = [spread(_per_repeat(cells, scenario, name, clients, "attempts_per_s")) for name in arm_names]
+    text = [cell_text(r, "rate") + "/s" if r else "-" for r in rates]
+    return text[0] + " vs " + " / ".join(text[1:])
+
+
+def _paired_cross(
+    cells: list[dict[str, Any]], a: tuple[str, str], b: tuple[str, str], clients: int, figure: str
+) -> list[float]:
+    """(scenario, arm) ``a`` over ``b`` per repeat, at one concurrency (both ran in the same pool)."""
+    def by_repeat(scenario: str, arm: str) -> dict[int, float]:
+        return {
+            c["repeat"]: c["figures"][figure]
+            for c in cells
+            if c["scenario"] == scenario and c["arm"] == arm and c["clients"] == clients and not c.get("variant")
+            and c["figures"].get(figure) is not None
+        }
+
+    num, den = by_repeat(*a), by_repeat(*b)
+    return [num[r] / den[r] for r in sorted(num) if r in den and den[r] > 0]
+
+
+def targets(
+    cells: list[dict[str, Any]],
+    clients: tuple[int, ...],
+    sql_level: dict[str, Any] | None,
+    catchup: dict[str, Any] | None,
+    overhead: dict[str, Any] | None,
+) -> list[dict[str, Any]]:
+    """The rows of issue 15's table, in its order: figure, measured, target, verdict (PASS, or MISS by how much)."""
+    top = max(clients)
+    out = []
+    # 1. hot key from pgbench: the acquire SQL against ShedLock's steady-state UPDATE.
+    if sql_level and sql_level.get("status") == "measured":
+        runs = sql_level["arms"]
+
+        def pg(name: str) -> list[float]:
+            return [r["tps"] for r in runs[name]["runs"] if "tps" in r]
+
+        def pg_ratio(name: str) -> list[float]:
+            return [
+                a["tps"] / b["tps"]
+                for a, b in zip(runs[name]["runs"], runs[pgbench.SHEDLOCK_UPDATE]["runs"], strict=True)
+                if "tps" in a and "tps" in b
+            ]
+
+        lease, shed = spread(pg(pgbench.LEASE_SIMPLE)), spread(pg(pgbench.SHEDLOCK_UPDATE))
+        out.append(
+            _ratio_row(
+                f"hot key, pgbench C client, {sql_level['clients']} clients: lease acquire SQL vs ShedLock's "
+                "conditional UPDATE (prepared)",
+                pg_ratio(pgbench.LEASE_SIMPLE),
+                1.0,
+                True,
+                f"{cell_text(lease, 'rate')} vs {cell_text(shed, 'rate')}/s; with the SET LOCAL prefix "
+                f"{_ratio_text(pg_ratio(pgbench.LEASE_WITH_PREFIX))}, prepared {_ratio_text(pg_ratio(pgbench.LEASE_PREPARED))}, "
+                f"version 6's SQL {_ratio_text(pg_ratio(pgbench.LEASE_BEFORE))}",
+            )
+        )
+    else:
+        out.append(_ratio_row("hot key, pgbench C client: lease acquire SQL vs ShedLock's conditional UPDATE", [], 1.0, True))
+    # 2. hot key, Python clients, top concurrency: vs ShedLock UPDATE and vs read-then-CAS's SELECT.
+    vs_update = paired_ratios(cells, "hot", top, arms.LEASE, arms.SHEDLOCK_UPDATE)
+    vs_cas = paired_ratios(cells, "hot", top, arms.LEASE, arms.NAIVE)
+    vs_upsert = paired_ratios(cells, "hot", top, arms.LEASE, arms.SHEDLOCK)
+    wal = _per_repeat(cells, "hot", arms.LEASE, top, "wal_per_attempt")
+    if vs_update and vs_cas:
+        verdicts = [_short(statistics.median(vs_update), 1.0, True), _short(statistics.median(vs_cas), 0.8, True)]
+        verdict = "PASS" if verdicts == ["PASS", "PASS"] else f"vs UPDATE {verdicts[0]}; vs CAS {verdicts[1]}"
+        if wal and max(wal) != 0:
+            verdict += f"; MISS: a failed attempt wrote {max(wal):.0f} WAL bytes"
+        out.append(
+            _issue_row(
+                f"hot key, Python clients, {top} clients: lease vs ShedLock UPDATE / vs read-then-CAS's SELECT",
+                f"{_rate_pair(cells, 'hot', top, arms.LEASE, arms.SHEDLOCK_UPDATE, arms.NAIVE)}: "
+                f"{_ratio_text(vs_update)} / {_ratio_text(vs_cas)} (vs the upsert {_ratio_text(vs_upsert)}); "
+                f"WAL per failed attempt {cell_text(spread(wal), 'bytes')} B",
+                ">= 1.0x / >= 0.8x, 0 WAL bytes",
+                verdict,
+                ratios_vs_update=vs_update,
+                ratios_vs_cas=vs_cas,
+                wal_per_attempt=wal,
+            )
+        )
+    else:
+        out.append(_ratio_row(f"hot key, Python clients, {top} clients: lease vs ShedLock UPDATE / CAS", [], 1.0, True))
+    # 3. renew vs ShedLock extend.
+    out.append(
+        _ratio_row(
+            f"renew, Python clients, {top} clients: lease vs ShedLock extend",
+            paired_ratios(cells, "renew", top, arms.LEASE, arms.SHEDLOCK_EXTEND),
+            1.0,
+            True,
+            _rate_pair(cells, "renew", top, arms.LEASE, arms.SHEDLOCK_EXTEND),
+        )
+    )
+    # 4. success path vs the upsert at every concurrency.
+    per = {c: paired_ratios(cells, "success", c, arms.LEASE, arms.SHEDLOCK) for c in clients}
+    if all(per.values()):
+        worst = min(statistics.median(r) for r in per.values())
+        out.append(
+            _issue_row(
+                "success path vs ShedLock upsert, " + " / ".join(f"{c}" for c in clients) + " clients",
+                " / ".join(_ratio_text(r) for r in per.values()),
+                ">= 1.0x at every concurrency",
+                _short(worst, 1.0, True) + ("" if worst >= 1 else " (the worst concurrency)"),
+                ratios={str(c): r for c, r in per.items()},
+            )
+        )
+    else:
+        out.append(_ratio_row("success path vs ShedLock upsert at every concurrency", [], 1.0, True))
+    # 5. success path p50 at one client vs the durable-commit floor.
+    if 1 in clients:
+        ratios = _paired_cross(cells, ("success", arms.LEASE), ("floor", arms.COMMIT), 1, "p50_ms")
+        flushed = _paired_cross(cells, ("success", arms.LEASE), ("floor", arms.FLUSHED_COMMIT), 1, "p50_ms")
+        lease_p50 = spread(_per_repeat(cells, "success", arms.LEASE, 1, "p50_ms"))
+        floor_p50 = spread(_per_repeat(cells, "floor", arms.COMMIT, 1, "p50_ms"))
+        flushed_p50 = spread(_per_repeat(cells, "floor", arms.FLUSHED_COMMIT, 1, "p50_ms"))
+        out.append(
+            _ratio_row(
+                "success path at 1 client, p50, vs the durable-commit floor (`txid_current`)",
+                ratios,
+                2.0,
+                False,
+                f"{cell_text(lease_p50, 'ms')} vs {cell_text(floor_p50, 'ms')} ms; `txid_current` does not wait "
+                f"for a WAL flush: against a commit that does (one WAL record, flushed: {cell_text(flushed_p50, 'ms')} ms) "
+                f"{_ratio_text(flushed)}",
+                ratios_vs_flushed_commit=flushed,
+            )
+        )
+        # 6. the ledger's cost on the success path.
+        out.append(
+            _ratio_row(
+                "lease+events vs lease alone (the ledger on, as Airflow runs it), 1 client",
+                paired_ratios(cells, "success", 1, arms.LEASE_EVENTS, arms.LEASE),
+                0.9,
+                True,
+                _rate_pair(cells, "success", 1, arms.LEASE_EVENTS, arms.LEASE),
+            )
+        )
+    # 7. renew p99 back to back vs SELECT 1's p99 in the same run.
+    ratios = _paired_cross(cells, ("renew", arms.LEASE), ("floor", arms.SELECT1), top, "p99_ms")
+    p99 = spread(_per_repeat(cells, "renew", arms.LEASE, top, "p99_ms"))
+    floor = spread(_per_repeat(cells, "floor", arms.SELECT1, top, "p99_ms"))
+    out.append(
+        _ratio_row(
+            f"renew p99 at {top} clients, back to back, vs `SELECT 1` p99 in the same run",
+            ratios,
+            2.0,
+            False,
+            f"{cell_text(p99, 'ms')} vs {cell_text(floor, 'ms')} ms",
+        )
+    )
+    # 8. catch-up N = 10 vs latest-only (every schedule the arm ran).
+    found = []
+    for schedule in (catchup or {}).get("schedules") or []:
+        ratio = schedule["ratios"].get("capped N=10 / latest-only")
+        if ratio:
+            found.append((schedule["schedule"], ratio))
+    if found:
+        worst = max(r["median"] for _, r in found)
+        out.append(
+            _issue_row(
+                f"catch-up after a {catchup['outage_days']}-day outage, N = 10, vs Airflow latest-only"
+                if catchup and catchup.get("outage_days") else "catch-up, N = 10, vs Airflow latest-only",
+                "; ".join(f"`{name}` {cell_text(r, 'x')}" for name, r in found),
+                "<= 1.5x",
+                _short(worst, 1.5, False),
+            )
+        )
+    else:
+        out.append(_issue_row("catch-up, N = 10, vs Airflow latest-only", "catch-up arm not run", "<= 1.5x", "not measured"))
+    # 9. @task.leased overhead.
+    if overhead and overhead.get("status") == "measured" and overhead.get("overhead_ms"):
+        value = overhead["overhead_ms"]
+        verdict = "PASS" if value["median"] <= 50 else f"MISS: over by {value['median'] - 50:.1f} ms"
+        out.append(_issue_row("`@task.leased` overhead per task", f"{cell_text(value, 'ms')} ms", "<= 50 ms", verdict))
+    else:
+        status = (overhead or {}).get("status", PLACEHOLDER_OVERHEAD)
+        out.append(_issue_row("`@task.leased` overhead per task", status, "<= 50 ms", "not measured"))
+    return out
+
+
+def before_after_lines(cells: list[dict[str, Any]], clients: tuple[int, ...]) -> list[str]:
+    """The library's SQL against version 6's, through the same code path, in the same run."""
     rows = []
-    for scenario, baseline in (("hot", arms.SHEDLOCK), ("success", arms.SHEDLOCK), ("success", arms.NAIVE)):
+    for scenario in ("hot", "success", "renew"):
         for c in clients:
-            today = paired_ratios(cells, scenario, c, arms.LEASE, baseline)
-            proposed = paired_ratios(cells, scenario, c, arms.LEASE_PROPOSED, baseline)
-            speedup = paired_ratios(cells, scenario, c, arms.LEASE_PROPOSED, arms.LEASE)
-            if today and proposed:
+            speedup = paired_ratios(cells, scenario, c, arms.LEASE, arms.LEASE_BEFORE)
+            if speedup:
                 rows.append(
                     [
                         SCENARIO_TITLES[scenario].split(" (")[0],
                         str(c),
-                        f"vs {baseline}",
-                        _ratio_text(today),
-                        _ratio_text(proposed),
+                        _rate_pair(cells, scenario, c, arms.LEASE, arms.LEASE_BEFORE),
                         _ratio_text(speedup),
                     ]
                 )
-    header = ["scenario", "clients", "ratio", "lease today", "lease, proposed acquire", "proposed / today"]
-    return _table(header, rows, "lrlrrr")
+    header = ["scenario", "clients", "attempts/s: now vs version 6", "now / version 6"]
+    return _table(header, rows, "lrlr")
+
+
+def issue_table(found: list[dict[str, Any]]) -> list[str]:
+    rows = [[t["figure"], t["measured"], t["target"], t["verdict"]] for t in found]
+    return _table(["figure", "measured (median (min-max) over repeats)", "target", "verdict"], rows, "llll")
 
 
 def targets_table(found: list[dict[str, Any]]) -> list[str]:
@@ -443,8 +656,10 @@ def render(results: dict[str, Any]) -> str:
             "",
         ]
     lines += ["### Task overhead", "", *overhead_lines(results.get("task_overhead") or {}), ""]
-    lines += ["### Targets", "", *targets_table(results["targets"]), ""]
-    proposed = proposed_lines(results["cells"], tuple(meta["clients"]))
-    if len(proposed) > 2:
-        lines += ["### Proposed acquire (plpgsql function), same run", "", *proposed, ""]
+    lines += ["### Issue 15 targets", "", *issue_table(results["targets"]), ""]
+    if results.get("earlier_targets"):
+        lines += ["### Earlier targets", "", *targets_table(results["earlier_targets"]), ""]
+    before = before_after_lines(results["cells"], tuple(meta["clients"]))
+    if len(before) > 2:
+        lines += ["### Now against version 6's SQL (same code path, same run)", "", *before, ""]
     return "\n".join(lines)

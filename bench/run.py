@@ -40,7 +40,7 @@ from bench.cells import (
 from bench.figures import summarize
 from bench.pgbench import run_pgbench
 from bench.pool import CellSpec, ClientPool
-from bench.report import render, targets
+from bench.report import earlier_targets, render, targets
 from bench.server import Server, WalAttributor
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -370,7 +370,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     results: dict[str, Any] = {
         "meta": meta,
         "summary": summarize(cells),
-        "targets": targets(cells, profile.clients, catchup, overhead, max(profile.clients)),
+        "targets": targets(cells, profile.clients, sql_level, catchup, overhead),
+        "earlier_targets": earlier_targets(cells, profile.clients, catchup, overhead, max(profile.clients)),
         "pgbench_hot_key": sql_level,
         "catchup": catchup,
         "task_overhead": overhead,

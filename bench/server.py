@@ -122,7 +122,13 @@ class Server:
             store.close()
         for statement in sqltext.BASELINE_TABLES:
             self.execute(sqltext.compose(statement, schema))
-        self.execute(sqltext.proposed_acquire_function(schema))
+        # Version 6's acquire, for the before/after arms: created like a migration, with the run's schema
+        # as search_path (its SET search_path FROM CURRENT keeps it).
+        self.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
+        try:
+            self.execute(sqltext.before_acquire_function())
+        finally:
+            self.execute("RESET search_path")
 
     def drop_schema(self, schema: str) -> None:
         self.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))

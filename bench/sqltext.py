@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from psycopg2 import sql
 
-from airflow_lease_provider.core.db import named_queries
+from airflow_lease_provider.core.schema import migrations
 
 # -- baseline tables -----------------------------------------------------------------------------------
 
@@ -118,30 +118,36 @@ RAW_FENCE = (
 
 SELECT_ONE = "SELECT 1"
 COMMIT_FLOOR = "SELECT txid_current()"
+FLUSH_FLOOR = "SELECT pg_logical_emit_message(true, 'lease-bench', '')"
 ADVISORY_TRY_XACT = "SELECT pg_try_advisory_xact_lock(%(lock)s)"
 
-# -- the proposed acquire: the core's own statement inside a plpgsql function ------------------------------
+# -- the SQL of version 6 (before issue 15), for before/after arms in the same run -------------------------
 
-# plpgsql keeps each statement's plan for the session, so the CTE is parsed and planned once per
-# connection instead of on every call; being a schema object, it keeps the store free of session state
-# (pgbouncer transaction pooling still works). The body is the core's ``acquire`` query, unchanged.
-PROPOSED_ACQUIRE_NAME = "bench_lease_acquire"
-PROPOSED_ACQUIRE_CALL = "SELECT * FROM {schema}.bench_lease_acquire(%(key)s, %(owner)s, %(ttl)s)"
+# The acquire function of migration 0006 (one CTE: UPDATE, INSERT and holder branches, the token floor
+# computed on every call) under another name, and the renew statement the core sent before migration
+# 0008 (parsed and planned on every call). The arms send them through the library's own code path.
+BEFORE_ACQUIRE_NAME = "bench_lease_acquire_v6"
+BEFORE_ACQUIRE_CALL = "SELECT * FROM {schema}.bench_lease_acquire_v6(%(key)s, %(owner)s, %(ttl)s)"
+BEFORE_RENEW = (
+    "UPDATE {schema}.lease AS l "
+    "SET renewed_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s, ttl = %(ttl)s "
+    "WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s "
+    "AND l.expires_at > clock_timestamp() AND l.released_at IS NULL "
+    "RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at, "
+    "clock_timestamp()"
+)
 
 
-def proposed_acquire_function(schema: str) -> sql.Composed:
-    body = named_queries()["acquire"].rstrip().rstrip(";")
-    for param, name in (("key", "p_key"), ("owner", "p_owner"), ("ttl", "p_ttl")):
-        body = body.replace(f"%({param})s", name)
-    head = (
-        "CREATE FUNCTION {schema}.bench_lease_acquire(p_key text, p_owner text, p_ttl interval) "
-        "RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, "
-        "acquired_at timestamptz, renewed_at timestamptz, expires_at timestamptz, "
-        "released_at timestamptz, observed_at timestamptz) "
-        # The output columns share the table's column names: the query's names mean the columns.
-        "LANGUAGE plpgsql AS $bench$ #variable_conflict use_column\nBEGIN RETURN QUERY "
-    )
-    return sql.Composed([compose(head, schema), compose(body, schema), sql.SQL("; END $bench$")])
+def before_acquire_function() -> str:
+    """Migration 0006's ``lease_acquire``, renamed; run with ``search_path`` set to the run's schema."""
+    text = migration_text(6)
+    start = text.index("CREATE OR REPLACE FUNCTION lease_acquire")
+    end = text.index("$$;", text.index("BEGIN", start)) + 3
+    return text[start:end].replace("FUNCTION lease_acquire(", f"FUNCTION {BEFORE_ACQUIRE_NAME}(", 1)
+
+
+def migration_text(version: int) -> str:
+    return next(m.sql for m in migrations() if m.version == version)
 
 
 # -- per-cell setup (coordinator) ----------------------------------------------------------------------------

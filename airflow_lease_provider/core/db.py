@@ -333,6 +333,7 @@ class Database:
         self._conn: Any = None
         self._pid = 0
         self._compiled: dict[str, str] = {}
+        self._prefixes: dict[tuple[bool | None, timedelta], str] = {}
         # (monotonic deadline, socket fd) of the statement in flight, for the watchdog.
         self._inflight: tuple[float, int] | None = None
         self._watched = False
@@ -436,6 +437,14 @@ class Database:
         return text
 
     def _prefix(self, durable: bool | None) -> str:
+        # Built once per (durable, statement_timeout): it is sent with every statement.
+        cache_key = (durable, self.statement_timeout)
+        prefix = self._prefixes.get(cache_key)
+        if prefix is None:
+            prefix = self._prefixes[cache_key] = self._build_prefix(durable)
+        return prefix
+
+    def _build_prefix(self, durable: bool | None) -> str:
         # SET LOCAL travels with the statement (one round trip, one implicit transaction) instead of
         # living in the session, which a transaction-pooling pgbouncer would not keep.
         ms = max(1, round(self.statement_timeout.total_seconds() * 1000))

@@ -186,9 +186,14 @@ class EventLedger:
         except LeaseError as exc:
             log.warning("event ledger: could not record %s for %r: %s", kind_value, key, exc)
             return False
+        self.maybe_prune()
+        return True
+
+    def maybe_prune(self) -> None:
+        """Prune once in every so many writes (at random): called after each event written, also by the
+        lease statements that write their event themselves."""
         if random.randrange(_PRUNE_EVERY) == 0:
             self.prune()
-        return True
 
     def prune(self) -> int:
         """Delete events past the retention. Best effort; returns how many went."""

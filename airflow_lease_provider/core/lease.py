@@ -6,6 +6,7 @@ database clock, so a worker whose clock is off changes nothing.
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Collection
@@ -15,7 +16,7 @@ from typing import Any
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.errors import InvalidArgument, LeaseError
 from airflow_lease_provider.core.events import Event, EventCount, EventKind, HoldStats, event_kind
-from airflow_lease_provider.core.identity import RunRef
+from airflow_lease_provider.core.identity import RunRef, run_columns
 from airflow_lease_provider.core.keeper import LeaseKeeper
 from airflow_lease_provider.core.store import Store
 from airflow_lease_provider.core.types import Acquisition, Holding, Lease, TokenEpoch, checked, lease_from_row
@@ -82,32 +83,39 @@ class LeaseStore(Store):
         validation.name("key", key)
         validation.name("owner", owner)
         validation.ttl("ttl", ttl)
+        columns = run_columns(run)  # checked before anything is sent
         # Retrying after a lost connection is safe: if the first attempt did commit, the retry is the
         # same owner re-entering, which only burns the unseen token.
         db = self._ready()
         sent_at = time.monotonic()  # before the request: the keeper counts the time left from here
-        rows = db.run("acquire", {"key": key, "owner": owner, "ttl": ttl}, durable=True)
+        params: dict[str, Any] = {"key": key, "owner": owner, "ttl": ttl}
+        if self.record_events:
+            # The grant and its 'acquired' event in one transaction (one durable commit, one round trip);
+            # the statement adds the expiry to this detail.
+            params["detail"] = json.dumps({"host": self.host, "ttl_seconds": ttl.total_seconds()}, sort_keys=True)
+            rows = db.run("acquire_logged", {**params, **columns}, durable=True)
+        else:
+            rows = db.run("acquire", params, durable=True)
         if not rows:
             # The row appeared between our snapshot and our insert: someone else just created it.
             return Acquisition(None, self.holder(key))
         acquired, *state = rows[0]
-        lease = lease_from_row(tuple(state), sent_at)
+        lease = lease_from_row(tuple(state[:9]), sent_at)
         if acquired:
             if self.record_events:
-                self.events.record(
-                    EventKind.ACQUIRED, key, owner=owner, token=lease.token,
-                    detail={
-                        "ttl_seconds": ttl.total_seconds(),
-                        "expires_at": lease.expires_at.isoformat(),
-                        "host": self.host,
-                    },
-                    run=run,
-                )
+                self._logged(state[9], EventKind.ACQUIRED, key)
             return Acquisition(lease, None)
         if not lease.held:
             # We lost a race to a holder our snapshot could not see yet: read who it is.
             return Acquisition(None, self.holder(key))
         return Acquisition(None, lease)
+
+    def _logged(self, logged: bool, kind: EventKind, key: str) -> None:
+        """After a lease statement that wrote its own event: the ledger's warning if it could not."""
+        if logged:
+            self.events.maybe_prune()
+        else:
+            log.warning("event ledger: could not record %s for %r (the lease operation itself succeeded)", kind.value, key)
 
     def holder_host(self, lease: Lease) -> str | None:
         """The host that acquired ``lease`` (from its ``acquired`` event), or None if unrecorded."""
@@ -161,19 +169,15 @@ class LeaseStore(Store):
     def release(self, lease: Lease, *, run: RunRef | None = None) -> bool:
         """Free the lease. True only if owner and token still matched (so nobody else's lease is freed)."""
         checked(lease)
-        rows = self._ready().run(
-            "release", {"key": lease.key, "owner": lease.owner, "token": lease.token}, durable=True
-        )
-        if rows and self.record_events:
-            released = lease_from_row(rows[0])
-            self.events.record(
-                EventKind.RELEASED, lease.key, owner=lease.owner, token=lease.token,
-                detail={
-                    "held_seconds": (released.observed_at - lease.acquired_at).total_seconds(),
-                    "released_at": released.observed_at.isoformat(),
-                },
-                run=run,
-            )
+        params = {"key": lease.key, "owner": lease.owner, "token": lease.token}
+        columns = run_columns(run)
+        if self.record_events:
+            # The release and its 'released' event (held_seconds, released_at) in one transaction.
+            rows = self._ready().run("release_logged", {**params, "detail": "{}", **columns}, durable=True)
+            if rows:
+                self._logged(rows[0][9], EventKind.RELEASED, lease.key)
+        else:
+            rows = self._ready().run("release", params, durable=True)
         return bool(rows)
 
     def lease(self, key: str) -> Lease | None:

@@ -13,6 +13,7 @@ from airflow_lease_provider.core.db import (
     DEFAULT_STATEMENT_TIMEOUT,
     Database,
 )
+from airflow_lease_provider.core.errors import InvalidArgument
 from airflow_lease_provider.core.events import DEFAULT_RETENTION, EventLedger
 from airflow_lease_provider.core.schema import check_schema, ensure_schema
 
@@ -59,6 +60,9 @@ class Store:
         self.record_events = record_events
         self.read_only = read_only
         self.host = host or socket.gethostname()
+        if not isinstance(self.host, str) or "\x00" in self.host:
+            # Recorded in the same statement as each grant: jsonb cannot store a NUL.
+            raise InvalidArgument("host", self.host, "must be a string without NUL characters")
         self._schema_ready = False
 
     @property

@@ -39,3 +39,54 @@ def test_failed_acquire_on_a_held_key_writes_no_wal(store: LeaseStore, pg_dsn: s
     holder = store.holder("hot")
     assert holder is not None and holder.token == lease.token
     assert [e.kind for e in store.events.query(key="hot")] == ["acquired"]
+
+
+def test_with_the_ledger_on_a_grant_and_its_event_are_one_commit(pg_dsn: str) -> None:
+    """Acquire and release with events cost the server exactly the commits they cost without: the lease
+    write and its event share one transaction (issue 15: the ledger was a second commit per operation).
+    Counted by the server (pg_stat_database) in a database of the test's own."""
+    import time
+    import uuid
+
+    from psycopg2 import sql
+
+    from tests.pg import execute
+
+    name = "lease_commits_" + uuid.uuid4().hex[:8]
+    execute(pg_dsn, sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    dsn = psycopg2.extensions.make_dsn(pg_dsn, dbname=name)
+
+    def commits() -> int:
+        """The database's commit count once it stops moving (a backend reports its counters as it exits)."""
+        seen: list[int] = []
+        for _ in range(40):
+            seen.append(int(execute(pg_dsn, "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (name,))[0][0]))
+            if len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3]:
+                break
+            time.sleep(0.25)
+        return seen[-1]
+
+    def spent(record_events: bool, schema: str) -> int:
+        before = commits()
+        store = LeaseStore(dsn, schema=schema, record_events=record_events)
+        store.ensure_schema()
+        for i in range(10):
+            lease = store.acquire(f"k{i}", owner="a", ttl=timedelta(minutes=5))
+            assert lease is not None
+            assert store.release(lease) is True
+        store.close()
+        return commits() - before
+
+    try:
+        for schema in ("without_events", "with_events"):
+            with LeaseStore(dsn, schema=schema) as setup:  # migrations are not what is counted
+                setup.ensure_schema()
+        without = spent(False, "without_events")
+        with_events = spent(True, "with_events")
+        with LeaseStore(dsn, schema="with_events") as reader:
+            kinds = [e.kind for e in reader.events.query(limit=100)]
+        assert sorted(kinds) == ["acquired"] * 10 + ["released"] * 10
+        # A prune of the ledger (one write in a hundred, at random) may add one commit.
+        assert without <= with_events <= without + 1, f"{with_events} commits with events, {without} without"
+    finally:
+        execute(pg_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -4,33 +4,37 @@
 -- transaction start time, stale inside a transaction).
 
 -- name: acquire
--- One statement, one round trip: lease_acquire (migrations/0002) runs the single statement below with
--- a plan cached per session. The conditional UPDATE takes a free or expired lease (or one the same owner
--- holds: a retry re-enters and gets a larger token). When the row does not exist yet the INSERT creates
--- it. When neither happens, the last branch reports the holder. A failed attempt writes nothing: an
--- UPDATE whose WHERE is false neither locks nor rewrites the row (DESIGN decision 3).
+-- One statement, one round trip: lease_acquire (migrations/0002, 0008) runs with its plans cached per
+-- session. A key someone else holds is answered by one read: a failed attempt takes no row lock and writes
+-- nothing (DESIGN decision 3). Otherwise the conditional UPDATE takes a free or expired lease (or one the
+-- same owner holds: a retry re-enters and gets a larger token), or the INSERT creates a new key.
 -- clock_timestamp() is called where it is used, never captured up front: an UPDATE that waited for a
 -- row lock re-evaluates its WHERE and SET on the new row version, and must do so with the time *then*.
 SELECT * FROM {schema}.lease_acquire(%(key)s, %(owner)s, %(ttl)s);
+
+-- name: acquire_logged
+-- acquire with the ledger on: the grant and its 'acquired' event (%(detail)s plus the expiry) in one
+-- transaction, so one durable commit and one round trip (migrations/0008). A failed attempt writes nothing.
+SELECT * FROM {schema}.lease_acquire_logged(%(key)s, %(owner)s, %(ttl)s, %(detail)s,
+                                            %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
 
 -- name: renew
 -- Extends a lease only while it is still this owner's, with this token, and unexpired (decision 6):
 -- a renewal never brings back a lease that lapsed, even if nobody took it. A renewal that waited on a
 -- row lock past the expiry is refused, because its WHERE is re-checked with the clock at that moment.
-UPDATE {schema}.lease AS l
-   SET renewed_at = clock_timestamp(), expires_at = clock_timestamp() + %(ttl)s, ttl = %(ttl)s
- WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s
-   AND l.expires_at > clock_timestamp() AND l.released_at IS NULL
-RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-          clock_timestamp();
+-- lease_renew (migrations/0008) is that one UPDATE, with its plan cached per session.
+SELECT * FROM {schema}.lease_renew(%(key)s, %(owner)s, %(token)s, %(ttl)s);
 
 -- name: release
 -- Frees the lease only if owner and token still match (decision 7). The row and its token stay.
-UPDATE {schema}.lease AS l
-   SET expires_at = LEAST(l.expires_at, clock_timestamp()), released_at = clock_timestamp()
- WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s AND l.released_at IS NULL
-RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-          l.released_at;
+-- lease_release (migrations/0008) is that one UPDATE, with its plan cached per session.
+SELECT * FROM {schema}.lease_release(%(key)s, %(owner)s, %(token)s);
+
+-- name: release_logged
+-- release with the ledger on: the release and its 'released' event (held_seconds, released_at by the
+-- database clock, plus %(detail)s) in one transaction.
+SELECT * FROM {schema}.lease_release_logged(%(key)s, %(owner)s, %(token)s, %(detail)s,
+                                            %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
 
 -- name: force_release
 -- Admin action: frees the lease whoever holds it and bumps the token, so the old holder's renew and
@@ -73,9 +77,9 @@ SELECT {schema}.fence_token(%(resource)s, %(key)s);
 SELECT key, token FROM {schema}.fence WHERE resource = %(resource)s AND key <> '' ORDER BY key;
 
 -- name: record_event
-INSERT INTO {schema}.event (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
-VALUES (%(kind)s, %(key)s, %(owner)s, %(token)s, %(detail)s, %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s)
-RETURNING id, at;
+-- lease_event_insert (migrations/0008) is the ledger's one INSERT, shared with acquire_logged/release_logged.
+SELECT id, at FROM {schema}.lease_event_insert(%(kind)s, %(key)s, %(owner)s, %(token)s, %(detail)s,
+                                               %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
 
 -- name: record_skipped_catchup
 -- One record per gap per DAG in one statement: the unique index of migrations/0004 lets the first writer
