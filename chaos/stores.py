@@ -38,6 +38,7 @@ from airflow_lease_provider.core import (
     LeaseKeeper,
     LeaseStore,
     LeaseStoreUnavailable,
+    RunRef,
     validation,
 )
 from airflow_lease_provider.core.db import Database
@@ -84,11 +85,11 @@ class RecordingLeaseStore(LeaseStore):
             self.recorder.op("renew", t0=t0, outcome="ok", **lease_fields(renewed))
         return renewed
 
-    def release(self, lease: Lease) -> bool:
+    def release(self, lease: Lease, *, run: RunRef | None = None) -> bool:
         t0 = time.monotonic()
         ident = {"key": lease.key, "owner": lease.owner, "token": lease.token}
         try:
-            released = super().release(lease)
+            released = super().release(lease, run=run)
         except LeaseError as exc:
             self.recorder.op("release", t0=t0, outcome=outcome_of(exc), error=str(exc), **ident)
             raise
@@ -142,7 +143,7 @@ class ClientClockLeaseStore(RecordingLeaseStore):
         )
         self._table = sql.SQL("{}.lease").format(sql.Identifier(self.schema))
 
-    def try_acquire(self, key: str, owner: str, ttl: timedelta) -> Acquisition:
+    def try_acquire(self, key: str, owner: str, ttl: timedelta, *, run: RunRef | None = None) -> Acquisition:
         validation.name("key", key)
         validation.name("owner", owner)
         validation.ttl("ttl", ttl)
@@ -155,7 +156,7 @@ class ClientClockLeaseStore(RecordingLeaseStore):
                 )
                 row = cur.fetchone()
                 if row is None:
-                    return super().try_acquire(key, owner, ttl)  # a new key: the real insert
+                    return super().try_acquire(key, owner, ttl, run=run)  # a new key: the real insert
                 holder_owner, token, expires_at, released_at = row
                 client_now = datetime.now(timezone.utc)  # THE BUG: the worker's clock decides
                 if released_at is None and expires_at > client_now and holder_owner != owner:
@@ -218,7 +219,7 @@ class NoFenceStore(FenceStore):
     @contextmanager
     def transaction(  # type: ignore[override]
         self, resource: str, token: int, *, key: str, owner: str | None = None, idempotency_key: str | None = None,
-        timeout: timedelta | None = None,
+        timeout: timedelta | None = None, run: RunRef | None = None,
     ) -> Iterator[Any]:
         conn = self._own.get()
         try:
