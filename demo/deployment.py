@@ -164,6 +164,13 @@ class MetadataTemplate:
             self.drop()
             raise
 
+    @classmethod
+    def existing(cls, admin_dsn: str, name: str) -> MetadataTemplate:
+        """A template another process migrated (its owner drops it, not this object)."""
+        template = cls.__new__(cls)
+        template.admin_dsn, template.name, template.root = admin_dsn, name, scratch_dir("lease-tier-tmpl-")
+        return template
+
     def copy(self) -> tuple[str, str]:
         """A new database copied from the template: its name and DSN."""
         name = f"lease_tier_{secrets.token_hex(5)}"
