@@ -12,9 +12,9 @@ class AirflowProfile:
     seconds: float
     ttl: float = 8.0
     every: float = 15.0
-    work: float = 3.0
+    work: float = 4.0
     #: Seconds between two faults (uniform in this range).
-    gap: tuple[float, float] = (3.0, 7.0)
+    gap: tuple[float, float] = (2.0, 5.0)
     #: Weights of the fault kinds (those missing are not injected).
     weights: tuple[tuple[str, int], ...] = (
         ("sigstop-task", 3), ("sigstop-worker", 3), ("kill-task", 2), ("kill-supervisor", 1),

@@ -30,6 +30,7 @@ import logging
 import os
 import random
 import secrets
+import shutil
 import signal
 import subprocess
 import time
@@ -179,11 +180,17 @@ class AirflowChaos:
     # -- the nemesis ----------------------------------------------------------------------------------
 
     def _ours(self, pid: int) -> bool:
-        needle = f"CHAOS_AF_RUN={self.id}".encode()
+        """Whether ``pid`` belongs to this run's deployment: its session is one of the processes it started.
+
+        (A task process's environment is not readable: Airflow makes it non-dumpable; its stat is.)
+        """
+        assert self.deployment is not None
+        sessions = {process.pid for process in self.deployment.started}
         try:
-            return needle in Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            stat = Path(f"/proc/{pid}/stat").read_text()
         except OSError:
             return False
+        return int(stat.rpartition(")")[2].split()[3]) in sessions
 
     def _running_bodies(self) -> list[dict[str, Any]]:
         frozen = {pid for _, pids, _ in self.frozen for pid in pids}
@@ -242,7 +249,7 @@ class AirflowChaos:
             with contextlib.suppress(ProcessLookupError):
                 os.kill(scheduler.pid, signal.SIGKILL)
             scheduler.wait(timeout=30)
-            seconds = rnd.uniform(2.0, 1.5 * p.every)
+            seconds = rnd.uniform(2.0, p.every)
             self.scheduler_back_at = time.monotonic() + seconds
             self.scheduler_fault = self._record(kind, seconds=round(seconds, 1))
             return True
@@ -294,13 +301,18 @@ class AirflowChaos:
         # A scheduler restart early on, in the catch-up of chaos_catchup's missed slots.
         if "scheduler-restart" in kinds:
             self.inject("scheduler-restart")
+        pending: str | None = None
+        given_up = time.monotonic()
         while time.monotonic() < end:
             self._heal()
-            if kinds and time.monotonic() >= next_fault:
-                for _ in range(5):  # another kind when there is nothing to inject this one into
-                    if self.inject(self.random.choices(kinds, weights)[0]):
-                        break
-                next_fault = time.monotonic() + self.random.uniform(*p.gap)
+            if kinds and pending is None and time.monotonic() >= next_fault:
+                pending = self.random.choices(kinds, weights)[0]
+                given_up = time.monotonic() + p.every
+            if pending is not None:
+                # A process fault waits for a body to run (they come in bursts, one per schedule tick).
+                if self.inject(pending) or time.monotonic() > given_up:
+                    pending = None
+                    next_fault = time.monotonic() + self.random.uniform(*p.gap)
             time.sleep(0.2)
         self._heal(everything=True)
         self.marks["faults_ended"] = self.db_now()
@@ -322,18 +334,19 @@ class AirflowChaos:
                     break
             time.sleep(1)
 
-    def drain(self, timeout: float = 90) -> None:
-        """Pause the DAGs and wait for the runs still going to finish."""
+    def drain(self, timeout: float = 120) -> None:
+        """Wait for the runs that exist now to finish (the DAGs keep running; later runs are not judged)."""
         assert self.deployment is not None
         api = self.deployment.api
-        for dag_id in DAG_IDS:
-            api.pause(dag_id)
+        self.judged = {(d, r["dag_run_id"]) for d in DAG_IDS for r in api.runs(d)}
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
-            busy = [r for d in DAG_IDS for r in api.runs(d) if r["state"] not in ("success", "failed")]
+            busy = [r for d in DAG_IDS for r in api.runs(d)
+                    if (d, r["dag_run_id"]) in self.judged and r["state"] not in ("success", "failed")]
             if not busy:
                 break
             time.sleep(2)
+        self.marks["drained"] = self.db_now()
 
     def collect(self) -> dict[str, Any]:
         assert self.deployment is not None
@@ -341,6 +354,8 @@ class AirflowChaos:
         tis: list[dict[str, Any]] = []
         for dag_id in DAG_IDS:
             for run in api.runs(dag_id):
+                if (dag_id, run["dag_run_id"]) not in self.judged:
+                    continue
                 for ti in api.task_instances(dag_id, run["dag_run_id"]).values():
                     entry = {k: ti.get(k) for k in ("dag_id", "dag_run_id", "task_id", "map_index", "state",
                                                     "try_number")}
@@ -355,7 +370,9 @@ class AirflowChaos:
                     tis.append(entry)
         p = self.profile
         return {
-            "profile": {"name": p.name, "seconds": p.seconds, "ttl": p.ttl, "every": p.every, "work": p.work},
+            "profile": {"name": p.name, "seconds": p.seconds, "ttl": p.ttl, "every": p.every, "work": p.work,
+                        "intervals": {"chaos_pair": p.every, "chaos_mapped": p.every * 2 / 3,
+                                      "chaos_catchup": p.every * 4 / 3}},
             "variant": self.variant, "seed": self.seed,
             "marks": {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.marks.items()},
             "bodies": _rows(self.db, "bodies"), "target": _rows(self.db, "target"),
@@ -366,6 +383,8 @@ class AirflowChaos:
         if self.deployment is not None:
             # resume whatever is still frozen so that SIGTERM can be handled
             self._signal([pid for _, pids, _ in self.frozen for pid in pids], signal.SIGCONT)
+            if self.deployment.logs.exists():
+                shutil.copytree(self.deployment.logs, self.out / "process-logs", dirs_exist_ok=True)
             with contextlib.suppress(Exception):
                 self.deployment.stop()
             for entry in Path("/proc").iterdir():  # nothing of this run may outlive it
@@ -393,10 +412,6 @@ def run(profile: AirflowProfile, variant: str, out: Path, seed: int, admin_dsn: 
         chaos.recover()
         chaos.drain()
         history = chaos.collect()
-    except BaseException:
-        if chaos.deployment is not None:
-            (out / "process-logs.txt").write_text(chaos.deployment.tails())
-        raise
     finally:
         chaos.close()
     path = out / "history.json"

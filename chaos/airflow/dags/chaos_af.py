@@ -6,10 +6,11 @@ the database clock (``clock_timestamp()``, through a direct connection that the 
 publishes through the fence to ``<schema>.target``, which lives in the store's database, so the target
 row commits in the fence's transaction.
 
-- ``chaos_pair``: two tasks of one run sharing one lease key (one of them skips) every ``EVERY``;
-- ``chaos_mapped``: three mapped instances, each with its own key (the default key per map index);
-- ``chaos_catchup``: the capped catch-up timetable (``max_backfill=2``): a scheduler that was down
-  catches up two slots.
+- ``chaos_pair``: two tasks of one run sharing one lease key (one of them skips), every ``EVERY``;
+- ``chaos_mapped``: three mapped instances, each with its own key (the default key per map index),
+  every 2/3 ``EVERY``;
+- ``chaos_catchup``: the capped catch-up timetable (``max_backfill=2``), every 4/3 ``EVERY``: a
+  scheduler that was down catches up two slots.
 
 ``CHAOS_AF_VARIANT``: ``correct``; ``lease-off`` (broken: plain ``@task``, no lease, no fence);
 ``unfenced`` (broken: the lease is taken but the publish skips the fence).
@@ -34,6 +35,8 @@ SCHEMA = os.environ.get("CHAOS_AF_SCHEMA", "chaos_af")
 VARIANT = os.environ.get("CHAOS_AF_VARIANT", "correct")
 TTL = timedelta(seconds=float(os.environ.get("CHAOS_AF_TTL", "8")))
 EVERY = timedelta(seconds=float(os.environ.get("CHAOS_AF_EVERY", "15")))
+#: The DAGs' schedule intervals (staggered so that some body is running most of the time).
+INTERVALS = {"chaos_pair": EVERY, "chaos_mapped": EVERY * 2 / 3, "chaos_catchup": EVERY * 4 / 3}
 WORK = float(os.environ.get("CHAOS_AF_WORK", "3"))
 START = datetime.fromtimestamp(float(os.environ.get("CHAOS_AF_START", "1764547200")), tz=timezone.utc)
 RETRIES = {"retries": 2, "retry_delay": timedelta(seconds=2)}
@@ -129,7 +132,7 @@ def leased(**kwargs: Any) -> Any:
     return task.leased(lease_ttl=TTL, on_overlap="skip", **kwargs)
 
 
-with DAG("chaos_pair", schedule=EVERY, start_date=START, catchup=False, max_active_runs=3, tags=["chaos"]):
+with DAG("chaos_pair", schedule=INTERVALS["chaos_pair"], start_date=START, catchup=False, max_active_runs=3, tags=["chaos"]):
 
     @leased(task_id="writer_a", lease_key="chaos-pair", **RETRIES)
     def writer_a(lease: Any = None, **context: Any) -> dict[str, Any]:
@@ -143,7 +146,7 @@ with DAG("chaos_pair", schedule=EVERY, start_date=START, catchup=False, max_acti
     writer_b()
 
 
-with DAG("chaos_mapped", schedule=EVERY, start_date=START, catchup=False, max_active_runs=3, tags=["chaos"]):
+with DAG("chaos_mapped", schedule=INTERVALS["chaos_mapped"], start_date=START, catchup=False, max_active_runs=3, tags=["chaos"]):
 
     @leased(**RETRIES)
     def part(index: int, lease: Any = None, **context: Any) -> dict[str, Any]:
@@ -153,7 +156,7 @@ with DAG("chaos_mapped", schedule=EVERY, start_date=START, catchup=False, max_ac
     part.expand(index=[0, 1, 2])
 
 
-with DAG("chaos_catchup", schedule=CappedCatchupTimetable(EVERY, max_backfill=2), start_date=START,
+with DAG("chaos_catchup", schedule=CappedCatchupTimetable(INTERVALS["chaos_catchup"], max_backfill=2), start_date=START,
          catchup=True, max_active_runs=1, tags=["chaos"]):
 
     @leased(lease_key="chaos-catchup", **RETRIES)
