@@ -147,7 +147,9 @@ class AirflowChaos:
         with LeaseStore(self.store_dsn, schema=LEASE_SCHEMA) as store:
             store.ensure_schema()
         parts = psycopg2.extensions.parse_dsn(self.store_dsn)
-        self.proxy = StoreProxy((parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432)))
+        host, port = parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432)
+        # A Unix socket directory (the embedded server) or a TCP address.
+        self.proxy = StoreProxy(f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port))
         proxied = psycopg2.extensions.make_dsn(self.store_dsn, host="127.0.0.1", port=self.proxy.port)
         p = self.profile
         self.deployment = Deployment(self.template, [DAG_FILE], extra_env={
