@@ -10,6 +10,7 @@ import signal
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from chaos import checker, harness
 from chaos.airflow.profiles import PROFILES as AIRFLOW_PROFILES
@@ -59,16 +60,26 @@ def main(argv: list[str] | None = None) -> int:
     if args.variant not in VARIANTS:
         parser().error(f"--variant {args.variant} is an --airflow variant")
     profile = PROFILES[args.profile or "short"].with_overrides(duration=args.duration, workers=args.workers)
-    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
-    out = args.out or Path(tempfile.gettempdir()) / "chaos-runs" / f"{profile.name}-{args.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
+    seed, out = _seed_and_out(args, f"{profile.name}-{args.variant}")
     started = time.monotonic()
     path = harness.run(profile, args.variant, out, seed)
-    report = checker.check_file(path)
+    return _report(checker.check_file(path), out,
+                   f"profile={profile.name} variant={args.variant} seed={seed} "
+                   f"wall={time.monotonic() - started:.0f}s history={path}")
+
+
+def _seed_and_out(args: argparse.Namespace, name: str) -> tuple[int, Path]:
+    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
+    out = args.out or Path(tempfile.gettempdir()) / "chaos-runs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return seed, out
+
+
+def _report(report: Any, out: Path, run_line: str) -> int:
+    """Write ``report.json``, print the report and the run's line; the exit status."""
     (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str))
     print(report.format())
-    print(f"run: profile={profile.name} variant={args.variant} seed={seed} "
-          f"wall={time.monotonic() - started:.0f}s history={path}")
-    return report.status
+    print(f"run: {run_line}")
+    return int(report.status)
 
 
 def airflow_main(args: argparse.Namespace) -> int:
@@ -85,14 +96,10 @@ def airflow_main(args: argparse.Namespace) -> int:
     if args.variant not in AIRFLOW_VARIANTS:
         parser().error(f"--variant {args.variant} is not an --airflow variant ({', '.join(AIRFLOW_VARIANTS)})")
     profile = AIRFLOW_PROFILES[name].with_seconds(args.seconds)
-    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
-    out = args.out or Path(tempfile.gettempdir()) / "chaos-runs" / f"airflow-{name}-{args.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
+    seed, out = _seed_and_out(args, f"airflow-{name}-{args.variant}")
     dsn = args.dsn or os.environ.get("LEASE_TEST_DSN") or "postgresql://postgres@127.0.0.1:5432/postgres"
     started = time.monotonic()
     path = run.run(profile, args.variant, out, seed, dsn, args.template)
-    report = check.check_file(path)
-    (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str))
-    print(report.format())
-    print(f"run: --airflow profile={name} seconds={profile.seconds:.0f} variant={args.variant} seed={seed} "
-          f"wall={time.monotonic() - started:.0f}s history={path}")
-    return report.status
+    return _report(check.check_file(path), out,
+                   f"--airflow profile={name} seconds={profile.seconds:.0f} variant={args.variant} seed={seed} "
+                   f"wall={time.monotonic() - started:.0f}s history={path}")
