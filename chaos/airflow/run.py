@@ -13,8 +13,8 @@ Nemesis faults (every few seconds, at random, of the profile's kinds):
 - ``sigstop-worker``: SIGSTOP the task process and its supervisor (the LocalExecutor worker's
   process for that task: no heartbeats, so the scheduler fails it over to a retry), SIGCONT later;
 - ``kill-task`` / ``kill-supervisor``: SIGKILL a task process / its supervisor;
-- ``scheduler-restart``: SIGKILL the scheduler, start a new one a few seconds later (runs of the
-  capped catch-up DAG are then caught up);
+- ``scheduler-restart``: SIGKILL the scheduler's process group (the LocalExecutor's workers and their
+  tasks with it), start a new scheduler a few seconds later (the capped catch-up DAG then catches up);
 - ``terminate``: ``pg_terminate_backend`` of every store session (``application_name`` airflow-lease);
 - ``store-down``: the proxy refuses and cuts every connection for a few seconds.
 
@@ -247,9 +247,13 @@ class AirflowChaos:
         if kind == "scheduler-restart":
             if self.scheduler_back_at is not None:
                 return False
+            # The whole process group, as a service manager's restart does: with the LocalExecutor the
+            # executor's workers, their supervisors and tasks are the scheduler's children. (Killing the
+            # scheduler alone left its log and health servers holding their ports: the next scheduler
+            # stalled in its start-up.)
             scheduler = self._scheduler()
             with contextlib.suppress(ProcessLookupError):
-                os.kill(scheduler.pid, signal.SIGKILL)
+                os.killpg(scheduler.pid, signal.SIGKILL)
             scheduler.wait(timeout=30)
             seconds = rnd.uniform(2.0, p.every)
             self.scheduler_back_at = time.monotonic() + seconds
