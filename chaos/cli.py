@@ -5,19 +5,32 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import signal
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from chaos import checker, harness
+from chaos.airflow.profiles import PROFILES as AIRFLOW_PROFILES
+from chaos.airflow.run import VARIANTS as AIRFLOW_VARIANTS
 from chaos.profiles import PROFILES, VARIANTS
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m chaos", description=__doc__)
-    p.add_argument("--profile", choices=sorted(PROFILES), default="short")
-    p.add_argument("--variant", choices=VARIANTS, default="correct",
+    p.add_argument("--airflow", action="store_true",
+                   help="the Airflow-level fault run (real scheduler, dag-processor, api-server; chaos.airflow)")
+    p.add_argument("--profile", choices=sorted(set(PROFILES) | set(AIRFLOW_PROFILES)), default=None,
+                   help=f"core: {', '.join(sorted(PROFILES))} (default short); --airflow: "
+                        f"{', '.join(sorted(AIRFLOW_PROFILES))} (default ci)")
+    p.add_argument("--seconds", type=float, default=None, help="--airflow: override the fault phase, in seconds")
+    p.add_argument("--dsn", default=None,
+                   help="--airflow: the PostgreSQL server to use (default $LEASE_TEST_DSN, else 127.0.0.1:5432)")
+    p.add_argument("--template", default=None,
+                   help="--airflow: an already migrated Airflow metadata database to copy (default: migrate one)")
+    p.add_argument("--variant", choices=sorted(set(VARIANTS) | set(AIRFLOW_VARIANTS)), default="correct",
                    help="correct (the real store), or a deliberately broken one the checker must catch")
     p.add_argument("--out", type=Path, default=None, help="run directory (default: $TMPDIR/chaos-runs/<profile>-<variant>-<time>)")
     p.add_argument("--seed", type=int, default=None)
@@ -38,16 +51,55 @@ def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     signal.signal(signal.SIGTERM, _terminate)
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    if args.airflow:
+        return airflow_main(args)
     if args.check_only is not None:
         return checker.main([str(args.check_only)])
-    profile = PROFILES[args.profile].with_overrides(duration=args.duration, workers=args.workers)
-    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
-    out = args.out or Path(tempfile.gettempdir()) / "chaos-runs" / f"{profile.name}-{args.variant}-{time.strftime('%Y%m%d-%H%M%S')}"
+    if args.profile not in PROFILES and args.profile is not None:
+        parser().error(f"--profile {args.profile} is an --airflow profile")
+    if args.variant not in VARIANTS:
+        parser().error(f"--variant {args.variant} is an --airflow variant")
+    profile = PROFILES[args.profile or "short"].with_overrides(duration=args.duration, workers=args.workers)
+    seed, out = _seed_and_out(args, f"{profile.name}-{args.variant}")
     started = time.monotonic()
     path = harness.run(profile, args.variant, out, seed)
-    report = checker.check_file(path)
+    return _report(checker.check_file(path), out,
+                   f"profile={profile.name} variant={args.variant} seed={seed} "
+                   f"wall={time.monotonic() - started:.0f}s history={path}")
+
+
+def _seed_and_out(args: argparse.Namespace, name: str) -> tuple[int, Path]:
+    seed = args.seed if args.seed is not None else int(time.time()) % 100_000
+    out = args.out or Path(tempfile.gettempdir()) / "chaos-runs" / f"{name}-{time.strftime('%Y%m%d-%H%M%S')}"
+    return seed, out
+
+
+def _report(report: Any, out: Path, run_line: str) -> int:
+    """Write ``report.json``, print the report and the run's line; the exit status."""
     (out / "report.json").write_text(json.dumps(report.to_dict(), indent=2, default=str))
     print(report.format())
-    print(f"run: profile={profile.name} variant={args.variant} seed={seed} "
-          f"wall={time.monotonic() - started:.0f}s history={path}")
-    return report.status
+    print(f"run: {run_line}")
+    return int(report.status)
+
+
+def airflow_main(args: argparse.Namespace) -> int:
+    """``python -m chaos --airflow``: the Airflow-level fault run (:mod:`chaos.airflow`)."""
+    from chaos.airflow import check, run
+
+    if args.check_only is not None:
+        report = check.check_file(args.check_only)
+        print(report.format())
+        return report.status
+    name = args.profile or "ci"
+    if name not in AIRFLOW_PROFILES:
+        parser().error(f"--profile {name} is not an --airflow profile ({', '.join(sorted(AIRFLOW_PROFILES))})")
+    if args.variant not in AIRFLOW_VARIANTS:
+        parser().error(f"--variant {args.variant} is not an --airflow variant ({', '.join(AIRFLOW_VARIANTS)})")
+    profile = AIRFLOW_PROFILES[name].with_seconds(args.seconds)
+    seed, out = _seed_and_out(args, f"airflow-{name}-{args.variant}")
+    dsn = args.dsn or os.environ.get("LEASE_TEST_DSN") or "postgresql://postgres@127.0.0.1:5432/postgres"
+    started = time.monotonic()
+    path = run.run(profile, args.variant, out, seed, dsn, args.template)
+    return _report(check.check_file(path), out,
+                   f"--airflow profile={name} seconds={profile.seconds:.0f} variant={args.variant} seed={seed} "
+                   f"wall={time.monotonic() - started:.0f}s history={path}")

@@ -8,23 +8,15 @@ from __future__ import annotations
 
 import os
 import shutil
-import tempfile
 import uuid
-from pathlib import Path
 
 import psycopg2
 from psycopg2 import sql
 
 from airflow_lease_provider.core.embedded import EmbeddedPostgres
+from demo.deployment import scratch_dir
 
 DSN_ENV = "LEASE_TEST_DSN"
-
-
-def scratch_dir(prefix: str) -> Path:
-    """A directory the embedded server's unprivileged system user can enter (pytest's are 0700)."""
-    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
-    path.chmod(0o755)
-    return path
 
 
 class EmbeddedServer:

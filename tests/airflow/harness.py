@@ -10,13 +10,13 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import sqlite3
 import subprocess
 import sys
-import threading
 from dataclasses import dataclass, field
 from pathlib import Path
+
+from demo.deployment import StatsdListener
 
 VENV_BIN = Path(sys.executable).parent
 DAGS = Path(__file__).parent / "dags"
@@ -48,42 +48,6 @@ def migrate_template(root: Path) -> Path:
     )
     assert result.returncode == 0, result.stderr[-3000:]
     return home
-
-
-class StatsdListener:
-    """A UDP socket collecting statsd packets, to check the metrics a task emitted."""
-
-    def __init__(self) -> None:
-        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.sock.bind(("127.0.0.1", 0))
-        self.sock.settimeout(0.2)
-        self.port = self.sock.getsockname()[1]
-        self.packets: list[str] = []
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                data = self.sock.recv(65535)
-            except OSError:
-                continue
-            self.packets.extend(data.decode(errors="replace").splitlines())
-
-    def count(self, metric: str) -> int:
-        """Sum of a counter's increments (``prefix.metric:1|c``)."""
-        total = 0
-        for line in self.packets:
-            name, _, rest = line.partition(":")
-            if name.endswith(metric) and rest.endswith("|c"):
-                total += int(rest.split("|")[0])
-        return total
-
-    def close(self) -> None:
-        self._stop.set()
-        self._thread.join(timeout=2)
-        self.sock.close()
 
 
 @dataclass

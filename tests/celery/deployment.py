@@ -40,7 +40,7 @@ import psycopg2
 import psycopg2.extensions
 from psycopg2 import sql
 
-from tests.celery.proxy import StoreProxy
+from demo.store_proxy import StoreProxy
 from tests.pg import scratch_dir
 
 AIRFLOW = str(Path(sys.executable).parent / "airflow")

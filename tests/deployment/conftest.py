@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.deployment.deployment import Deployment, MetadataTemplate
+from demo.deployment import Deployment, MetadataTemplate
 
 
 @pytest.fixture(scope="session")

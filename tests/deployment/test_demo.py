@@ -20,8 +20,8 @@ from airflow_lease_provider.core import LeaseStore
 from airflow_lease_provider.timetables import slot_idempotency_key
 from demo import airflow_demo
 from demo.airflow_api import wait
+from demo.deployment import DEMO_DAGS, EXAMPLES, Deployment, MetadataTemplate
 from tests.deployment.conftest import deployment_for
-from tests.deployment.deployment import DEMO_DAGS, EXAMPLES, Deployment, MetadataTemplate
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
 

@@ -24,8 +24,8 @@ from psycopg2 import sql
 
 from airflow_lease_provider.timetables import slot_idempotency_key
 from demo.airflow_api import wait
+from demo.deployment import EXAMPLES, Deployment, MetadataTemplate
 from tests.deployment.conftest import deployment_for
-from tests.deployment.deployment import EXAMPLES, Deployment, MetadataTemplate
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
 

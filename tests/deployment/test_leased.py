@@ -21,8 +21,8 @@ import pytest
 
 from airflow_lease_provider.core import EventKind, LeaseStore
 from demo.airflow_api import wait
+from demo.deployment import ROOT, Deployment, MetadataTemplate
 from tests.deployment.conftest import deployment_for
-from tests.deployment.deployment import ROOT, Deployment, MetadataTemplate
 from tests.pg import execute, q, scratch_dir
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]

@@ -1,4 +1,4 @@
-"""One real Airflow deployment for a test module: the processes Airflow runs in production, on PostgreSQL.
+"""One real Airflow deployment (for a test module, or a fault run of ``python -m chaos --airflow``): the processes Airflow runs in production, on PostgreSQL.
 
 ``airflow api-server`` (public API ``/api/v2``, the execution API the workers talk to, the UI and the
 lease plugin), ``airflow scheduler`` (LocalExecutor) and ``airflow dag-processor``, each on a free port
@@ -25,6 +25,8 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -34,15 +36,56 @@ import psycopg2
 from psycopg2 import sql
 
 from demo.airflow_api import AirflowAPI, wait
-from tests.airflow.harness import StatsdListener
-from tests.pg import scratch_dir
 
 VENV_BIN = Path(sys.executable).parent
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "dags_examples"
 DEMO_DAGS = ROOT / "demo" / "dags"
 #: SimpleAuthManager users of the deployment: name -> role. The password of each is its name + "-pw".
 USERS = {"admin": "admin", "viewer": "viewer"}
+
+
+def scratch_dir(prefix: str) -> Path:
+    """A directory the embedded server's unprivileged system user can enter (pytest's are 0700)."""
+    path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
+    path.chmod(0o755)
+    return path
+
+
+class StatsdListener:
+    """A UDP socket collecting statsd packets, to check the metrics a task emitted."""
+
+    def __init__(self) -> None:
+        self.sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.settimeout(0.2)
+        self.port = self.sock.getsockname()[1]
+        self.packets: list[str] = []
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            try:
+                data = self.sock.recv(65535)
+            except OSError:
+                continue
+            self.packets.extend(data.decode(errors="replace").splitlines())
+
+    def count(self, metric: str) -> int:
+        """Sum of a counter's increments (``prefix.metric:1|c``)."""
+        total = 0
+        for line in self.packets:
+            name, _, rest = line.partition(":")
+            if name.endswith(metric) and rest.endswith("|c"):
+                total += int(rest.split("|")[0])
+        return total
+
+    def close(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2)
+        self.sock.close()
 
 
 def free_port() -> int:
@@ -120,6 +163,13 @@ class MetadataTemplate:
         except BaseException:
             self.drop()
             raise
+
+    @classmethod
+    def existing(cls, admin_dsn: str, name: str) -> MetadataTemplate:
+        """A template another process migrated (its owner drops it, not this object)."""
+        template = cls.__new__(cls)
+        template.admin_dsn, template.name, template.root = admin_dsn, name, scratch_dir("lease-tier-tmpl-")
+        return template
 
     def copy(self) -> tuple[str, str]:
         """A new database copied from the template: its name and DSN."""

@@ -1,4 +1,4 @@
-"""A TCP proxy in front of the lease store, one per worker: its network path, which a test can cut.
+"""A TCP proxy in front of the lease store (one per Celery worker, or the fault run's): a network path a test can cut.
 
 ``down()`` closes every forwarded connection and answers new ones by closing them at once, as a store
 behind a broken link or a dead pooler does; ``up()`` forwards again. The upstream is a TCP address or a

@@ -1,0 +1,425 @@
+"""Run the Airflow-level fault run: a deployment, the chaos DAGs, a nemesis; collect the history.
+
+The deployment is :class:`demo.deployment.Deployment` (api-server, scheduler, dag-processor;
+LocalExecutor; PostgreSQL metadata copied from a migrated template). The lease store is a database of
+its own, reached by the tasks only through a :class:`demo.store_proxy.StoreProxy` (Airflow's metadata
+does not go through it), so the nemesis can make the store unreachable for the tasks alone. The
+history (the bodies' rows and the target's rows) lives in the store's database, written by the tasks
+over a direct connection the nemesis never cuts.
+
+Nemesis faults (every few seconds, at random, of the profile's kinds):
+
+- ``sigstop-task``: SIGSTOP a running task process (its supervisor still heartbeats), SIGCONT later;
+- ``sigstop-worker``: SIGSTOP the task process and its supervisor (the LocalExecutor worker's
+  process for that task: no heartbeats, so the scheduler fails it over to a retry), SIGCONT later;
+- ``kill-task`` / ``kill-supervisor``: SIGKILL a task process / its supervisor;
+- ``scheduler-restart``: SIGKILL the scheduler's process group (the LocalExecutor's workers and their
+  tasks with it), start a new scheduler a few seconds later (the capped catch-up DAG then catches up);
+- ``terminate``: ``pg_terminate_backend`` of every store session (``application_name`` airflow-lease);
+- ``store-down``: the proxy refuses and cuts every connection for a few seconds.
+
+Task processes are found through the history (a running body's pid) and checked to carry this run's
+marker in their environment (``CHAOS_AF_RUN``) before any signal is sent.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import random
+import secrets
+import shutil
+import signal
+import subprocess
+import time
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+from psycopg2 import sql
+
+from airflow_lease_provider.core import LeaseStore
+from chaos.airflow.profiles import AirflowProfile
+from demo.deployment import Deployment, MetadataTemplate, connection_json, drop_database, with_database
+from demo.store_proxy import StoreProxy
+
+log = logging.getLogger("chaos.airflow")
+
+DAG_FILE = Path(__file__).parent / "dags" / "chaos_af.py"
+DAG_IDS = ("chaos_pair", "chaos_mapped", "chaos_catchup")
+#: The history's schema and the lease store's, in the store's database.
+SCHEMA = "chaos_af"
+LEASE_SCHEMA = "airflow_lease"
+VARIANTS = ("correct", "lease-off", "unfenced")
+HEARTBEAT_TIMEOUT = 10
+
+_DDL = """
+CREATE SCHEMA {schema};
+CREATE TABLE {bodies} (
+    id          bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    dag_id      text        NOT NULL,
+    run_id      text        NOT NULL,
+    task_id     text        NOT NULL,
+    map_index   integer     NOT NULL,
+    try_number  integer     NOT NULL,
+    key         text        NOT NULL,
+    resource    text        NOT NULL,
+    slot        text        NOT NULL,
+    token       bigint,
+    pid         integer     NOT NULL,
+    started_at  timestamptz NOT NULL DEFAULT clock_timestamp(),
+    ended_at    timestamptz,
+    outcome     text
+);
+CREATE TABLE {target} (
+    id        bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    body      bigint      NOT NULL,
+    resource  text        NOT NULL,
+    key       text        NOT NULL,
+    slot      text        NOT NULL,
+    token     bigint,
+    at        timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+"""
+
+
+def _connect(dsn: str) -> Any:
+    conn = psycopg2.connect(dsn, connect_timeout=10, application_name="chaos-harness")
+    conn.autocommit = True
+    return conn
+
+
+def _rows(conn: Any, table: str) -> list[dict[str, Any]]:
+    with conn.cursor() as cur:
+        cur.execute(sql.SQL("SELECT * FROM {} ORDER BY id").format(sql.Identifier(SCHEMA, table)))
+        names = [c.name for c in cur.description]
+        return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return int(stat.rpartition(")")[2].split()[1])
+
+
+class AirflowChaos:
+    """One fault run: ``start()``, ``faults()``, ``settle()``, ``collect()``, ``close()``."""
+
+    def __init__(self, profile: AirflowProfile, variant: str, out: Path, seed: int, admin_dsn: str,
+                 template: str | None = None) -> None:
+        if variant not in VARIANTS:
+            raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
+        self.profile, self.variant, self.out, self.seed = profile, variant, out, seed
+        self.random = random.Random(seed)
+        self.admin_dsn = admin_dsn
+        self.id = secrets.token_hex(6)
+        self.own_template = template is None
+        self.template = MetadataTemplate(admin_dsn) if template is None else MetadataTemplate.existing(admin_dsn, template)
+        self.store_db = f"chaos_af_store_{self.id}"
+        self.deployment: Deployment | None = None
+        self.proxy: StoreProxy | None = None
+        self.faults: list[dict[str, Any]] = []
+        self.frozen: list[tuple[float, list[int], dict[str, Any]]] = []
+        self.store_back_at: float | None = None
+        self.scheduler_back_at: float | None = None
+        self.schedulers = 1
+        self.marks: dict[str, Any] = {}
+
+    # -- set-up ---------------------------------------------------------------------------------------
+
+    def start(self) -> None:
+        conn = _connect(self.admin_dsn)
+        try:
+            with conn.cursor() as cur:
+                cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.store_db)))
+        finally:
+            conn.close()
+        self.store_dsn = with_database(self.admin_dsn, self.store_db)
+        self.db = _connect(self.store_dsn)
+        with self.db.cursor() as cur:
+            cur.execute(sql.SQL(_DDL).format(schema=sql.Identifier(SCHEMA), bodies=sql.Identifier(SCHEMA, "bodies"),
+                                              target=sql.Identifier(SCHEMA, "target")))
+        with LeaseStore(self.store_dsn, schema=LEASE_SCHEMA) as store:
+            store.ensure_schema()
+        parts = psycopg2.extensions.parse_dsn(self.store_dsn)
+        host, port = parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432)
+        # A Unix socket directory (the embedded server) or a TCP address.
+        self.proxy = StoreProxy(f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port))
+        proxied = psycopg2.extensions.make_dsn(self.store_dsn, host="127.0.0.1", port=self.proxy.port)
+        p = self.profile
+        self.deployment = Deployment(self.template, [DAG_FILE], extra_env={
+            "CHAOS_AF_RUN": self.id,
+            "CHAOS_AF_HISTORY_DSN": self.store_dsn,
+            "CHAOS_AF_SCHEMA": SCHEMA,
+            "CHAOS_AF_VARIANT": self.variant,
+            "CHAOS_AF_TTL": str(p.ttl),
+            "CHAOS_AF_EVERY": str(p.every),
+            "CHAOS_AF_WORK": str(p.work),
+            "CHAOS_AF_START": str(time.time() - 4 * p.every),
+            "AIRFLOW__LEASE__SCHEMA": LEASE_SCHEMA,
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
+            "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
+            "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "2",
+        })
+        # The tasks reach the store only through the proxy; the history DSN above is direct.
+        self.deployment.env["AIRFLOW_CONN_LEASE_DEFAULT"] = connection_json(proxied)
+        self.deployment.start(set(DAG_IDS))
+        for dag_id in DAG_IDS:
+            self.deployment.api.unpause(dag_id)
+        self.marks["started"] = self.db_now()
+
+    def db_now(self) -> datetime:
+        with self.db.cursor() as cur:
+            cur.execute("SELECT clock_timestamp()")
+            value: datetime = cur.fetchone()[0]
+            return value
+
+    # -- the nemesis ----------------------------------------------------------------------------------
+
+    def _ours(self, pid: int) -> bool:
+        """Whether ``pid`` belongs to this run's deployment: its session is one of the processes it started.
+
+        (A task process's environment is not readable: Airflow makes it non-dumpable; its stat is.)
+        """
+        assert self.deployment is not None
+        sessions = {process.pid for process in self.deployment.started}
+        try:
+            stat = Path(f"/proc/{pid}/stat").read_text()
+        except OSError:
+            return False
+        return int(stat.rpartition(")")[2].split()[3]) in sessions
+
+    def _running_bodies(self) -> list[dict[str, Any]]:
+        frozen = {pid for _, pids, _ in self.frozen for pid in pids}
+        with self.db.cursor() as cur:
+            cur.execute(sql.SQL(
+                "SELECT id, pid, dag_id, run_id, task_id, map_index, try_number, key FROM {} "
+                "WHERE ended_at IS NULL AND started_at > clock_timestamp() - interval '60 seconds'"
+            ).format(sql.Identifier(SCHEMA, "bodies")))
+            names = [c.name for c in cur.description]
+            found = [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+        return [b for b in found if b["pid"] not in frozen and self._ours(b["pid"])]
+
+    def _record(self, kind: str, **detail: Any) -> dict[str, Any]:
+        fault = {"kind": kind, "at": self.db_now().isoformat(), **detail}
+        self.faults.append(fault)
+        log.info("fault %s", fault)
+        return fault
+
+    def _signal(self, pids: list[int], sig: signal.Signals) -> None:
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+
+    def _scheduler(self) -> subprocess.Popen[bytes]:
+        assert self.deployment is not None
+        return [p for p in self.deployment.started if "scheduler" in p.args[1:2]][-1]  # type: ignore[operator]
+
+    def inject(self, kind: str) -> bool:
+        """One fault of ``kind``; False when there was nothing to inject it into."""
+        p, rnd = self.profile, self.random
+        if kind in ("sigstop-task", "sigstop-worker", "kill-task", "kill-supervisor"):
+            bodies = self._running_bodies()
+            if not bodies:
+                return False
+            b = rnd.choice(bodies)
+            ti = {k: b[k] for k in ("dag_id", "run_id", "task_id", "map_index", "try_number", "key")}
+            pids = [b["pid"]]
+            if kind in ("sigstop-worker", "kill-supervisor"):
+                parent = _ppid(b["pid"])
+                if parent is None or not self._ours(parent):
+                    return False
+                pids = [parent] if kind == "kill-supervisor" else [parent, b["pid"]]
+            if kind.startswith("sigstop"):
+                seconds = rnd.uniform(0.5 * p.ttl, 2.2 * p.ttl)
+                self._signal(pids, signal.SIGSTOP)
+                fault = self._record(kind, pids=pids, ti=ti, body=b["id"], seconds=round(seconds, 1))
+                self.frozen.append((time.monotonic() + seconds, pids, fault))
+            else:
+                self._signal(pids, signal.SIGKILL)
+                self._record(kind, pids=pids, ti=ti, body=b["id"])
+            return True
+        if kind == "scheduler-restart":
+            if self.scheduler_back_at is not None:
+                return False
+            # The whole process group, as a service manager's restart does: with the LocalExecutor the
+            # executor's workers, their supervisors and tasks are the scheduler's children. (Killing the
+            # scheduler alone left its log and health servers holding their ports: the next scheduler
+            # stalled in its start-up.)
+            scheduler = self._scheduler()
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(scheduler.pid, signal.SIGKILL)
+            scheduler.wait(timeout=30)
+            seconds = rnd.uniform(2.0, p.every)
+            self.scheduler_back_at = time.monotonic() + seconds
+            self.scheduler_fault = self._record(kind, seconds=round(seconds, 1))
+            return True
+        if kind == "terminate":
+            with self.db.cursor() as cur:
+                cur.execute("SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+                            "WHERE datname = %s AND application_name = 'airflow-lease'", (self.store_db,))
+                sessions = int(cur.fetchone()[0])
+            self._record(kind, sessions=sessions)
+            return True
+        if kind == "store-down":
+            if self.store_back_at is not None:
+                return False
+            assert self.proxy is not None
+            seconds = rnd.uniform(3.0, 1.5 * p.ttl)
+            self.proxy.down()
+            self.store_back_at = time.monotonic() + seconds
+            self.store_fault = self._record(kind, seconds=round(seconds, 1))
+            return True
+        raise ValueError(f"unknown fault kind {kind!r}")
+
+    def _heal(self, everything: bool = False) -> None:
+        now = time.monotonic()
+        for entry in list(self.frozen):
+            if everything or entry[0] <= now:
+                self._signal(entry[1], signal.SIGCONT)
+                entry[2]["ended"] = self.db_now().isoformat()
+                self.frozen.remove(entry)
+        if self.store_back_at is not None and (everything or self.store_back_at <= now):
+            assert self.proxy is not None
+            self.proxy.up()
+            self.store_fault["ended"] = self.db_now().isoformat()
+            self.store_back_at = None
+        if self.scheduler_back_at is not None and (everything or self.scheduler_back_at <= now):
+            assert self.deployment is not None
+            self.schedulers += 1
+            self.deployment._start(f"scheduler-{self.schedulers}", "scheduler")
+            self.scheduler_fault["ended"] = self.db_now().isoformat()
+            self.scheduler_back_at = None
+
+    def run_faults(self) -> None:
+        p = self.profile
+        time.sleep(p.warmup)
+        self.marks["faults_started"] = self.db_now()
+        kinds = [k for k, _ in p.weights]
+        weights = [w for _, w in p.weights]
+        end = time.monotonic() + p.seconds
+        next_fault = time.monotonic()
+        # A scheduler restart early on, in the catch-up of chaos_catchup's missed slots.
+        if "scheduler-restart" in kinds:
+            self.inject("scheduler-restart")
+        pending: str | None = None
+        given_up = time.monotonic()
+        while time.monotonic() < end:
+            self._heal()
+            if kinds and pending is None and time.monotonic() >= next_fault:
+                pending = self.random.choices(kinds, weights)[0]
+                given_up = time.monotonic() + p.every
+            if pending is not None:
+                # A process fault waits for a body to run (they come in bursts, one per schedule tick).
+                if self.inject(pending) or time.monotonic() > given_up:
+                    pending = None
+                    next_fault = time.monotonic() + self.random.uniform(*p.gap)
+            time.sleep(0.2)
+        self._heal(everything=True)
+        self.marks["faults_ended"] = self.db_now()
+
+    # -- after the faults -----------------------------------------------------------------------------
+
+    def recover(self) -> None:
+        """Wait for an accepted publish of every DAG after the faults (at most TTL + interval + slack)."""
+        p = self.profile
+        deadline = time.monotonic() + p.ttl + p.every + p.work + 60
+        ended = self.marks["faults_ended"]
+        while time.monotonic() < deadline:
+            with self.db.cursor() as cur:
+                cur.execute(sql.SQL(
+                    "SELECT b.dag_id, min(t.at) FROM {} t JOIN {} b ON b.id = t.body "
+                    "WHERE t.at > %s GROUP BY b.dag_id").format(
+                        sql.Identifier(SCHEMA, "target"), sql.Identifier(SCHEMA, "bodies")), (ended,))
+                if len(cur.fetchall()) == len(DAG_IDS):
+                    break
+            time.sleep(1)
+
+    def drain(self, timeout: float = 120) -> None:
+        """Wait for the runs that exist now to finish (the DAGs keep running; later runs are not judged)."""
+        assert self.deployment is not None
+        api = self.deployment.api
+        self.judged = {(d, r["dag_run_id"]) for d in DAG_IDS for r in api.runs(d)}
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            busy = [r for d in DAG_IDS for r in api.runs(d)
+                    if (d, r["dag_run_id"]) in self.judged and r["state"] not in ("success", "failed")]
+            if not busy:
+                break
+            time.sleep(2)
+        self.marks["drained"] = self.db_now()
+
+    def collect(self) -> dict[str, Any]:
+        assert self.deployment is not None
+        api = self.deployment.api
+        tis: list[dict[str, Any]] = []
+        for dag_id in DAG_IDS:
+            for run in api.runs(dag_id):
+                if (dag_id, run["dag_run_id"]) not in self.judged:
+                    continue
+                for ti in api.task_instances(dag_id, run["dag_run_id"]).values():
+                    entry = {k: ti.get(k) for k in ("dag_id", "dag_run_id", "task_id", "map_index", "state",
+                                                    "try_number")}
+                    entry["run_type"] = run.get("run_type")
+                    if ti["state"] == "skipped":
+                        entry["skip_reason"] = api.xcom(dag_id, run["dag_run_id"], ti["task_id"], "lease_skip_reason",
+                                                        map_index=ti["map_index"])
+                    if ti["state"] == "failed":
+                        entry["log_tail"] = api.log(dag_id, run["dag_run_id"], ti["task_id"],
+                                                    try_number=max(1, int(ti["try_number"] or 1)),
+                                                    map_index=ti["map_index"])[-4000:]
+                    tis.append(entry)
+        p = self.profile
+        return {
+            "profile": {"name": p.name, "seconds": p.seconds, "ttl": p.ttl, "every": p.every, "work": p.work,
+                        "intervals": {"chaos_pair": p.every, "chaos_mapped": p.every * 2 / 3,
+                                      "chaos_catchup": p.every * 4 / 3}},
+            "variant": self.variant, "seed": self.seed,
+            "marks": {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.marks.items()},
+            "bodies": _rows(self.db, "bodies"), "target": _rows(self.db, "target"),
+            "task_instances": tis, "faults": self.faults,
+        }
+
+    def close(self) -> None:
+        if self.deployment is not None:
+            # resume whatever is still frozen so that SIGTERM can be handled
+            self._signal([pid for _, pids, _ in self.frozen for pid in pids], signal.SIGCONT)
+            if self.deployment.logs.exists():
+                shutil.copytree(self.deployment.logs, self.out / "process-logs", dirs_exist_ok=True)
+            with contextlib.suppress(Exception):
+                self.deployment.stop()
+            for entry in Path("/proc").iterdir():  # nothing of this run may outlive it
+                if entry.name.isdigit() and int(entry.name) != os.getpid() and self._ours(int(entry.name)):
+                    with contextlib.suppress(ProcessLookupError):
+                        os.kill(int(entry.name), signal.SIGKILL)
+        if self.proxy is not None:
+            self.proxy.close()
+        with contextlib.suppress(Exception):
+            self.db.close()
+        with contextlib.suppress(psycopg2.Error):
+            drop_database(self.admin_dsn, self.store_db)
+        if self.own_template:
+            self.template.drop()
+
+
+def run(profile: AirflowProfile, variant: str, out: Path, seed: int, admin_dsn: str,
+        template: str | None = None) -> Path:
+    """The whole run; the path of its history (``history.json`` in ``out``)."""
+    out.mkdir(parents=True, exist_ok=True)
+    chaos = AirflowChaos(profile, variant, out, seed, admin_dsn, template)
+    try:
+        chaos.start()
+        chaos.run_faults()
+        chaos.recover()
+        chaos.drain()
+        history = chaos.collect()
+    finally:
+        chaos.close()
+    path = out / "history.json"
+    path.write_text(json.dumps(history, indent=1, default=str))
+    return path
