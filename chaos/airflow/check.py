@@ -9,7 +9,9 @@
   skipped with the lease's reason, failed with LeaseLost / StaleFencingToken / DuplicatePublish /
   LeaseStoreUnavailable or after the nemesis killed or froze its process), or never finished;
 - ``no-recovery``: after the faults stopped, a DAG did not publish again within TTL + one schedule
-  interval (+ the body's work time and ``START_SLACK`` for Airflow to start the task).
+  interval (+ the body's work time and ``START_SLACK`` for Airflow to start the task; + the profile's
+  ``orphan_reset`` when the scheduler was restarted: the time Airflow takes to reset the task instances
+  a dead scheduler left ``running``, see docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -177,11 +179,13 @@ def check(history: dict[str, Any]) -> Report:
     # recovery after the faults
     p = profile
     intervals = p.get("intervals") or {}
-    report.bound = p["ttl"] + max(intervals.values(), default=p["every"]) + p["work"] + START_SLACK
+    restarted = any(f["kind"] == "scheduler-restart" for f in history["faults"])
+    slack = START_SLACK + (float(p.get("orphan_reset", 0)) if restarted else 0.0)
+    report.bound = p["ttl"] + max(intervals.values(), default=p["every"]) + p["work"] + slack
     ended = _ts(history["marks"].get("faults_ended"))
     if ended is not None:
         for dag_id in sorted({b["dag_id"] for b in bodies.values()}):
-            bound = p["ttl"] + intervals.get(dag_id, p["every"]) + p["work"] + START_SLACK
+            bound = p["ttl"] + intervals.get(dag_id, p["every"]) + p["work"] + slack
             after = [_ts(row["at"]) for row in target if bodies[row["body"]]["dag_id"] == dag_id and _ts(row["at"]) > ended]  # type: ignore[operator]
             first = min(after, default=None)  # type: ignore[type-var]
             report.recovery[dag_id] = None if first is None else (first - ended).total_seconds()

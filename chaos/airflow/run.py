@@ -55,6 +55,13 @@ SCHEMA = "chaos_af"
 LEASE_SCHEMA = "airflow_lease"
 VARIANTS = ("correct", "lease-off", "unfenced")
 HEARTBEAT_TIMEOUT = 10
+#: After a scheduler dies its running task instances are orphans: the new scheduler's heartbeat check
+#: only looks at the task instances it queued itself (``queued_by_job_id``), so they stay ``running``
+#: until ``adopt_or_reset_orphaned_tasks`` finds the old scheduler dead (no heartbeat for
+#: ``scheduler_health_check_threshold``) at its next ``orphaned_tasks_check_interval`` (defaults 30 s
+#: and 300 s). Shortened here; docs/reliability.md says what it means for a deployment's recovery.
+SCHEDULER_DEAD_AFTER = 15
+ORPHAN_CHECK_EVERY = 5
 
 _DDL = """
 CREATE SCHEMA {schema};
@@ -165,6 +172,8 @@ class AirflowChaos:
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
             "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
             "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "2",
+            "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": str(SCHEDULER_DEAD_AFTER),
+            "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": str(ORPHAN_CHECK_EVERY),
         })
         # The tasks reach the store only through the proxy; the history DSN above is direct.
         self.deployment.env["AIRFLOW_CONN_LEASE_DEFAULT"] = connection_json(proxied)
@@ -328,7 +337,7 @@ class AirflowChaos:
     def recover(self) -> None:
         """Wait for an accepted publish of every DAG after the faults (at most TTL + interval + slack)."""
         p = self.profile
-        deadline = time.monotonic() + p.ttl + p.every + p.work + 60
+        deadline = time.monotonic() + p.ttl + p.every + p.work + SCHEDULER_DEAD_AFTER + ORPHAN_CHECK_EVERY + 60
         ended = self.marks["faults_ended"]
         while time.monotonic() < deadline:
             with self.db.cursor() as cur:
@@ -377,6 +386,7 @@ class AirflowChaos:
         p = self.profile
         return {
             "profile": {"name": p.name, "seconds": p.seconds, "ttl": p.ttl, "every": p.every, "work": p.work,
+                        "orphan_reset": SCHEDULER_DEAD_AFTER + ORPHAN_CHECK_EVERY,
                         "intervals": {"chaos_pair": p.every, "chaos_mapped": p.every * 2 / 3,
                                       "chaos_catchup": p.every * 4 / 3}},
             "variant": self.variant, "seed": self.seed,
