@@ -25,9 +25,9 @@ import pytest
 
 from airflow_lease_provider.core import EventKind, FenceStore, LeaseStore
 from demo.airflow_api import AirflowAPI, wait
+from demo.deployment import free_port
 from tests.airflow.harness import StatsdListener
 from tests.compat.conftest import Home
-from tests.deployment.deployment import free_port
 from tests.pg import execute, q
 
 pytestmark = [pytest.mark.compat, pytest.mark.slow, pytest.mark.timeout(900)]
