@@ -2,11 +2,25 @@
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from datetime import timedelta
 
 import psycopg2
+import pytest
 
 from airflow_lease_provider.core import LeaseStore
+from tests.pg import EmbeddedServer
+
+
+@pytest.fixture
+def quiet_server() -> Iterator[str]:
+    """A private server: WAL is counted server-wide, and the shared test server has other test files
+    writing at the same time (the suite runs files in parallel)."""
+    server = EmbeddedServer()
+    try:
+        yield server.dsn
+    finally:
+        server.stop()
 
 
 def _lsn(cur) -> int:
@@ -14,7 +28,9 @@ def _lsn(cur) -> int:
     return int(cur.fetchone()[0])
 
 
-def test_failed_acquire_on_a_held_key_writes_no_wal(store: LeaseStore, pg_dsn: str) -> None:
+def test_failed_acquire_on_a_held_key_writes_no_wal(quiet_server: str) -> None:
+    pg_dsn = quiet_server
+    store = LeaseStore(pg_dsn)
     lease = store.acquire("hot", owner="holder", ttl=timedelta(minutes=5))
     assert lease is not None
     contender = LeaseStore(pg_dsn, schema=store.schema, record_events=False)
@@ -39,6 +55,8 @@ def test_failed_acquire_on_a_held_key_writes_no_wal(store: LeaseStore, pg_dsn: s
     holder = store.holder("hot")
     assert holder is not None and holder.token == lease.token
     assert [e.kind for e in store.events.query(key="hot")] == ["acquired"]
+    contender.close()
+    store.close()
 
 
 def test_with_the_ledger_on_a_grant_and_its_event_are_one_commit(pg_dsn: str) -> None:
