@@ -59,53 +59,6 @@ CREATE INDEX event_fence_lease_key_at_idx ON event ((detail->>'lease_key'), at) 
 -- The events of one DAG run by time, and of one DAG (migrations/0007).
 CREATE INDEX event_run_at_idx ON event (dag_id, run_id, at);
 
-CREATE FUNCTION fence_advance(p_resource text, p_key text, p_token bigint, p_owner text, p_idempotency_key text)
-RETURNS TABLE (outcome text, current_token bigint)
-LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
-DECLARE
-    v_token bigint;
-BEGIN
-    IF p_idempotency_key IS NOT NULL THEN
-        INSERT INTO fence_publish (resource, idempotency_key, token, owner)
-        VALUES (p_resource, p_idempotency_key, p_token, p_owner)
-        ON CONFLICT DO NOTHING;
-        IF NOT FOUND THEN
-            RETURN QUERY SELECT 'duplicate'::text, fence_token(p_resource, p_key);
-            RETURN;
-        END IF;
-    END IF;
-    -- The key's own row, or (first publish of this key) a new row above the pre-version-3 floor, if any.
-    INSERT INTO fence AS f (resource, key, token, owner, accepted_at)
-    SELECT p_resource, p_key, p_token, p_owner, clock_timestamp()
-     WHERE p_token > coalesce((SELECT l.token FROM fence l WHERE l.resource = p_resource AND l.key = ''), 0)
-    ON CONFLICT (resource, key) DO UPDATE
-        SET token = EXCLUDED.token, owner = EXCLUDED.owner, accepted_at = EXCLUDED.accepted_at
-        WHERE f.token < EXCLUDED.token
-    RETURNING f.token INTO v_token;
-    IF FOUND THEN
-        RETURN QUERY SELECT 'accepted'::text, v_token;
-        RETURN;
-    END IF;
-    IF p_idempotency_key IS NOT NULL THEN
-        -- A refused publish never uses up its idempotency key.
-        DELETE FROM fence_publish WHERE resource = p_resource AND idempotency_key = p_idempotency_key;
-    END IF;
-    RETURN QUERY SELECT 'stale'::text, fence_token(p_resource, p_key);
-END;
-$$;
-
--- The token a new publish of p_key to p_resource must exceed: the key's own, else the pre-version-3 floor.
-CREATE FUNCTION fence_token(p_resource text, p_key text)
-RETURNS bigint
-LANGUAGE sql STABLE
-SET search_path FROM CURRENT
-AS $$
-    SELECT f.token FROM fence f WHERE f.resource = p_resource AND f.key IN (p_key, '')
-     ORDER BY f.key = '' LIMIT 1
-$$;
-
 -- The token epoch (migrations/0006): every token is at least (epoch << 40) + 1, and the epoch changes
 -- when the store finds itself on another system identifier or timeline (a failover), or by hand.
 CREATE TABLE lease_epoch (
@@ -128,41 +81,6 @@ $$;
 INSERT INTO lease_epoch (epoch, system_identifier, timeline, changed_at, reason)
 VALUES (0, (pg_control_system()).system_identifier, lease_timeline(), clock_timestamp(), 'created');
 
--- The floor of every token issued now: epoch << 40. Bumps the epoch first when the server history
--- changed. Concurrent callers on a new timeline serialise on the row: the first bumps, the others find
--- the row already current when its lock is released (READ COMMITTED re-checks the WHERE).
-CREATE FUNCTION lease_token_floor()
-RETURNS bigint
-LANGUAGE plpgsql VOLATILE
-SET search_path FROM CURRENT
-AS $$
-DECLARE
-    -- The system identifier never changes while a server runs: read from the control file once per
-    -- session. The timeline does (a promoted standby keeps its sessions): read on every call.
-    v_system bigint := nullif(current_setting('airflow_lease.system_identifier', true), '')::bigint;
-    v_timeline integer := lease_timeline();
-    v_epoch integer;
-BEGIN
-    IF v_system IS NULL THEN
-        v_system := (pg_control_system()).system_identifier;
-        PERFORM set_config('airflow_lease.system_identifier', v_system::text, false);
-    END IF;
-    SELECT e.epoch INTO v_epoch FROM lease_epoch e
-     WHERE e.system_identifier = v_system AND e.timeline = v_timeline;
-    IF NOT FOUND THEN
-        UPDATE lease_epoch e
-           SET epoch = greatest(e.epoch + 1, v_timeline), system_identifier = v_system, timeline = v_timeline,
-               changed_at = clock_timestamp(), reason = 'new server history'
-         WHERE e.system_identifier <> v_system OR e.timeline <> v_timeline
-        RETURNING e.epoch INTO v_epoch;
-        IF NOT FOUND THEN
-            SELECT e.epoch INTO v_epoch FROM lease_epoch e;
-        END IF;
-    END IF;
-    RETURN v_epoch::bigint << 40;
-END;
-$$;
-
 -- The operator's step after a failover the store cannot see: the next epoch, recorded with its reason.
 CREATE FUNCTION lease_epoch_bump(p_reason text)
 RETURNS TABLE (epoch integer, system_identifier bigint, timeline integer, changed_at timestamptz, reason text)
@@ -175,140 +93,184 @@ AS $$
     RETURNING e.epoch, e.system_identifier, e.timeline, e.changed_at, e.reason
 $$;
 
--- acquire, renew and release as plpgsql functions (migrations/0002, 0008): their plans are cached per
--- session, and unlike a client-side PREPARE they keep working behind pgbouncer in transaction pooling
--- mode. Every new token is at least the epoch's floor + 1.
--- acquire: a key someone else holds is answered by one read (a failed attempt takes no row lock and
--- writes nothing); otherwise the conditional UPDATE takes a free, expired or own lease, or the INSERT
--- creates a new key. The token floor (lease_token_floor) is computed only for a row actually written.
--- Each statement takes its own READ COMMITTED snapshot, so a change made between two of them is seen by
--- the next: an UPDATE that finds nothing (someone took the lease since the read) starts over, at most
--- three times; after that the row is returned as it is (the caller reads the holder again).
-CREATE FUNCTION lease_acquire(p_key text, p_owner text, p_ttl interval)
+-- The functions every lease and fence call runs (migrations/0009, from 0003, 0006 and 0008): no
+-- `SET search_path` clause (it cost 30-40 % of a call on the server), so every name in them is qualified:
+-- the store's objects with the schema (built with format('%I'), the schema's name is the user's) and
+-- pg_catalog's functions and types with pg_catalog. acquire reads first (a key someone else holds costs one
+-- index lookup, no row lock, no write), then the conditional UPDATE takes a free, expired or own lease, or
+-- the INSERT creates a new key; each statement takes its own READ COMMITTED snapshot, and an UPDATE that
+-- finds nothing starts over, at most three times. The token floor is computed only for a row written.
+DO $migration$
+DECLARE
+    s text := current_schema();
+BEGIN
+    IF s IS NULL THEN
+        RAISE EXCEPTION 'no current schema: the migrator sets search_path to the store''s schema';
+    END IF;
+
+    -- The floor of every token issued now (migrations/0006), unchanged but for the qualified names.
+    EXECUTE format($def$
+CREATE OR REPLACE FUNCTION %1$I.lease_token_floor()
+RETURNS bigint
+LANGUAGE plpgsql VOLATILE
+AS %2$L
+$def$, s, format($body$
+DECLARE
+    -- The system identifier never changes while a server runs: read from the control file once per
+    -- session. The timeline does (a promoted standby keeps its sessions): read on every call.
+    v_system bigint := nullif(pg_catalog.current_setting('airflow_lease.system_identifier', true), '')::bigint;
+    v_timeline integer := %1$I.lease_timeline();
+    v_epoch integer;
+BEGIN
+    IF v_system IS NULL THEN
+        v_system := (pg_catalog.pg_control_system()).system_identifier;
+        PERFORM pg_catalog.set_config('airflow_lease.system_identifier', v_system::pg_catalog.text, false);
+    END IF;
+    SELECT e.epoch INTO v_epoch FROM %1$I.lease_epoch e
+     WHERE e.system_identifier = v_system AND e.timeline = v_timeline;
+    IF NOT FOUND THEN
+        UPDATE %1$I.lease_epoch e
+           SET epoch = greatest(e.epoch + 1, v_timeline), system_identifier = v_system, timeline = v_timeline,
+               changed_at = pg_catalog.clock_timestamp(), reason = 'new server history'
+         WHERE e.system_identifier <> v_system OR e.timeline <> v_timeline
+        RETURNING e.epoch INTO v_epoch;
+        IF NOT FOUND THEN
+            SELECT e.epoch INTO v_epoch FROM %1$I.lease_epoch e;
+        END IF;
+    END IF;
+    RETURN v_epoch::bigint << 40;
+END;
+$body$, s));
+
+    -- acquire (migrations/0008): the read first, then the conditional UPDATE, then the INSERT.
+    EXECUTE format($def$
+CREATE OR REPLACE FUNCTION %1$I.lease_acquire(p_key text, p_owner text, p_ttl interval)
 RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz)
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
+AS %2$L
+$def$, s, format($body$
 #variable_conflict use_column
 BEGIN
     FOR attempt IN 1..3 LOOP
         RETURN QUERY
         SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-               clock_timestamp()
-          FROM lease l
-         WHERE l.key = p_key AND l.expires_at > clock_timestamp() AND l.owner <> p_owner;
+               pg_catalog.clock_timestamp()
+          FROM %1$I.lease l
+         WHERE l.key = p_key AND l.expires_at > pg_catalog.clock_timestamp() AND l.owner <> p_owner;
         IF FOUND THEN
             RETURN;
         END IF;
         RETURN QUERY
-        UPDATE lease AS l
-           SET owner = p_owner, token = greatest(l.token + 1, lease_token_floor() + 1), ttl = p_ttl,
-               acquired_at = clock_timestamp(), renewed_at = clock_timestamp(),
-               expires_at = clock_timestamp() + p_ttl, released_at = NULL
-         WHERE l.key = p_key AND (l.expires_at <= clock_timestamp() OR l.owner = p_owner)
+        UPDATE %1$I.lease AS l
+           SET owner = p_owner, token = greatest(l.token + 1, %1$I.lease_token_floor() + 1), ttl = p_ttl,
+               acquired_at = pg_catalog.clock_timestamp(), renewed_at = pg_catalog.clock_timestamp(),
+               expires_at = pg_catalog.clock_timestamp() + p_ttl, released_at = NULL
+         WHERE l.key = p_key AND (l.expires_at <= pg_catalog.clock_timestamp() OR l.owner = p_owner)
         RETURNING true, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-                  clock_timestamp();
+                  pg_catalog.clock_timestamp();
         IF FOUND THEN
             RETURN;
         END IF;
         RETURN QUERY
-        INSERT INTO lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at)
-        VALUES (p_key, p_owner, lease_token_floor() + 1, p_ttl, clock_timestamp(), clock_timestamp(),
-                clock_timestamp() + p_ttl)
+        INSERT INTO %1$I.lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at)
+        VALUES (p_key, p_owner, %1$I.lease_token_floor() + 1, p_ttl, pg_catalog.clock_timestamp(),
+                pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() + p_ttl)
         ON CONFLICT (key) DO NOTHING
         RETURNING true, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-                  clock_timestamp();
+                  pg_catalog.clock_timestamp();
         IF FOUND THEN
             RETURN;
         END IF;
     END LOOP;
     RETURN QUERY
     SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-           clock_timestamp()
-      FROM lease l
+           pg_catalog.clock_timestamp()
+      FROM %1$I.lease l
      WHERE l.key = p_key;
 END;
-$$;
+$body$, s));
 
--- renew: extends a lease only while it is still this owner's, with this token, and unexpired (decision 6).
-CREATE FUNCTION lease_renew(p_key text, p_owner text, p_token bigint, p_ttl interval)
+    -- renew: extends a lease only while it is still this owner's, with this token, and unexpired (decision 6).
+    EXECUTE format($def$
+CREATE OR REPLACE FUNCTION %1$I.lease_renew(p_key text, p_owner text, p_token bigint, p_ttl interval)
 RETURNS TABLE (key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz)
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
+AS %2$L
+$def$, s, format($body$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    UPDATE lease AS l
-       SET renewed_at = clock_timestamp(), expires_at = clock_timestamp() + p_ttl, ttl = p_ttl
+    UPDATE %1$I.lease AS l
+       SET renewed_at = pg_catalog.clock_timestamp(), expires_at = pg_catalog.clock_timestamp() + p_ttl, ttl = p_ttl
      WHERE l.key = p_key AND l.owner = p_owner AND l.token = p_token
-       AND l.expires_at > clock_timestamp() AND l.released_at IS NULL
+       AND l.expires_at > pg_catalog.clock_timestamp() AND l.released_at IS NULL
     RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-              clock_timestamp();
+              pg_catalog.clock_timestamp();
 END;
-$$;
+$body$, s));
 
--- release: frees the lease only if owner and token still match (decision 7). The row and its token stay.
-CREATE FUNCTION lease_release(p_key text, p_owner text, p_token bigint)
+    -- release: frees the lease only if owner and token still match (decision 7). The row and its token stay.
+    EXECUTE format($def$
+CREATE OR REPLACE FUNCTION %1$I.lease_release(p_key text, p_owner text, p_token bigint)
 RETURNS TABLE (key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz)
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
+AS %2$L
+$def$, s, format($body$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    UPDATE lease AS l
-       SET expires_at = LEAST(l.expires_at, clock_timestamp()), released_at = clock_timestamp()
+    UPDATE %1$I.lease AS l
+       SET expires_at = LEAST(l.expires_at, pg_catalog.clock_timestamp()), released_at = pg_catalog.clock_timestamp()
      WHERE l.key = p_key AND l.owner = p_owner AND l.token = p_token AND l.released_at IS NULL
     RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
               l.released_at;
 END;
-$$;
+$body$, s));
 
--- The ledger's insert, in one place: record_event (queries.sql) and the lease functions that write their
--- event in the same transaction as the lease (below) all call it. A plpgsql function, so its plan is
--- cached per session too.
-CREATE FUNCTION lease_event_insert(p_kind text, p_key text, p_owner text, p_token bigint, p_detail jsonb,
-                                   p_dag_id text, p_run_id text, p_task_id text, p_map_index integer)
+    -- The ledger's one INSERT (record_event and the _logged functions below).
+    EXECUTE format($def$
+CREATE OR REPLACE FUNCTION %1$I.lease_event_insert(p_kind text, p_key text, p_owner text, p_token bigint,
+                                                   p_detail jsonb, p_dag_id text, p_run_id text, p_task_id text,
+                                                   p_map_index integer)
 RETURNS TABLE (id bigint, at timestamptz)
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
+AS %2$L
+$def$, s, format($body$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    INSERT INTO event AS e (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
+    INSERT INTO %1$I.event AS e (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
     VALUES (p_kind, p_key, p_owner, p_token, p_detail, p_dag_id, p_run_id, p_task_id, p_map_index)
     RETURNING e.id, e.at;
 END;
-$$;
+$body$, s));
 
--- acquire with the ledger on: a grant and its 'acquired' event are one transaction, so one commit (the
--- grant's durable one) and one round trip. p_detail is the event's detail from the caller; the grant's
--- expiry is added here. A failed attempt writes nothing. The event is best effort, as when it was written
--- on its own: if its insert fails (a broken ledger), the grant stands and `logged` says false.
-CREATE FUNCTION lease_acquire_logged(p_key text, p_owner text, p_ttl interval, p_detail jsonb,
-                                     p_dag_id text, p_run_id text, p_task_id text, p_map_index integer)
+    -- acquire with the ledger on (migrations/0008): the grant and its 'acquired' event in one transaction;
+    -- the event best effort (`logged` false when its insert failed), a failed attempt writes nothing.
+    EXECUTE format($def$
+CREATE OR REPLACE FUNCTION %1$I.lease_acquire_logged(p_key text, p_owner text, p_ttl interval, p_detail jsonb,
+                                                     p_dag_id text, p_run_id text, p_task_id text,
+                                                     p_map_index integer)
 RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz,
                logged boolean)
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
+AS %2$L
+$def$, s, format($body$
 #variable_conflict use_column
 DECLARE
     r record;
 BEGIN
-    FOR r IN SELECT * FROM lease_acquire(p_key, p_owner, p_ttl) LOOP
+    FOR r IN SELECT * FROM %1$I.lease_acquire(p_key, p_owner, p_ttl) LOOP
         logged := false;
         IF r.acquired THEN
             BEGIN
-                PERFORM lease_event_insert('acquired', p_key, p_owner, r.token,
-                                           p_detail || jsonb_build_object('expires_at', r.expires_at),
-                                           p_dag_id, p_run_id, p_task_id, p_map_index);
+                PERFORM %1$I.lease_event_insert('acquired', p_key, p_owner, r.token,
+                                                p_detail || pg_catalog.jsonb_build_object('expires_at', r.expires_at),
+                                                p_dag_id, p_run_id, p_task_id, p_map_index);
                 logged := true;
             EXCEPTION WHEN OTHERS THEN
                 logged := false;
@@ -320,29 +282,31 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END;
-$$;
+$body$, s));
 
--- release with the ledger on: the release and its 'released' event (how long it was held, by the
--- database clock) in one transaction; the event best effort as above.
-CREATE FUNCTION lease_release_logged(p_key text, p_owner text, p_token bigint, p_detail jsonb,
-                                     p_dag_id text, p_run_id text, p_task_id text, p_map_index integer)
+    -- release with the ledger on: the release and its 'released' event in one transaction.
+    EXECUTE format($def$
+CREATE OR REPLACE FUNCTION %1$I.lease_release_logged(p_key text, p_owner text, p_token bigint, p_detail jsonb,
+                                                     p_dag_id text, p_run_id text, p_task_id text,
+                                                     p_map_index integer)
 RETURNS TABLE (key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz,
                logged boolean)
 LANGUAGE plpgsql
-SET search_path FROM CURRENT
-AS $$
+AS %2$L
+$def$, s, format($body$
 #variable_conflict use_column
 DECLARE
     r record;
 BEGIN
-    FOR r IN SELECT * FROM lease_release(p_key, p_owner, p_token) LOOP
+    FOR r IN SELECT * FROM %1$I.lease_release(p_key, p_owner, p_token) LOOP
         BEGIN
-            PERFORM lease_event_insert('released', p_key, p_owner, p_token,
-                                       p_detail || jsonb_build_object(
-                                           'held_seconds', extract(epoch FROM r.observed_at - r.acquired_at)::float8,
-                                           'released_at', r.observed_at),
-                                       p_dag_id, p_run_id, p_task_id, p_map_index);
+            PERFORM %1$I.lease_event_insert('released', p_key, p_owner, p_token,
+                                            p_detail || pg_catalog.jsonb_build_object(
+                                                'held_seconds',
+                                                extract(epoch FROM r.observed_at - r.acquired_at)::double precision,
+                                                'released_at', r.observed_at),
+                                            p_dag_id, p_run_id, p_task_id, p_map_index);
             logged := true;
         EXCEPTION WHEN OTHERS THEN
             logged := false;
@@ -353,4 +317,58 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END;
-$$;
+$body$, s));
+
+    -- The token a new publish of p_key to p_resource must exceed (migrations/0003).
+    EXECUTE format($def$
+CREATE OR REPLACE FUNCTION %1$I.fence_token(p_resource text, p_key text)
+RETURNS bigint
+LANGUAGE sql STABLE
+AS %2$L
+$def$, s, format($body$
+    SELECT f.token FROM %1$I.fence f WHERE f.resource = p_resource AND f.key IN (p_key, '')
+     ORDER BY f.key = '' LIMIT 1
+$body$, s));
+
+    -- fence advance (migrations/0003): the idempotency claim, the conditional upsert, the claim given back
+    -- when the token is stale.
+    EXECUTE format($def$
+CREATE OR REPLACE FUNCTION %1$I.fence_advance(p_resource text, p_key text, p_token bigint, p_owner text,
+                                              p_idempotency_key text)
+RETURNS TABLE (outcome text, current_token bigint)
+LANGUAGE plpgsql
+AS %2$L
+$def$, s, format($body$
+DECLARE
+    v_token bigint;
+BEGIN
+    IF p_idempotency_key IS NOT NULL THEN
+        INSERT INTO %1$I.fence_publish (resource, idempotency_key, token, owner)
+        VALUES (p_resource, p_idempotency_key, p_token, p_owner)
+        ON CONFLICT DO NOTHING;
+        IF NOT FOUND THEN
+            RETURN QUERY SELECT 'duplicate'::pg_catalog.text, %1$I.fence_token(p_resource, p_key);
+            RETURN;
+        END IF;
+    END IF;
+    -- The key's own row, or (first publish of this key) a new row above the pre-version-3 floor, if any.
+    INSERT INTO %1$I.fence AS f (resource, key, token, owner, accepted_at)
+    SELECT p_resource, p_key, p_token, p_owner, pg_catalog.clock_timestamp()
+     WHERE p_token > coalesce((SELECT l.token FROM %1$I.fence l WHERE l.resource = p_resource AND l.key = ''), 0)
+    ON CONFLICT (resource, key) DO UPDATE
+        SET token = EXCLUDED.token, owner = EXCLUDED.owner, accepted_at = EXCLUDED.accepted_at
+        WHERE f.token < EXCLUDED.token
+    RETURNING f.token INTO v_token;
+    IF FOUND THEN
+        RETURN QUERY SELECT 'accepted'::pg_catalog.text, v_token;
+        RETURN;
+    END IF;
+    IF p_idempotency_key IS NOT NULL THEN
+        -- A refused publish never uses up its idempotency key.
+        DELETE FROM %1$I.fence_publish WHERE resource = p_resource AND idempotency_key = p_idempotency_key;
+    END IF;
+    RETURN QUERY SELECT 'stale'::pg_catalog.text, %1$I.fence_token(p_resource, p_key);
+END;
+$body$, s));
+END;
+$migration$;
