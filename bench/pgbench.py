@@ -3,8 +3,9 @@
 On a 2-core machine 64 Python client processes take most of the CPU the server needs, so the
 store arms measure library + client + server together. Here the same statements run from pgbench
 (two threads) on a held key: the statement as the library sends it (simple protocol), the same with the
-SET LOCAL prefix the library sends in the same query, prepared, and version 6's acquire for a before/after
-pair. ShedLock runs on JDBC, which switches to server-prepared statements after five executions, so its
+SET LOCAL prefix the library sends in the same query, prepared, version 6's acquire for a before/after
+pair, and version 8's prepared (its function still has the SET search_path clause that migration 0009 removed)
+for the pair that measures that clause. ShedLock runs on JDBC, which switches to server-prepared statements after five executions, so its
 prepared form is the fair one.
 """
 
@@ -35,6 +36,8 @@ LEASE_SIMPLE = "lease acquire SQL, simple protocol (the statement the library se
 LEASE_WITH_PREFIX = "lease acquire SQL with its SET LOCAL prefix, simple protocol (the whole query the library sends)"
 LEASE_PREPARED = "lease acquire SQL, prepared"
 LEASE_BEFORE = "lease acquire SQL of version 6 (before), simple protocol"
+LEASE_V8_SIMPLE = "lease acquire SQL of version 8 (with SET search_path), simple protocol"
+LEASE_V8_PREPARED = "lease acquire SQL of version 8 (with SET search_path), prepared"
 SHEDLOCK_UPSERT = "ShedLock upsert, prepared (as JDBC sends it)"
 SHEDLOCK_UPDATE = "ShedLock UPDATE, prepared"
 
@@ -49,6 +52,7 @@ def _scripts(server: Server, dsn: str, schema: str) -> dict[str, tuple[str, str]
 
     lease = _one_line(render(named_queries()["acquire"]))
     before = _one_line(render(sqltext.BEFORE_ACQUIRE_CALL))
+    v8 = _one_line(render(sqltext.V8_ACQUIRE_CALL))
     upsert = _one_line(render(sqltext.SHEDLOCK_UPSERT))
     update = _one_line(render(sqltext.SHEDLOCK_UPDATE))
     # The library's SET LOCAL prefix and the call as one simple-protocol query (pgbench's \; joins them).
@@ -59,6 +63,8 @@ def _scripts(server: Server, dsn: str, schema: str) -> dict[str, tuple[str, str]
         LEASE_WITH_PREFIX: ("simple", with_prefix),
         LEASE_PREPARED: ("prepared", lease),
         LEASE_BEFORE: ("simple", before),
+        LEASE_V8_SIMPLE: ("simple", v8),
+        LEASE_V8_PREPARED: ("prepared", v8),
         SHEDLOCK_UPSERT: ("prepared", upsert),
         SHEDLOCK_UPDATE: ("prepared", update),
     }

@@ -462,7 +462,9 @@ def targets(
                 True,
                 f"{cell_text(lease, 'rate')} vs {cell_text(shed, 'rate')}/s; with the SET LOCAL prefix "
                 f"{_ratio_text(pg_ratio(pgbench.LEASE_WITH_PREFIX))}, prepared {_ratio_text(pg_ratio(pgbench.LEASE_PREPARED))}, "
-                f"version 6's SQL {_ratio_text(pg_ratio(pgbench.LEASE_BEFORE))}",
+                f"version 6's SQL {_ratio_text(pg_ratio(pgbench.LEASE_BEFORE))}, "
+                f"version 8's (SET search_path) {_ratio_text(pg_ratio(pgbench.LEASE_V8_SIMPLE))}, "
+                f"prepared {_ratio_text(pg_ratio(pgbench.LEASE_V8_PREPARED))}",
             )
         )
     else:

@@ -122,11 +122,12 @@ class Server:
             store.close()
         for statement in sqltext.BASELINE_TABLES:
             self.execute(sqltext.compose(statement, schema))
-        # Version 6's acquire, for the before/after arms: created like a migration, with the run's schema
-        # as search_path (its SET search_path FROM CURRENT keeps it).
+        # Version 6's and 8's acquire, for the before/after arms: created like a migration, with the run's
+        # schema as search_path (their SET search_path FROM CURRENT keeps it).
         self.execute(sql.SQL("SET search_path TO {}").format(sql.Identifier(schema)))
         try:
             self.execute(sqltext.before_acquire_function())
+            self.execute(sqltext.v8_acquire_function())
         finally:
             self.execute("RESET search_path")
 

@@ -138,12 +138,27 @@ BEFORE_RENEW = (
 )
 
 
-def before_acquire_function() -> str:
-    """Migration 0006's ``lease_acquire``, renamed; run with ``search_path`` set to the run's schema."""
-    text = migration_text(6)
+# Migration 0008's acquire (read first, then UPDATE, then INSERT) with its `SET search_path FROM CURRENT`,
+# which migration 0009 removed: the before half of the pgbench pair that measures that clause alone.
+V8_ACQUIRE_NAME = "bench_lease_acquire_v8"
+V8_ACQUIRE_CALL = "SELECT * FROM {schema}.bench_lease_acquire_v8(%(key)s, %(owner)s, %(ttl)s)"
+
+
+def _renamed_acquire(version: int, name: str) -> str:
+    text = migration_text(version)
     start = text.index("CREATE OR REPLACE FUNCTION lease_acquire")
     end = text.index("$$;", text.index("BEGIN", start)) + 3
-    return text[start:end].replace("FUNCTION lease_acquire(", f"FUNCTION {BEFORE_ACQUIRE_NAME}(", 1)
+    return text[start:end].replace("FUNCTION lease_acquire(", f"FUNCTION {name}(", 1)
+
+
+def before_acquire_function() -> str:
+    """Migration 0006's ``lease_acquire``, renamed; run with ``search_path`` set to the run's schema."""
+    return _renamed_acquire(6, BEFORE_ACQUIRE_NAME)
+
+
+def v8_acquire_function() -> str:
+    """Migration 0008's ``lease_acquire`` (with its SET clause), renamed; run like :func:`before_acquire_function`."""
+    return _renamed_acquire(8, V8_ACQUIRE_NAME)
 
 
 def migration_text(version: int) -> str:
