@@ -334,6 +334,10 @@ class Database:
         self._pid = 0
         self._compiled: dict[str, str] = {}
         self._prefixes: dict[tuple[bool | None, timedelta], str] = {}
+        # prefix + query per (name, durable, statement_timeout), and the query text each was built from
+        # (the bench swaps _compiled entries for its before arms; a swapped entry rebuilds its statement).
+        self._statements: dict[tuple[str, bool | None, timedelta], str] = {}
+        self._statement_sources: dict[tuple[str, bool | None, timedelta], str] = {}
         # (monotonic deadline, socket fd) of the statement in flight, for the watchdog.
         self._inflight: tuple[float, int] | None = None
         self._watched = False
@@ -436,6 +440,21 @@ class Database:
             text = self._compiled[name] = composed.as_string(conn)
         return text
 
+    def _statement(self, name: str, durable: bool | None, conn: Any) -> str:
+        """The prefix and the named query as one text, built once per (name, durability, timeout)."""
+        cache_key = (name, durable, self.statement_timeout)
+        text = self._statements.get(cache_key)
+        if text is None or self._compiled.get(name) is not self._statement_sources.get(cache_key):
+            source = self.query_text(name, conn)
+            text = self._statements[cache_key] = self._prefix(durable) + source
+            self._statement_sources[cache_key] = source
+        return text
+
+    @property
+    def _watch_seconds(self) -> float:
+        # A little after the server's own statement_timeout: the watchdog's cut-off.
+        return self.statement_timeout.total_seconds() + 1.0
+
     def _prefix(self, durable: bool | None) -> str:
         # Built once per (durable, statement_timeout): it is sent with every statement.
         cache_key = (durable, self.statement_timeout)
@@ -497,9 +516,20 @@ class Database:
                 fresh = self._conn is None
                 conn = self._connection()
                 try:
-                    with self._guarded(conn), conn.cursor(cursor_factory=_cursor_factory) as cur:
-                        cur.execute(self._prefix(durable) + self.query_text(name, conn), params)
-                        return cur.fetchall() if cur.description is not None else []
+                    text = self._statement(name, durable, conn)
+                    # _guarded() inlined: this is every call's path, and a generator-based context manager
+                    # cost a few microseconds of it.
+                    if not self._watched or _watchdog._pid != os.getpid():
+                        _watchdog.watch(self)
+                        self._watched = True
+                    self._cut_off = False
+                    self._inflight = (time.monotonic() + self._watch_seconds, conn.fileno())
+                    try:
+                        with conn.cursor(cursor_factory=_cursor_factory) as cur:
+                            cur.execute(text, params)
+                            return cur.fetchall() if cur.description is not None else []
+                    finally:
+                        self._inflight = None
                 except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
                     dead = conn.closed != 0 or isinstance(exc, psycopg2.InterfaceError)
                     if dead:
@@ -525,7 +555,7 @@ class Database:
             _watchdog.watch(self)
             self._watched = True
         self._cut_off = False
-        self._inflight = (time.monotonic() + self.statement_timeout.total_seconds() + 1.0, conn.fileno())
+        self._inflight = (time.monotonic() + self._watch_seconds, conn.fileno())
         try:
             yield
         finally:

@@ -64,6 +64,8 @@ class Store:
             # Recorded in the same statement as each grant: jsonb cannot store a NUL.
             raise InvalidArgument("host", self.host, "must be a string without NUL characters")
         self._schema_ready = False
+        # The lease store's encoded 'acquired' details per (host, TTL) (LeaseStore._acquire_detail).
+        self._acquire_details: dict[tuple[str, timedelta], str] = {}
 
     @property
     def schema(self) -> str:
