@@ -4,9 +4,9 @@ On a 2-core machine 64 Python client processes take most of the CPU the server n
 store arms measure library + client + server together. Here the same statements run from pgbench
 (two threads) on a held key: the statement as the library sends it (simple protocol), the same with the
 SET LOCAL prefix the library sends in the same query, prepared, version 6's acquire for a before/after
-pair, and version 8's prepared (its function still has the SET search_path clause that migration 0009 removed)
-for the pair that measures that clause. ShedLock runs on JDBC, which switches to server-prepared statements after five executions, so its
-prepared form is the fair one.
+pair, and version 8's, simple and prepared (its function still has the SET search_path clause that
+migration 0009 removed), for the pair that measures that clause. ShedLock runs on JDBC, which switches to
+server-prepared statements after five executions, so its prepared form is the fair one.
 """
 
 from __future__ import annotations
