@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import select
 import socket
 import threading
 import time
@@ -60,29 +61,51 @@ class _Watchdog:
         self._lock = threading.Lock()
         self._watched: weakref.WeakSet[Database] = weakref.WeakSet()
         self._pid = 0
+        self._thread: threading.Thread | None = None
 
     def watch(self, db: Database) -> None:
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked child: it needs a thread of its own
                 self._pid = os.getpid()
                 self._watched = weakref.WeakSet()
-                threading.Thread(target=self._run, name="lease-store-watchdog", daemon=True).start()
+                self._thread = None
+            if self._thread is None or not self._thread.is_alive():
+                # Also after a death the tick's guard did not prevent (it cannot be left without a watchdog).
+                self._thread = threading.Thread(target=self._run, name="lease-store-watchdog", daemon=True)
+                self._thread.start()
             self._watched.add(db)
 
     def _run(self) -> None:
         while True:
-            time.sleep(self.TICK)
-            now = time.monotonic()
-            with self._lock:
-                watched = list(self._watched)
-            for db in watched:
-                inflight = db._inflight
-                if inflight is not None and inflight[0] <= now:
-                    db._inflight = None
-                    db._cut_off = True
-                    _shutdown(inflight[1])
-                elif db.idle_close and db._conn is not None:
+            _pause(self.TICK)
+            try:
+                self.tick(time.monotonic())
+            except Exception:  # one store's failure must not take the bound away from every other store
+                log.exception("lease store watchdog: a tick failed; the next one runs as usual")
+
+    def tick(self, now: float) -> None:
+        with self._lock:
+            watched = list(self._watched)
+        for db in watched:
+            inflight = db._inflight
+            if inflight is not None and inflight[0] <= now:
+                db._inflight = None
+                db._cut_off = True
+                _shutdown(inflight[1])
+            elif db.idle_close and db._conn is not None:
+                try:
                     db._close_if_idle(now)
+                except Exception:
+                    log.exception("lease store watchdog: closing an idle connection to %s failed", db.where)
+
+
+def _pause(seconds: float) -> None:
+    """``time.sleep`` that cannot end the watchdog: under a faked clock (libfaketime) ``clock_nanosleep``
+    can fail with ``EINVAL``; ``select`` takes a relative timeout instead."""
+    try:
+        time.sleep(seconds)
+    except OSError:
+        select.select([], [], [], seconds)
 
 
 def _shutdown(fd: int) -> None:

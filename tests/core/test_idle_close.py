@@ -104,3 +104,58 @@ def test_a_positive_idle_close_keeps_the_connection_for_that_long_then_closes_it
         assert 0.8 <= time.monotonic() - started <= 3.0, gone_after
     finally:
         store.close()
+
+
+def test_the_watchdog_outlives_a_store_whose_idle_close_fails(pg_dsn: str, schema: str,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """One store's failure on the watchdog's tick must not end the thread that bounds every store's waits."""
+    broken = _named(LeaseStore(pg_dsn, schema=schema, idle_close=timedelta(seconds=0.2)))
+    healthy = _named(LeaseStore(pg_dsn, schema=schema, idle_close=timedelta(seconds=0.2)))
+    failures: list[float] = []
+
+    def fail(now: float) -> None:
+        failures.append(now)
+        raise RuntimeError("closing failed")
+
+    monkeypatch.setattr(broken.db, "_close_if_idle", fail)
+    try:
+        assert broken.acquire("a", "w", timedelta(seconds=10)) is not None
+        deadline = time.monotonic() + 3
+        while len(failures) < 2:  # the tick failed, then ran again: the thread lived on
+            assert time.monotonic() < deadline, f"the watchdog ticked {len(failures)} times in 3 s"
+            time.sleep(0.05)
+        assert healthy.acquire("b", "w", timedelta(seconds=10)) is not None
+        assert _none_left(pg_dsn, healthy, within=2.0), "the watchdog stopped closing idle connections"
+    finally:
+        monkeypatch.undo()
+        broken.close()
+        healthy.close()
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the death is the point
+def test_a_watchdog_thread_that_died_is_started_again_by_the_next_store(pg_dsn: str, schema: str,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_lease_provider.core import db as db_module
+
+    watchdog = db_module._watchdog
+    first = _named(LeaseStore(pg_dsn, schema=schema, idle_close=timedelta(seconds=0.2)))
+    assert first.acquire("a", "w", timedelta(seconds=10)) is not None  # the thread runs
+    thread = watchdog._thread
+    assert thread is not None and thread.is_alive()
+
+    def die(now: float) -> None:
+        raise SystemExit  # not an Exception: the tick's guard lets it end the thread
+
+    monkeypatch.setattr(watchdog, "tick", die)
+    thread.join(timeout=2)
+    assert not thread.is_alive()
+    monkeypatch.undo()
+    second = _named(LeaseStore(pg_dsn, schema=schema, idle_close=timedelta(seconds=0.2)))
+    try:
+        assert second.acquire("b", "w", timedelta(seconds=10)) is not None
+        assert watchdog._thread is not thread and watchdog._thread is not None and watchdog._thread.is_alive()
+        assert _none_left(pg_dsn, second, within=2.0)
+        assert _none_left(pg_dsn, first, within=2.0)  # the new thread watches the stores the old one had
+    finally:
+        first.close()
+        second.close()
