@@ -231,7 +231,7 @@ class LeasedOperator(BaseOperator):
         self, context: Any, store: LeaseStore, key: str, owner: str, holder: Lease | None, end: datetime,
         *, first: bool,
     ) -> None:
-        from airflow_lease_provider.triggers.lease_free import LeaseFreeTrigger
+        from airflow_lease_provider.triggers.lease_free import RESUME_SETTLE, LeaseFreeTrigger
 
         message = (
             f"{key!r} is {holder.describe() if holder else 'held'}; deferring until it frees "
@@ -253,6 +253,7 @@ class LeasedOperator(BaseOperator):
             trigger=LeaseFreeTrigger(
                 key=key, conn_id=self.lease_conn_id, schema=store.schema,
                 poll_interval=poll.total_seconds(), deadline=end.isoformat(),
+                not_before=(datetime.now(timezone.utc) + RESUME_SETTLE).isoformat(),
             ),
             method_name="execute_after_wait",
             kwargs={"deadline": end.isoformat()},
