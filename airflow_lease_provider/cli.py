@@ -357,7 +357,9 @@ def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
             [
                 r["key"],
                 "held" if r["held"] else "free",
-                _run(r["holder_run"], r["owner"]),
+                # The owner as written (docs/airflow.md, "Who holds a lease"): its task and map index
+                # say which task of the run holds a key that two tasks share.
+                r["owner"],
                 r["token"],
                 _t(r["acquired_at"]),
                 _d(r["expires_in_seconds"]) if r["held"] else None,

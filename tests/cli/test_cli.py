@@ -63,6 +63,21 @@ def skip(store: LeaseStore) -> int:
     return lease.token
 
 
+def test_status_names_the_task_instance_that_holds_a_key(
+    run: Callable[..., tuple[int, str]], store: LeaseStore
+) -> None:
+    """Two tasks of one run share a key: the HOLDER column says which one holds it, and which map index.
+
+    Before, it printed the run with the map index glued to the run id (``etl/manual__...[3]``) and no task.
+    """
+    owner = "etl/manual__2026-12-01T10:00:00+00:00/load[3]"
+    assert store.acquire("shared", owner, timedelta(minutes=10)) is not None
+    code, text = run("status", "--wide")
+    assert code == 0, text
+    row = text.splitlines()[1].split()
+    assert row[:3] == ["shared", "held", owner]
+
+
 def test_status_table_and_json(run: Callable[..., tuple[int, str]], skip: int) -> None:
     code, text = run("status")
     assert code == 0
