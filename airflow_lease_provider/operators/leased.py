@@ -45,7 +45,7 @@ from airflow_lease_provider.core import (
     validation,
 )
 from airflow_lease_provider.identity import RunRef, event_detail, run_ref, task_ref, task_tags
-from airflow_lease_provider.interrupt import interrupt_on_loss
+from airflow_lease_provider.interrupt import interrupt_on_loss, stop_on_terminate
 from airflow_lease_provider.operators.wrap import init_parameters, leased_subclass
 from airflow_lease_provider.outcomes import Outcome, report
 from airflow_lease_provider.version_compat import AirflowSkipException, TaskDeferred
@@ -311,7 +311,7 @@ class LeasedOperator(BaseOperator):
             raise
         released = False
         try:
-            with activated(ctx), interrupt_on_loss(keeper):
+            with activated(ctx), interrupt_on_loss(keeper), stop_on_terminate():
                 # A loss declared before the interrupt was in place (the lease ran out while the task got
                 # ready: a slow XCom push, a join with little time left) sent no signal: look once more.
                 keeper.check()
