@@ -301,11 +301,22 @@ def _clip(text: str, wide: bool) -> str:
     return text if wide or len(text) <= MAX_CELL else text[: MAX_CELL - 1] + "…"
 
 
+# Control characters and the bidirectional overrides, shown escaped: keys, owners, reasons and names come
+# from DAG code, a run's conf (a templated key) or the UI, and the terminal of the person reading a table
+# must not obey them (an ESC sequence that recolours, retitles or clears it; a newline that forges a row;
+# U+202E that shows a key reversed).
+_UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def _printable(text: str) -> str:
+    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1] if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text)
+
+
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO, *, wide: bool = False) -> None:
     """A plain aligned table; empty cells show as ``-``. The last column is never cut: it aligns nothing."""
     last = len(headers) - 1
     cells = [
-        [_clip("-" if v is None or v == "" else str(v), wide or i == last) for i, v in enumerate(row)]
+        [_clip("-" if v is None or v == "" else _printable(str(v)), wide or i == last) for i, v in enumerate(row)]
         for row in rows
     ]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
@@ -357,7 +368,9 @@ def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
             [
                 r["key"],
                 "held" if r["held"] else "free",
-                _run(r["holder_run"], r["owner"]),
+                # The owner as written (docs/airflow.md, "Who holds a lease"): its task and map index
+                # say which task of the run holds a key that two tasks share.
+                r["owner"],
                 r["token"],
                 _t(r["acquired_at"]),
                 _d(r["expires_in_seconds"]) if r["held"] else None,

@@ -45,7 +45,7 @@ from airflow_lease_provider.core import (
     validation,
 )
 from airflow_lease_provider.identity import RunRef, event_detail, run_ref, task_ref, task_tags
-from airflow_lease_provider.interrupt import interrupt_on_loss
+from airflow_lease_provider.interrupt import interrupt_on_loss, stop_on_terminate
 from airflow_lease_provider.operators.wrap import init_parameters, leased_subclass
 from airflow_lease_provider.outcomes import Outcome, report
 from airflow_lease_provider.version_compat import AirflowSkipException, TaskDeferred
@@ -231,7 +231,7 @@ class LeasedOperator(BaseOperator):
         self, context: Any, store: LeaseStore, key: str, owner: str, holder: Lease | None, end: datetime,
         *, first: bool,
     ) -> None:
-        from airflow_lease_provider.triggers.lease_free import LeaseFreeTrigger
+        from airflow_lease_provider.triggers.lease_free import RESUME_SETTLE, LeaseFreeTrigger
 
         message = (
             f"{key!r} is {holder.describe() if holder else 'held'}; deferring until it frees "
@@ -253,6 +253,7 @@ class LeasedOperator(BaseOperator):
             trigger=LeaseFreeTrigger(
                 key=key, conn_id=self.lease_conn_id, schema=store.schema,
                 poll_interval=poll.total_seconds(), deadline=end.isoformat(),
+                not_before=(datetime.now(timezone.utc) + RESUME_SETTLE).isoformat(),
             ),
             method_name="execute_after_wait",
             kwargs={"deadline": end.isoformat()},
@@ -310,7 +311,7 @@ class LeasedOperator(BaseOperator):
             raise
         released = False
         try:
-            with activated(ctx), interrupt_on_loss(keeper):
+            with activated(ctx), interrupt_on_loss(keeper), stop_on_terminate():
                 # A loss declared before the interrupt was in place (the lease ran out while the task got
                 # ready: a slow XCom push, a join with little time left) sent no signal: look once more.
                 keeper.check()

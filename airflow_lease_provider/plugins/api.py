@@ -24,7 +24,13 @@ from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from airflow_lease_provider import reading
-from airflow_lease_provider.core import InvalidArgument, LeaseError, LeaseStore, LeaseStoreUnavailable
+from airflow_lease_provider.core import (
+    InvalidArgument,
+    LeaseError,
+    LeaseStore,
+    LeaseStoreUnavailable,
+    validation,
+)
 from airflow_lease_provider.core.db import redact
 from airflow_lease_provider.core.lease import LeaseChanged
 from airflow_lease_provider.core.schema import SchemaMissing
@@ -271,9 +277,11 @@ class ForceReleaseBody(BaseModel):
     key: str = Field(min_length=1, max_length=512)
     #: The page sends the key typed by the user: a second, deliberate statement of what to free.
     confirm: str
-    reason: str = Field(default="", max_length=2000)
-    #: The token the user saw; when the lease changed since, nothing is released (409).
-    expected_token: int | None = None
+    #: The core's limit (a longer reason was a 400 from the store, after the lease had been read).
+    reason: str = Field(default="", max_length=validation.MAX_NAME_LENGTH)
+    #: The token the user saw; when the lease changed since, nothing is released (409). Out of the
+    #: range of tokens it is malformed (422), not "changed since you looked".
+    expected_token: int | None = Field(default=None, ge=1, le=validation.MAX_TOKEN)
 
 
 async def force_release(request: Request, user: GetUserDep, store: StoreDep) -> dict[str, Any]:

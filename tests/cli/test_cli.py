@@ -63,6 +63,39 @@ def skip(store: LeaseStore) -> int:
     return lease.token
 
 
+def test_status_names_the_task_instance_that_holds_a_key(
+    run: Callable[..., tuple[int, str]], store: LeaseStore
+) -> None:
+    """Two tasks of one run share a key: the HOLDER column says which one holds it, and which map index.
+
+    Before, it printed the run with the map index glued to the run id (``etl/manual__...[3]``) and no task.
+    """
+    owner = "etl/manual__2026-12-01T10:00:00+00:00/load[3]"
+    assert store.acquire("shared", owner, timedelta(minutes=10)) is not None
+    code, text = run("status", "--wide")
+    assert code == 0, text
+    row = text.splitlines()[1].split()
+    assert row[:3] == ["shared", "held", owner]
+
+
+def test_tables_escape_control_characters(run: Callable[..., tuple[int, str]], store: LeaseStore) -> None:
+    """A key templated from a run's conf, an owner or a force-release reason reach the on-call's terminal:
+    ESC sequences, newlines and bidi overrides are shown escaped, not obeyed. Before, the events table
+    printed ``force-released by mallory<ESC>[31mRED...`` raw (seen with ``release --force --by``)."""
+    key = "sync-\x1b]0;pwned\x07\u202eyek"
+    lease = store.acquire(key, "etl/manual__2026-12-01T10:00:00+00:00/load", timedelta(minutes=10))
+    assert lease is not None
+    store.force_release(key, by="mallory\x1b[31mRED\x1b[0m\nFAKE LINE", reason="r\x1b[2J")
+    for command in (("status", "--wide"), ("events", "--wide")):
+        code, text = run(*command)
+        assert code == 0, text
+        assert "\x1b" not in text and "\x07" not in text and "\u202e" not in text, text
+        assert "sync-\\x1b]0;pwned\\x07\\u202eyek" in text, text
+    code, text = run("events", "--wide")
+    assert "mallory\\x1b[31mRED\\x1b[0m\\nFAKE LINE" in text
+    assert not any(line.startswith("FAKE LINE") for line in text.splitlines())
+
+
 def test_status_table_and_json(run: Callable[..., tuple[int, str]], skip: int) -> None:
     code, text = run("status")
     assert code == 0

@@ -255,13 +255,20 @@ def test_admin_force_release_bumps_the_token_and_is_recorded(world: World) -> No
         "POST",
         "/lease/api/force-release",
         "admin",
-        json={"key": API_KEY, "confirm": API_KEY, "expected_token": before.token - 1},
+        json={"key": API_KEY, "confirm": API_KEY, "expected_token": before.token + 1},
     )
     assert stale.status_code == 409
     missing = server.request(
         "POST", "/lease/api/force-release", "admin", json={"key": "nope", "confirm": "nope"}
     )
     assert missing.status_code == 404
+    # Malformed, not "changed since you looked": a token out of the tokens' range (it was 409) and a
+    # reason over the core's 512 characters (it was a 400 from the store, after the lease was read).
+    for bad in ({"expected_token": 2**70}, {"expected_token": 0}, {"expected_token": -1}, {"reason": "r" * 513}):
+        malformed = server.request(
+            "POST", "/lease/api/force-release", "admin", json={"key": API_KEY, "confirm": API_KEY, **bad}
+        )
+        assert malformed.status_code == 422, (bad, malformed.text)
     unchanged = store.holder(API_KEY)
     assert unchanged is not None and unchanged.token == before.token
 

@@ -1,0 +1,110 @@
+"""A leased task told to stop (SIGTERM) stops its body and releases its lease before the SIGKILL.
+
+Airflow 3's task runner answers SIGTERM (a task marked failed or success, or cleared, while it runs; a
+worker shutting down) by calling the operator's ``on_kill`` and nothing more; the supervisor sends SIGKILL
+5 s later. Seen on a LocalExecutor deployment (Airflow 3.3.2): a running leased task marked failed through
+the REST API was killed holding its lease, and the next run of the job was skipped for the rest of the TTL.
+Here a real process runs the operator with the task runner's SIGTERM handler in place (it calls
+``on_kill`` and returns, as ``airflow.sdk.execution_time.task_runner.run`` installs it), against the real
+store.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from airflow_lease_provider.core import EventKind, LeaseStore
+
+pytestmark = pytest.mark.airflow
+
+CHILD = textwrap.dedent(
+    """
+    import signal, sys, time
+    from datetime import timedelta
+    from pathlib import Path
+    from airflow.providers.standard.operators.python import PythonOperator
+    from airflow_lease_provider.operators import LeasedOperator
+    from tests.airflow.test_semantics import RUN, TaskInstance, run_task
+
+    markers = Path(sys.argv[1])
+
+    def body():
+        (markers / "started").write_text("")
+        for _ in range(600):
+            time.sleep(0.1)
+        (markers / "body-finished").write_text("")
+
+    op = LeasedOperator.wrap(PythonOperator)(
+        task_id="load", python_callable=body, lease_key="term-key", lease_ttl=timedelta(minutes=10)
+    )
+    op.on_kill = lambda: (markers / "on_kill").write_text("")
+
+    def _on_term(signum, frame):  # the task runner's handler: on_kill, and the body goes on
+        op.on_kill()
+
+    signal.signal(signal.SIGTERM, _on_term)
+    try:
+        run_task(op, TaskInstance("etl", RUN, "load"))
+    except BaseException as exc:
+        (markers / "raised").write_text(type(exc).__name__)
+        raise
+    """
+)
+
+
+def test_sigterm_stops_the_body_and_releases_the_lease(
+    pg_dsn: str, schema: str, store: LeaseStore, tmp_path: Path
+) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    env = dict(
+        os.environ,
+        AIRFLOW_CONN_LEASE_DEFAULT=pg_dsn,
+        AIRFLOW__LEASE__SCHEMA=schema,
+        AIRFLOW__CORE__EXECUTOR="LocalExecutor",
+        PYTHONPATH=str(Path(__file__).parents[2]),
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(markers)],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        end = time.monotonic() + 120
+        while not (markers / "started").exists():
+            assert child.poll() is None, child.stdout.read() if child.stdout else ""
+            assert time.monotonic() < end, "the body never started"
+            time.sleep(0.1)
+        held = store.holder("term-key")
+        assert held is not None and held.owner.endswith("/load")
+
+        child.send_signal(signal.SIGTERM)
+        # The supervisor's SIGKILL comes 5 s after its SIGTERM: by then the lease must be free.
+        deadline = time.monotonic() + 5
+        while store.holder("term-key") is not None and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert store.holder("term-key") is None, (
+            "SIGTERM left the lease held (the next run would skip for the TTL)"
+        )
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    output = child.stdout.read() if child.stdout else ""
+    assert (markers / "on_kill").exists(), output  # the wrapped operator's on_kill still runs first
+    assert (markers / "raised").read_text() == "TaskTerminated", output
+    assert not (markers / "body-finished").exists(), "the body went on after SIGTERM"
+    assert child.returncode != 0
+    released = store.events.query(key="term-key", kind=EventKind.RELEASED)
+    assert len(released) == 1 and released[0].owner.endswith("/load")
