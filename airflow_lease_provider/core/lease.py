@@ -254,7 +254,7 @@ class LeaseStore(Store):
                 detail={"by": by, "reason": reason, "was_held": previous.held, "new_token": new_token},
                 run=run,
             )
-        log.warning("lease %r force-released by %s (was %s)", key, by, previous.describe())
+        log.warning("lease %r force-released by %r (was %s)", key, by, previous.describe())
         return previous, new_token
 
     def leases(

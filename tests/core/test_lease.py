@@ -113,6 +113,17 @@ def test_force_release_frees_and_bumps_the_token(store: LeaseStore) -> None:
     assert len(forced) == 1 and forced[0].detail["by"] == "alice" and forced[0].detail["new_token"] == lease.token + 1
 
 
+def test_force_release_logs_who_did_it_on_one_line_whatever_they_typed(store: LeaseStore,
+                                                                       caplog: pytest.LogCaptureFixture) -> None:
+    """``by`` comes from the CLI's ``--by`` or the UI user's name: a newline in it must not forge a log line."""
+    assert store.acquire("job", owner="dag/run/t", ttl=TTL) is not None
+    forged = "mallory\nCRITICAL airflow.security: admin logged in from 10.0.0.1"
+    with caplog.at_level("WARNING", logger="airflow_lease_provider.core.lease"):
+        assert store.force_release("job", by=forged, reason="x") is not None
+    lines = [r.getMessage() for r in caplog.records if "force-released" in r.getMessage()]
+    assert len(lines) == 1 and "\n" not in lines[0] and "'mallory\\nCRITICAL" in lines[0], lines
+
+
 def test_events_record_acquire_and_release_but_not_failed_attempts(store: LeaseStore) -> None:
     lease = store.acquire("job", owner="a", ttl=TTL)
     assert lease is not None
