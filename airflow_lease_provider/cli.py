@@ -584,8 +584,16 @@ def _fail(message: str, code: int = EXIT_ERROR) -> int:
     return code
 
 
-def _option(parameter: str) -> str:
-    """The command-line option a core parameter came from, for error messages."""
+def _option(parameter: str, args: argparse.Namespace) -> str:
+    """Where a core parameter came from, for error messages: the option, or the connection that set it."""
+    if not args.dsn and parameter in ("schema", "dsn"):
+        from airflow_lease_provider import settings
+
+        conn_id = args.conn_id or settings.conn_id()
+        if parameter == "dsn":
+            return f"connection {conn_id!r}"
+        if not args.schema:
+            return f"the schema (connection {conn_id!r}'s extra lease_schema, or [lease] schema)"
     return {"dsn": "--dsn", "schema": "--schema"}.get(parameter, parameter)
 
 
@@ -616,7 +624,7 @@ def main(
             code = cmd_release(store, args, out, confirm)
     except InvalidArgument as exc:
         # A connection string or connection setting the store refused: usage, naming the option.
-        return _fail(f"error: {_option(exc.parameter)}: {redact(exc.problem)}", EXIT_USAGE)
+        return _fail(f"error: {_option(exc.parameter, args)}: {redact(exc.problem)}", EXIT_USAGE)
     except SchemaMissing as exc:
         return _fail(redact(str(exc)))
     except LeaseError as exc:

@@ -12,6 +12,7 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+import psycopg2.extensions
 import pytest
 
 from airflow_lease_provider import cli
@@ -262,3 +263,18 @@ def test_airflow_connection_settings(pg_dsn: str, schema: str, skip: int, tmp_pa
     )
     assert result.returncode == 0, result.stderr[-2000:]
     assert json.loads(result.stdout)["leases"][0]["owner"] == HOLDER
+
+
+def test_a_bad_schema_in_the_connection_is_blamed_on_the_connection(pg_dsn: str, tmp_path: Path) -> None:
+    """The user passed no --schema: the error must point at where the bad value is (the connection)."""
+    info = psycopg2.extensions.parse_dsn(pg_dsn)
+    conn = {"conn_type": "lease", "host": info.get("host", "127.0.0.1"), "port": int(info.get("port", 5432)),
+            "login": info.get("user", "postgres"), "schema": info.get("dbname", "test"),
+            "extra": {"lease_schema": "s" * 80}}
+    env = {k: v for k, v in os.environ.items() if not k.startswith("AIRFLOW")}
+    env.update(AIRFLOW_HOME=str(tmp_path), AIRFLOW_CONN_MY_LEASES=json.dumps(conn),
+               AIRFLOW__LEASE__CONN_ID="my_leases", AIRFLOW__CORE__LOAD_EXAMPLES="False")
+    result = subprocess.run([str(VENV_BIN / "airflow-lease"), "status"], capture_output=True, text=True,
+                            timeout=300, check=False, env=env)
+    assert result.returncode == cli.EXIT_USAGE, (result.returncode, result.stderr[-2000:])
+    assert "--schema" not in result.stderr and "connection 'my_leases'" in result.stderr, result.stderr[-2000:]
