@@ -28,6 +28,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seconds", type=float, default=None, help="--airflow: override the fault phase, in seconds")
     p.add_argument("--dsn", default=None,
                    help="--airflow: the PostgreSQL server to use (default $LEASE_TEST_DSN, else 127.0.0.1:5432)")
+    p.add_argument("--executor", choices=("local", "celery"), default="local",
+                   help="--airflow: LocalExecutor, or CeleryExecutor with two Celery workers on the Redis at "
+                        "127.0.0.1:6379 (the nemesis freezes and kills whole workers too)")
     p.add_argument("--template", default=None,
                    help="--airflow: an already migrated Airflow metadata database to copy (default: migrate one)")
     p.add_argument("--variant", choices=sorted(set(VARIANTS) | set(AIRFLOW_VARIANTS)), default="correct",
@@ -96,10 +99,11 @@ def airflow_main(args: argparse.Namespace) -> int:
     if args.variant not in AIRFLOW_VARIANTS:
         parser().error(f"--variant {args.variant} is not an --airflow variant ({', '.join(AIRFLOW_VARIANTS)})")
     profile = AIRFLOW_PROFILES[name].with_seconds(args.seconds)
-    seed, out = _seed_and_out(args, f"airflow-{name}-{args.variant}")
+    seed, out = _seed_and_out(args, f"airflow-{args.executor}-{name}-{args.variant}")
     dsn = args.dsn or os.environ.get("LEASE_TEST_DSN") or "postgresql://postgres@127.0.0.1:5432/postgres"
     started = time.monotonic()
-    path = run.run(profile, args.variant, out, seed, dsn, args.template)
+    path = run.run(profile, args.variant, out, seed, dsn, args.template, args.executor)
     return _report(check.check_file(path), out,
-                   f"--airflow profile={name} seconds={profile.seconds:.0f} variant={args.variant} seed={seed} "
+                   f"--airflow executor={args.executor} profile={name} seconds={profile.seconds:.0f} "
+                   f"variant={args.variant} seed={seed} "
                    f"wall={time.monotonic() - started:.0f}s history={path}")

@@ -1,7 +1,8 @@
 """One real Airflow deployment (for a test module, or a fault run of ``python -m chaos --airflow``): the processes Airflow runs in production, on PostgreSQL.
 
 ``airflow api-server`` (public API ``/api/v2``, the execution API the workers talk to, the UI and the
-lease plugin), ``airflow scheduler`` (LocalExecutor) and ``airflow dag-processor``, each on a free port
+lease plugin), ``airflow scheduler`` (LocalExecutor, or CeleryExecutor with ``airflow celery worker``
+processes on the machine's Redis as the broker) and ``airflow dag-processor``, each on a free port
 and in its own session, with a throwaway PostgreSQL database for Airflow's metadata (LocalExecutor cannot
 run on SQLite in Airflow 3). The lease store is the same database (its ``airflow_lease`` schema), so
 dropping the database removes everything a module left behind.
@@ -41,6 +42,14 @@ VENV_BIN = Path(sys.executable).parent
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "dags_examples"
 DEMO_DAGS = ROOT / "demo" / "dags"
+REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
+# The machine page's command (env/machines/python-svc.md), used when Redis is down.
+REDIS_START = [
+    "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379", "--save", "",
+    "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log",
+]
+#: The key a deployment sets in the Redis database it takes as its broker (one database per deployment).
+REDIS_CLAIM = "airflow-lease-test:claimed-by"
 #: SimpleAuthManager users of the deployment: name -> role. The password of each is its name + "-pw".
 USERS = {"admin": "admin", "viewer": "viewer"}
 
@@ -92,6 +101,71 @@ def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
+
+
+def ensure_redis() -> None:
+    """Redis at 127.0.0.1:6379 answers PING, or is started with the machine's command, or we fail clearly."""
+    import redis
+
+    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, socket_connect_timeout=2)
+    try:
+        client.ping()
+        return
+    except redis.RedisError:
+        pass
+    if shutil.which("redis-server") is None:
+        raise RuntimeError(
+            "the Celery deployments need Redis at 127.0.0.1:6379 and it is down, and redis-server is not "
+            "installed (apt-get install redis-server)"
+        )
+    for directory in ("/var/lib/redis", "/var/log/redis"):
+        Path(directory).mkdir(parents=True, exist_ok=True)
+    subprocess.run(REDIS_START, check=False, capture_output=True, timeout=30)
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline:
+        try:
+            client.ping()
+            return
+        except redis.RedisError:
+            time.sleep(0.3)
+    raise RuntimeError(f"Redis at 127.0.0.1:6379 is down and did not start with: {' '.join(REDIS_START)}")
+
+
+def claim_redis_db(owner: str) -> int:
+    """A Redis database (1-15) no other deployment uses, flushed and marked as ``owner``'s.
+
+    Two deployments on one broker database would take each other's tasks (and a flush would drop them):
+    the claim is an atomic ``SET NX`` of :data:`REDIS_CLAIM` in the database, kept until
+    :func:`release_redis_db` (an hour at most, should the owner die).
+    """
+    import redis
+
+    ensure_redis()
+    numbers = list(range(1, 16))
+    secrets.SystemRandom().shuffle(numbers)
+    for number in numbers:
+        client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=number)
+        try:
+            if client.set(REDIS_CLAIM, owner, nx=True, ex=3600):
+                for key in client.scan_iter(count=1000):  # what a dead owner left
+                    if key != REDIS_CLAIM.encode():
+                        client.delete(key)
+                return number
+        finally:
+            client.close()
+    raise RuntimeError("every Redis database 1-15 is claimed by a running deployment")
+
+
+def release_redis_db(number: int, owner: str) -> None:
+    """Flush ``number`` (the broker's queues and results) if ``owner`` still holds it."""
+    import redis
+
+    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=number)
+    try:
+        if client.get(REDIS_CLAIM) == owner.encode():
+            client.flushdb()
+    finally:
+        client.close()
 
 
 def with_database(dsn: str, database: str) -> str:
@@ -188,11 +262,20 @@ class MetadataTemplate:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
+EXECUTORS = ("local", "celery")
+#: The Celery workers of a ``celery`` deployment (each ``--concurrency`` 2, all on the ``default`` queue).
+CELERY_WORKERS = ("a", "b")
+
+
 class Deployment:
-    """A running Airflow (api-server, scheduler, dag-processor; LocalExecutor) with the given DAG files."""
+    """A running Airflow (api-server, scheduler, dag-processor; LocalExecutor, or CeleryExecutor and two
+    Celery workers) with the given DAG files."""
 
     def __init__(self, template: MetadataTemplate, dag_files: list[Path], *,
-                 extra_env: dict[str, str] | None = None) -> None:
+                 extra_env: dict[str, str] | None = None, executor: str = "local") -> None:
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor={executor!r}: expected one of {', '.join(EXECUTORS)}")
+        self.executor = executor
         #: The statsd packets the deployment's processes and tasks sent (``statsd.count(metric)``).
         self.statsd = StatsdListener()
         self.template = template
@@ -237,24 +320,63 @@ class Deployment:
                 "LEASE_EXAMPLES_SCHEMA": "public",
             }
         )
+        self.redis_db: int | None = None
+        if executor == "celery":
+            self.redis_db = claim_redis_db(self.database)
+            self.env.update({
+                "AIRFLOW__CORE__EXECUTOR": "CeleryExecutor",
+                "AIRFLOW__CELERY__BROKER_URL": f"redis://{REDIS_HOST}:{REDIS_PORT}/{self.redis_db}",
+                "AIRFLOW__CELERY__WORKER_CONCURRENCY": "2",
+                "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
+                "AIRFLOW__OPERATORS__DEFAULT_QUEUE": "default",
+            })
         self.env.update(extra_env or {})
         self.started: list[subprocess.Popen[bytes]] = []
+        #: The running Celery worker of each name (a worker started again replaces its entry).
+        self.workers: dict[str, subprocess.Popen[bytes]] = {}
         self.api = AirflowAPI(self.url, "admin", "admin-pw")
 
     # -- processes ----------------------------------------------------------------------------------
 
-    def _start(self, name: str, *args: str) -> None:
-        with (self.logs / f"{name}.log").open("wb") as out:
-            self.started.append(subprocess.Popen(
+    def _start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+        with (self.logs / f"{name}.log").open("ab") as out:
+            process = subprocess.Popen(
                 [str(VENV_BIN / "airflow"), *args], env=self.env, stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True,
-            ))
+            )
+        self.started.append(process)
+        return process
+
+    def start_worker(self, name: str) -> None:
+        """Start (or start again) the Celery worker ``name`` (``worker-<name>@<host>``)."""
+        self.workers[name] = self._start(
+            f"worker-{name}", "celery", "worker", "--celery-hostname", f"worker-{name}@%h", "--concurrency", "2",
+            "--skip-serve-logs", "--without-mingle", "--without-gossip",
+        )
+
+    def wait_workers(self, names: tuple[str, ...] = CELERY_WORKERS, timeout: float = 120) -> None:
+        """Wait until each Celery worker in ``names`` answers a ping."""
+        from celery import Celery
+
+        app = Celery(broker=self.env["AIRFLOW__CELERY__BROKER_URL"])
+        try:
+            def answered() -> set[str]:
+                replies = app.control.ping(timeout=1.0) or []
+                return {name.partition("@")[0] for reply in replies for name in reply}
+
+            wait(answered, lambda found: {f"worker-{n}" for n in names} <= found, timeout,
+                 f"Celery workers {sorted(names)} to answer a ping")
+        finally:
+            app.close()
 
     def start(self, dag_ids: set[str], timeout: float = 240) -> None:
         """Start the processes and wait until the API answers and every DAG in ``dag_ids`` is parsed."""
         self._start("api-server", "api-server")
         self._start("scheduler", "scheduler")
         self._start("dag-processor", "dag-processor")
+        if self.executor == "celery":
+            for name in CELERY_WORKERS:
+                self.start_worker(name)
         started = time.monotonic()
 
         def ready() -> bool:
@@ -273,6 +395,8 @@ class Deployment:
 
         wait(parsed, lambda found: dag_ids <= found, max(30.0, timeout - (time.monotonic() - started)),
              f"the DAGs {sorted(dag_ids)} to be parsed")
+        if self.executor == "celery":
+            self.wait_workers(timeout=max(30.0, timeout - (time.monotonic() - started)))
 
     def airflow(self, *args: str, timeout: float = 180) -> str:
         """An ``airflow`` CLI command against this deployment (as its operator would run it)."""
@@ -305,5 +429,7 @@ class Deployment:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=10)
         self.statsd.close()
+        if self.redis_db is not None:
+            release_redis_db(self.redis_db, self.database)
         drop_database(self.template.admin_dsn, self.database)
         shutil.rmtree(self.root, ignore_errors=True)

@@ -38,6 +38,7 @@ def _ts(value: Any) -> datetime | None:
 @dataclass
 class Report:
     variant: str
+    executor: str = "local"
     operations: Counter[str] = field(default_factory=Counter)
     faults: Counter[str] = field(default_factory=Counter)
     violations: dict[str, list[str]] = field(default_factory=dict)
@@ -56,7 +57,7 @@ class Report:
 
     def to_dict(self) -> dict[str, Any]:
         return {
-            "variant": self.variant, "operations": dict(self.operations), "faults": dict(self.faults),
+            "variant": self.variant, "executor": self.executor, "operations": dict(self.operations), "faults": dict(self.faults),
             "violations": {k: len(v) for k, v in self.violations.items()},
             "violation_examples": {k: v[:5] for k, v in self.violations.items()},
             "states": dict(self.states), "recovery": self.recovery, "recovery_bound": self.bound,
@@ -66,7 +67,7 @@ class Report:
 
     def format(self) -> str:
         d = self.to_dict()
-        lines = [f"airflow chaos: variant={self.variant}",
+        lines = [f"airflow chaos: variant={self.variant} executor={self.executor}",
                  "operations: " + ", ".join(f"{k}={v}" for k, v in sorted(d["operations"].items())),
                  "faults: " + (", ".join(f"{k}={v}" for k, v in sorted(d["faults"].items())) or "none"),
                  "task states: " + ", ".join(f"{k}={v}" for k, v in sorted(d["states"].items())),
@@ -91,7 +92,7 @@ def _stats(values: list[float]) -> dict[str, float]:
 
 
 def check(history: dict[str, Any]) -> Report:
-    report = Report(history["variant"])
+    report = Report(history["variant"], history.get("executor", "local"))
     profile = history["profile"]
     bodies = {b["id"]: b for b in history["bodies"]}
     target = history["target"]
@@ -143,8 +144,9 @@ def check(history: dict[str, Any]) -> Report:
         last[pair] = max(token, last.get(pair, token))
 
     # every leased task instance in a documented state
-    touched = {(f["ti"]["run_id"], f["ti"]["task_id"], f["ti"]["map_index"]): f["kind"]
-               for f in history["faults"] if "ti" in f}
+    # (a whole Celery worker's fault hits every task it ran: "tis")
+    touched = {(ti["run_id"], ti["task_id"], ti["map_index"]): f["kind"]
+               for f in history["faults"] for ti in ([f["ti"]] if "ti" in f else []) + f.get("tis", [])}
     tries: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for b in bodies.values():
         tries[(b["run_id"], b["task_id"], b["map_index"])].append(b)

@@ -1,18 +1,24 @@
 """Run the Airflow-level fault run: a deployment, the chaos DAGs, a nemesis; collect the history.
 
 The deployment is :class:`demo.deployment.Deployment` (api-server, scheduler, dag-processor;
-LocalExecutor; PostgreSQL metadata copied from a migrated template). The lease store is a database of
+LocalExecutor, or with ``--executor celery`` CeleryExecutor and two Celery workers on the machine's Redis;
+PostgreSQL metadata copied from a migrated template). The lease store is a database of
 its own, reached by the tasks only through a :class:`demo.store_proxy.StoreProxy` (Airflow's metadata
 does not go through it), so the nemesis can make the store unreachable for the tasks alone. The
 history (the bodies' rows and the target's rows) lives in the store's database, written by the tasks
 over a direct connection the nemesis never cuts.
 
-Nemesis faults (every few seconds, at random, of the profile's kinds):
+Nemesis faults (every few seconds: first the profile's schedule, then at random of its kinds):
 
 - ``sigstop-task``: SIGSTOP a running task process (its supervisor still heartbeats), SIGCONT later;
 - ``sigstop-worker``: SIGSTOP the task process and its supervisor (the LocalExecutor worker's
   process for that task: no heartbeats, so the scheduler fails it over to a retry), SIGCONT later;
-- ``kill-task`` / ``kill-supervisor``: SIGKILL a task process / its supervisor;
+  with Celery the whole Celery worker that runs the task: its main process, its pool, every
+  supervisor and task process in it;
+- ``kill-task`` / ``kill-supervisor``: SIGKILL a task process / its supervisor (with Celery a pool
+  process of the worker, which Celery replaces);
+- ``kill-worker`` (Celery): SIGKILL a whole Celery worker with its tasks, start it again 2-6 s later
+  (as a service manager does);
 - ``scheduler-restart``: SIGKILL the scheduler's process group (the LocalExecutor's workers and their
   tasks with it), start a new scheduler a few seconds later (the capped catch-up DAG then catches up);
 - ``terminate``: ``pg_terminate_backend`` of every store session (``application_name`` airflow-lease);
@@ -42,8 +48,15 @@ import psycopg2
 from psycopg2 import sql
 
 from airflow_lease_provider.core import LeaseStore
-from chaos.airflow.profiles import AirflowProfile
-from demo.deployment import Deployment, MetadataTemplate, connection_json, drop_database, with_database
+from chaos.airflow.profiles import PROCESS_FAULTS, AirflowProfile
+from demo.deployment import (
+    EXECUTORS,
+    Deployment,
+    MetadataTemplate,
+    connection_json,
+    drop_database,
+    with_database,
+)
 from demo.store_proxy import StoreProxy
 
 log = logging.getLogger("chaos.airflow")
@@ -114,14 +127,33 @@ def _ppid(pid: int) -> int | None:
     return int(stat.rpartition(")")[2].split()[1])
 
 
+def _tree(root: int) -> list[int]:
+    """``root`` and every live process descending from it, parents before children."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            parent = _ppid(int(entry.name))
+            if parent is not None:
+                children.setdefault(parent, []).append(int(entry.name))
+    found, queue = [], [root]
+    while queue:
+        pid = queue.pop(0)
+        found.append(pid)
+        queue.extend(children.get(pid, []))
+    return found
+
+
 class AirflowChaos:
     """One fault run: ``start()``, ``faults()``, ``settle()``, ``collect()``, ``close()``."""
 
     def __init__(self, profile: AirflowProfile, variant: str, out: Path, seed: int, admin_dsn: str,
-                 template: str | None = None) -> None:
+                 template: str | None = None, executor: str = "local") -> None:
         if variant not in VARIANTS:
             raise ValueError(f"variant={variant!r}: expected one of {', '.join(VARIANTS)}")
-        self.profile, self.variant, self.out, self.seed = profile, variant, out, seed
+        if executor not in EXECUTORS:
+            raise ValueError(f"executor={executor!r}: expected one of {', '.join(EXECUTORS)}")
+        self.executor = executor
+        self.profile, self.variant, self.out, self.seed = profile.for_executor(executor), variant, out, seed
         self.random = random.Random(seed)
         self.admin_dsn = admin_dsn
         self.id = secrets.token_hex(6)
@@ -135,6 +167,8 @@ class AirflowChaos:
         self.store_back_at: float | None = None
         self.scheduler_back_at: float | None = None
         self.schedulers = 1
+        #: Celery workers killed and when each starts again, with its fault.
+        self.workers_back: dict[str, tuple[float, dict[str, Any]]] = {}
         self.marks: dict[str, Any] = {}
 
     # -- set-up ---------------------------------------------------------------------------------------
@@ -174,7 +208,7 @@ class AirflowChaos:
             "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "2",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": str(SCHEDULER_DEAD_AFTER),
             "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": str(ORPHAN_CHECK_EVERY),
-        })
+        }, executor=self.executor)
         # The tasks reach the store only through the proxy; the history DSN above is direct.
         self.deployment.env["AIRFLOW_CONN_LEASE_DEFAULT"] = connection_json(proxied)
         self.deployment.start(set(DAG_IDS))
@@ -229,29 +263,59 @@ class AirflowChaos:
         assert self.deployment is not None
         return [p for p in self.deployment.started if "scheduler" in p.args[1:2]][-1]  # type: ignore[operator]
 
+    def _celery_worker(self, pid: int) -> str | None:
+        """The name of the running Celery worker whose process tree ``pid`` is in."""
+        assert self.deployment is not None
+        mains = {process.pid: name for name, process in self.deployment.workers.items()
+                 if name not in self.workers_back}
+        for _ in range(8):
+            if pid in mains:
+                return mains[pid]
+            parent = _ppid(pid)
+            if parent is None or parent <= 1:
+                return None
+            pid = parent
+        return None
+
     def inject(self, kind: str) -> bool:
         """One fault of ``kind``; False when there was nothing to inject it into."""
         p, rnd = self.profile, self.random
-        if kind in ("sigstop-task", "sigstop-worker", "kill-task", "kill-supervisor"):
+        if kind in PROCESS_FAULTS:
             bodies = self._running_bodies()
             if not bodies:
                 return False
             b = rnd.choice(bodies)
             ti = {k: b[k] for k in ("dag_id", "run_id", "task_id", "map_index", "try_number", "key")}
             pids = [b["pid"]]
-            if kind in ("sigstop-worker", "kill-supervisor"):
+            detail: dict[str, Any] = {}
+            if self.executor == "celery" and kind in ("sigstop-worker", "kill-worker"):
+                worker = self._celery_worker(b["pid"])
+                if worker is None:
+                    return False
+                assert self.deployment is not None
+                pids = _tree(self.deployment.workers[worker].pid)
+                # Every task the worker runs is hit, not only the one it was found by.
+                hit = [other for other in bodies if other["pid"] in pids]
+                detail = {"worker": worker, "tis": [{k: o[k] for k in ti} for o in hit]}
+            elif kind in ("sigstop-worker", "kill-supervisor"):
                 parent = _ppid(b["pid"])
                 if parent is None or not self._ours(parent):
                     return False
                 pids = [parent] if kind == "kill-supervisor" else [parent, b["pid"]]
+            elif kind == "kill-worker":
+                return False  # a LocalExecutor has no worker of its own to kill (scheduler-restart does)
             if kind.startswith("sigstop"):
                 seconds = rnd.uniform(0.5 * p.ttl, 2.2 * p.ttl)
                 self._signal(pids, signal.SIGSTOP)
-                fault = self._record(kind, pids=pids, ti=ti, body=b["id"], seconds=round(seconds, 1))
+                fault = self._record(kind, pids=pids, ti=ti, body=b["id"], seconds=round(seconds, 1), **detail)
                 self.frozen.append((time.monotonic() + seconds, pids, fault))
             else:
                 self._signal(pids, signal.SIGKILL)
-                self._record(kind, pids=pids, ti=ti, body=b["id"])
+                fault = self._record(kind, pids=pids, ti=ti, body=b["id"], **detail)
+                if kind == "kill-worker":
+                    seconds = rnd.uniform(2.0, 6.0)
+                    fault["seconds"] = round(seconds, 1)
+                    self.workers_back[detail["worker"]] = (time.monotonic() + seconds, fault)
             return True
         if kind == "scheduler-restart":
             if self.scheduler_back_at is not None:
@@ -264,7 +328,7 @@ class AirflowChaos:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(scheduler.pid, signal.SIGKILL)
             scheduler.wait(timeout=30)
-            seconds = rnd.uniform(2.0, p.every)
+            seconds = rnd.uniform(*(p.scheduler_down or (2.0, p.every)))
             self.scheduler_back_at = time.monotonic() + seconds
             self.scheduler_fault = self._record(kind, seconds=round(seconds, 1))
             return True
@@ -304,6 +368,21 @@ class AirflowChaos:
             self.deployment._start(f"scheduler-{self.schedulers}", "scheduler")
             self.scheduler_fault["ended"] = self.db_now().isoformat()
             self.scheduler_back_at = None
+        for name, (back_at, fault) in list(self.workers_back.items()):
+            if everything or back_at <= now:
+                assert self.deployment is not None
+                self.deployment.workers[name].wait(timeout=30)
+                self.deployment.start_worker(name)
+                fault["ended"] = self.db_now().isoformat()
+                del self.workers_back[name]
+
+    def plan(self) -> list[str]:
+        """The profile's schedule: its scheduler restarts first, the other faults shuffled from the seed."""
+        schedule = list(self.profile.schedule)
+        first = [k for k in schedule if k == "scheduler-restart"]
+        rest = [k for k in schedule if k != "scheduler-restart"]
+        self.random.shuffle(rest)
+        return first + rest
 
     def run_faults(self) -> None:
         p = self.profile
@@ -313,14 +392,23 @@ class AirflowChaos:
         weights = [w for _, w in p.weights]
         end = time.monotonic() + p.seconds
         next_fault = time.monotonic()
-        # A scheduler restart early on, in the catch-up of chaos_catchup's missed slots.
-        if "scheduler-restart" in kinds:
-            self.inject("scheduler-restart")
+        plan = self.plan()
         pending: str | None = None
         given_up = time.monotonic()
-        while time.monotonic() < end:
+        while time.monotonic() < end or (plan and time.monotonic() < end + p.overtime):
             self._heal()
-            if kinds and pending is None and time.monotonic() >= next_fault:
+            if plan:
+                # The first fault of the plan that can go in now: a process fault waits for a body to run
+                # (they come in bursts, one per schedule tick); one at a time of the scheduler and the store.
+                if time.monotonic() >= next_fault:
+                    for i, kind in enumerate(plan):
+                        if self.inject(kind):
+                            del plan[i]
+                            next_fault = time.monotonic() + self.random.uniform(*p.gap)
+                            # A fault injected late still gets one TTL before everything is healed.
+                            end = max(end, time.monotonic() + p.ttl)
+                            break
+            elif kinds and time.monotonic() < end and pending is None and time.monotonic() >= next_fault:
                 pending = self.random.choices(kinds, weights)[0]
                 given_up = time.monotonic() + p.every
             if pending is not None:
@@ -331,6 +419,7 @@ class AirflowChaos:
             time.sleep(0.2)
         self._heal(everything=True)
         self.marks["faults_ended"] = self.db_now()
+        self.marks["schedule_left"] = plan
 
     # -- after the faults -----------------------------------------------------------------------------
 
@@ -389,7 +478,7 @@ class AirflowChaos:
                         "orphan_reset": SCHEDULER_DEAD_AFTER + ORPHAN_CHECK_EVERY,
                         "intervals": {"chaos_pair": p.every, "chaos_mapped": p.every * 2 / 3,
                                       "chaos_catchup": p.every * 4 / 3}},
-            "variant": self.variant, "seed": self.seed,
+            "variant": self.variant, "seed": self.seed, "executor": self.executor,
             "marks": {k: v.isoformat() if isinstance(v, datetime) else v for k, v in self.marks.items()},
             "bodies": _rows(self.db, "bodies"), "target": _rows(self.db, "target"),
             "task_instances": tis, "faults": self.faults,
@@ -418,10 +507,10 @@ class AirflowChaos:
 
 
 def run(profile: AirflowProfile, variant: str, out: Path, seed: int, admin_dsn: str,
-        template: str | None = None) -> Path:
+        template: str | None = None, executor: str = "local") -> Path:
     """The whole run; the path of its history (``history.json`` in ``out``)."""
     out.mkdir(parents=True, exist_ok=True)
-    chaos = AirflowChaos(profile, variant, out, seed, admin_dsn, template)
+    chaos = AirflowChaos(profile, variant, out, seed, admin_dsn, template, executor)
     try:
         chaos.start()
         chaos.run_faults()

@@ -4,8 +4,9 @@ One deployment per test module (starting it costs about a minute on two cores):
 
 * a throwaway metadata database (``CREATE DATABASE`` on the test server: ``LEASE_TEST_DSN``'s, or the
   embedded PostgreSQL), dropped afterwards; the lease store is a schema in it;
-* the machine's Redis at 127.0.0.1:6379 as the Celery broker, in a database number of its own (a random
-  one of 1-15, flushed before and after); started if it is down;
+* the machine's Redis at 127.0.0.1:6379 as the Celery broker, in a database number of its own (one of
+  1-15 that no other deployment has claimed: ``demo.deployment.claim_redis_db``, flushed after); started
+  if it is down;
 * ``airflow api-server`` (REST API with SimpleAuthManager, everyone admin, and the execution API),
   ``scheduler``, ``dag-processor``, and two ``airflow celery worker`` processes with the Celery host
   names ``worker-a@...`` and ``worker-b@...``. Worker A serves queues ``a`` and ``default``, worker B
@@ -25,9 +26,7 @@ from __future__ import annotations
 import contextlib
 import os
 import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -40,56 +39,18 @@ import psycopg2
 import psycopg2.extensions
 from psycopg2 import sql
 
+from demo.deployment import REDIS_HOST, REDIS_PORT, claim_redis_db, free_port, release_redis_db
+from demo.deployment import ensure_redis as ensure_redis
 from demo.store_proxy import StoreProxy
 from tests.pg import scratch_dir
 
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
 REPO = Path(__file__).resolve().parents[2]
 DAGS = Path(__file__).parent / "dags"
-REDIS_HOST, REDIS_PORT = "127.0.0.1", 6379
-# The machine page's command (env/machines/python-svc.md), used when Redis is down.
-REDIS_START = [
-    "redis-server", "--daemonize", "yes", "--bind", "127.0.0.1", "-::1", "--port", "6379", "--save", "",
-    "--appendonly", "no", "--dir", "/var/lib/redis", "--logfile", "/var/log/redis/ci.log",
-]
 LEASE_SCHEMA = "lease_celery"
 WORKERS = ("a", "b")
 #: Seconds without a heartbeat before the scheduler fails a running task instance (Airflow: 300).
 HEARTBEAT_TIMEOUT = 10
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
-def ensure_redis() -> None:
-    """Redis at 127.0.0.1:6379 answers PING, or is started with the machine's command, or we fail clearly."""
-    import redis
-
-    client = redis.Redis(host=REDIS_HOST, port=REDIS_PORT, socket_connect_timeout=2)
-    try:
-        client.ping()
-        return
-    except redis.RedisError:
-        pass
-    if shutil.which("redis-server") is None:
-        raise RuntimeError(
-            "the Celery tier needs Redis at 127.0.0.1:6379 and it is down, and redis-server is not "
-            "installed (apt-get install redis-server)"
-        )
-    for directory in ("/var/lib/redis", "/var/log/redis"):
-        Path(directory).mkdir(parents=True, exist_ok=True)
-    subprocess.run(REDIS_START, check=False, capture_output=True, timeout=30)
-    deadline = time.monotonic() + 15
-    while time.monotonic() < deadline:
-        try:
-            client.ping()
-            return
-        except redis.RedisError:
-            time.sleep(0.3)
-    raise RuntimeError(f"Redis at 127.0.0.1:6379 is down and did not start with: {' '.join(REDIS_START)}")
 
 
 def _with_dbname(dsn: str, dbname: str) -> dict[str, str]:
@@ -124,7 +85,7 @@ class Deployment:
         self.dbname = f"lease_celery_{self.id}"
         self.metadata = _with_dbname(server_dsn, self.dbname)
         self.lease_dsn = psycopg2.extensions.make_dsn(**self.metadata)
-        self.redis_db = secrets.choice(range(1, 16))
+        self.redis_db = claim_redis_db(self.dbname)
         self.api_port = free_port()
         self.markers = root / "markers"
         self.logs = root / "process-logs"
@@ -216,9 +177,7 @@ class Deployment:
             admin.close()
 
     def flush_redis(self) -> None:
-        import redis
-
-        redis.Redis(host=REDIS_HOST, port=REDIS_PORT, db=self.redis_db).flushdb()
+        release_redis_db(self.redis_db, self.dbname)
 
     def airflow(self, *args: str, timeout: float = 600) -> str:
         result = subprocess.run(
@@ -246,7 +205,6 @@ class Deployment:
 
     def start(self) -> None:
         self.create_database()
-        self.flush_redis()
         self.airflow("db", "migrate")
         self.spawn("api-server", ["api-server", "--host", "127.0.0.1", "--port", str(self.api_port)])
         self.spawn("scheduler", ["scheduler", "--skip-serve-logs"])

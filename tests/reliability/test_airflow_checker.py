@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import random
 from typing import Any
 
 from chaos.airflow.check import check
+from chaos.airflow.profiles import PROFILES
+from chaos.airflow.run import AirflowChaos
 
 
 def at(seconds: float) -> str:
@@ -71,3 +74,30 @@ def test_no_publish_after_the_faults_within_the_bound_is_a_violation() -> None:
     assert set(report.violations) == {"no-recovery"}
     soon = body(1, 5, 12, "accepted")
     assert check(history([soon], [published(1, soon, 11)])).violations == {}
+
+
+def test_a_whole_celery_worker_fault_explains_every_task_it_ran_and_only_those() -> None:
+    bodies = [body(1, 2, None, None, task="a"), body(2, 2, None, None, task="b"), body(3, 2, None, None, task="c")]
+    tis = [ti("failed", task="a"), ti("failed", task="b"), ti("failed", task="c")]
+    killed = {"kind": "kill-worker", "at": at(3), "worker": "a",
+              "ti": {"run_id": "r1", "task_id": "a", "map_index": -1},
+              "tis": [{"run_id": "r1", "task_id": "a", "map_index": -1}, {"run_id": "r1", "task_id": "b", "map_index": -1}]}
+    report = check(history(bodies, [], tis, [killed]))
+    assert report.states["failed:kill-worker"] == 2
+    # c ran on the other worker: its failure is not explained by the fault
+    assert [v for v in report.violations["undocumented-state"] if "failed with no documented reason" in v] == [
+        "chaos_pair/r1/c failed with no documented reason"]
+
+
+def test_the_ci_plan_has_every_kind_once_the_scheduler_restart_first_and_its_order_from_the_seed() -> None:
+    def plan(seed: int, executor: str) -> list[str]:
+        chaos = AirflowChaos.__new__(AirflowChaos)  # no deployment: only the plan
+        chaos.profile = PROFILES["ci"].for_executor(executor)
+        chaos.random = random.Random(seed)
+        return chaos.plan()
+
+    celery, local = plan(4, "celery"), plan(4, "local")
+    assert celery[0] == "scheduler-restart" and sorted(celery) == sorted(PROFILES["ci"].schedule)
+    assert "kill-worker" in celery and "kill-worker" not in local and local[0] == "scheduler-restart"
+    assert plan(4, "celery") == celery and any(plan(seed, "celery") != celery for seed in range(5, 15))
+    assert not [k for k, _ in PROFILES["long"].for_executor("local").weights if k == "kill-worker"]

@@ -1,10 +1,10 @@
 """The DAGs of the Airflow-level fault run (``python -m chaos --airflow``): leased, fenced, short TTLs.
 
-Read by a real dag-processor and run by a real scheduler (LocalExecutor). The run's harness passes its
-settings through the environment (``CHAOS_AF_*``). Every body records itself in the history schema by
-the database clock (``clock_timestamp()``, through a direct connection that the nemesis never cuts) and
-publishes through the fence to ``<schema>.target``, which lives in the store's database, so the target
-row commits in the fence's transaction.
+Read by a real dag-processor and run by a real scheduler (LocalExecutor, or CeleryExecutor with two
+workers). The run's harness passes its settings through the environment (``CHAOS_AF_*``). Every body
+records itself in the history schema by the database clock (``clock_timestamp()``, through a direct
+connection that the nemesis never cuts) and publishes through the fence to ``<schema>.target``, which
+lives in the store's database, so the target row commits in the fence's transaction.
 
 - ``chaos_pair``: two tasks of one run sharing one lease key (one of them skips), every ``EVERY``;
 - ``chaos_mapped``: three mapped instances, each with its own key (the default key per map index),
