@@ -540,13 +540,9 @@ class Database:
                 conn = self._connection()
                 try:
                     text = self._statement(name, durable, conn)
-                    # _guarded() inlined: this is every call's path, and a generator-based context manager
+                    # Not _guarded(): this is every call's path, and a generator-based context manager
                     # cost a few microseconds of it.
-                    if not self._watched or _watchdog._pid != os.getpid():
-                        _watchdog.watch(self)
-                        self._watched = True
-                    self._cut_off = False
-                    self._inflight = (time.monotonic() + self._watch_seconds, conn.fileno())
+                    self._arm(conn)
                     try:
                         with conn.cursor(cursor_factory=_cursor_factory) as cur:
                             cur.execute(text, params)
@@ -574,15 +570,19 @@ class Database:
     @contextmanager
     def _guarded(self, conn: Any) -> Iterator[None]:
         """Cut the connection off if the server has not answered a little after statement_timeout."""
+        self._arm(conn)
+        try:
+            yield
+        finally:
+            self._inflight = None
+
+    def _arm(self, conn: Any) -> None:
+        """Publish the statement about to be sent to the watchdog (cleared with ``_inflight = None``)."""
         if not self._watched or _watchdog._pid != os.getpid():
             _watchdog.watch(self)
             self._watched = True
         self._cut_off = False
         self._inflight = (time.monotonic() + self._watch_seconds, conn.fileno())
-        try:
-            yield
-        finally:
-            self._inflight = None
 
     def _begin(self) -> Any:
         """A connection with a transaction begun; reconnects once if a reused connection died idle.
