@@ -97,7 +97,10 @@ def embedded() -> str:
 
 def metadata_on_sqlite() -> bool:
     """Whether Airflow's metadata database is SQLite: a file on one host, so no second host can exist."""
-    return _get("sql_alchemy_conn", section="database").lower().startswith("sqlite")
+    from airflow_lease_provider.version_compat import metadata_database_url
+
+    # Read as configured also in a task process, where Airflow hides it (version_compat says how).
+    return metadata_database_url().lower().startswith("sqlite")
 
 
 def embedded_allowed() -> bool:

@@ -19,8 +19,10 @@ is built, and the scheduler-side names only where a timetable or a task needs th
 
 from __future__ import annotations
 
+import configparser
 import importlib
 import sys
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow import __version__ as AIRFLOW_VERSION  # noqa: N812 - the official providers' spelling
@@ -185,6 +187,53 @@ def in_task_process() -> bool:
     return getattr(runner, "SUPERVISOR_COMMS", None) is not None
 
 
+#: What Airflow's supervisor writes over ``[database] sql_alchemy_conn`` in a task process
+#: (``block_orm_access`` in ``airflow/sdk/execution_time/supervisor.py``, 3.0 to 3.3): tasks may not
+#: reach the metadata database, so they cannot read where it is either.
+_BLOCKED_METADATA = "airflow-db-not-allowed:"
+_METADATA_ENV = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
+
+
+def metadata_database_url() -> str:
+    """``[database] sql_alchemy_conn`` as the deployment configured it, also inside a task process.
+
+    In a task process Airflow has replaced it (environment and config) after the fork; the value the
+    deployment set is then read from the environment this process was started with (``/proc/self/environ``:
+    what the scheduler or worker was run with, a fork changes no exec environment) or, where that does not
+    set it, from the config file, as Airflow itself would have. ``""`` when it cannot be known (no
+    ``/proc``, or a ``_cmd``/``_secret`` source): callers must then assume a metadata database that is not
+    SQLite, the safe answer.
+    """
+    from airflow_lease_provider.version_compat import conf
+
+    value = str(conf.get("database", "sql_alchemy_conn", fallback="")).strip()
+    if not value.startswith(_BLOCKED_METADATA):
+        return value
+    try:
+        raw = Path("/proc/self/environ").read_bytes()
+    except OSError:
+        return ""
+    started_with = dict(
+        item.split("=", 1) for item in raw.decode("utf-8", "replace").split("\0") if "=" in item
+    )
+    if _METADATA_ENV in started_with:
+        return started_with[_METADATA_ENV].strip()
+    if any(f"{_METADATA_ENV}_{kind}" in started_with for kind in ("CMD", "SECRET")):
+        return ""
+    home = started_with.get("AIRFLOW_HOME") or str(Path.home() / "airflow")
+    config_file = started_with.get("AIRFLOW_CONFIG") or str(Path(home) / "airflow.cfg")
+    parser = configparser.ConfigParser(interpolation=None)
+    try:
+        parser.read(config_file, encoding="utf-8")
+    except (OSError, configparser.Error):
+        return ""
+    if parser.has_option("database", "sql_alchemy_conn_cmd") or parser.has_option("database", "sql_alchemy_conn_secret"):
+        return ""
+    if parser.has_option("database", "sql_alchemy_conn"):
+        return parser.get("database", "sql_alchemy_conn").strip()
+    return f"sqlite:///{home}/airflow.db"  # Airflow's default ([database] sql_alchemy_conn in its config.yml)
+
+
 __all__ = [
     "AIRFLOW_VERSION",
     "AIRFLOW_V_3_1_PLUS",
@@ -193,5 +242,6 @@ __all__ = [
     "get_base_airflow_version_tuple",
     "in_task_process",
     "make_aware",
+    "metadata_database_url",
     *_LOCATIONS,
 ]
