@@ -204,9 +204,7 @@ def metadata_database_url() -> str:
     ``/proc``, or a ``_cmd``/``_secret`` source): callers must then assume a metadata database that is not
     SQLite, the safe answer.
     """
-    from airflow_lease_provider.version_compat import conf
-
-    value = str(conf.get("database", "sql_alchemy_conn", fallback="")).strip()
+    value = str(__getattr__("conf").get("database", "sql_alchemy_conn", fallback="")).strip()
     if not value.startswith(_BLOCKED_METADATA):
         return value
     try:
