@@ -113,6 +113,20 @@ OPTIONS: dict[str, dict[str, str]] = {
         "example": "True",
         "default": "False",
     },
+    "prepare_statements": {
+        "description": (
+            "Send the store's hot statements (acquire, renew, release, the holder read, "
+            "the fence advance) as prepared statements on a connection that sends them "
+            "more than once (with hold_connection, a task's renewals). It works behind "
+            "pgbouncer's transaction pooling: a server session without the statement "
+            "gets it prepared on the spot. Set False behind a pooler that pins a "
+            "client to one server session when it sees PREPARE (Amazon RDS Proxy)."
+        ),
+        "version_added": "0.1.0",
+        "type": "boolean",
+        "example": "False",
+        "default": "True",
+    },
 }
 
 #: Extra fields of the connection form (Airflow 3's ``conn-fields``).

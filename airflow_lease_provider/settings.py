@@ -117,11 +117,21 @@ def embedded_allowed() -> bool:
     return single_host() and metadata_on_sqlite()
 
 
-def hold_connection() -> bool:
-    """``[lease] hold_connection``: keep one store connection open per running task (default: no)."""
-    raw = (_get("hold_connection") or DEFAULTS["hold_connection"]).lower()
+def _boolean(option: str) -> bool:
+    raw = (_get(option) or DEFAULTS[option]).lower()
     if raw in ("true", "1", "yes", "on"):
         return True
     if raw in ("false", "0", "no", "off"):
         return False
-    raise ValueError(f"[lease] hold_connection={raw!r}: must be true or false")
+    raise ValueError(f"[lease] {option}={raw!r}: must be true or false")
+
+
+def hold_connection() -> bool:
+    """``[lease] hold_connection``: keep one store connection open per running task (default: no)."""
+    return _boolean("hold_connection")
+
+
+def prepare_statements() -> bool:
+    """``[lease] prepare_statements``: prepare the store's hot statements on a connection used more than
+    once (default: yes)."""
+    return _boolean("prepare_statements")

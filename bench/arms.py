@@ -96,16 +96,20 @@ class Client:
         if builder is None:
             raise ValueError(f"no arm {arm!r} in scenario {scenario!r}")
         self.leases.record_events = False  # only the +events arms turn it on, for their cell
-        # Only the before arms swap the statements; everyone else gets the core's own again.
+        # Only the before arms swap the statements and send them as text; everyone else gets the core's own
+        # again, prepared as the store prepares them.
         self.leases.db._compiled.pop("acquire", None)
         self.leases.db._compiled.pop("renew", None)
+        self.leases.db.prepare = True
         return builder(self, pool)
 
     def use_before_sql(self) -> None:
         """Send version 6's acquire function and renew statement where the store sends its own (same code
-        path, same prefix, same parsing of the row into a Lease): the before arm of a before/after pair."""
+        path, same prefix, same parsing of the row into a Lease), as plain text as it was sent then: the
+        before arm of a before/after pair."""
         self.leases.db._compiled["acquire"] = self.q(sqltext.BEFORE_ACQUIRE_CALL)
         self.leases.db._compiled["renew"] = self.q(sqltext.BEFORE_RENEW)
+        self.leases.db.prepare = False
 
 
 # -- project arms ----------------------------------------------------------------------------------------

@@ -32,8 +32,13 @@ def _one_line(statement: str) -> str:
     return " ".join(" ".join(lines).split()).rstrip(";") + ";\n"
 
 
-LEASE_SIMPLE = "lease acquire SQL, simple protocol (the statement the library sends)"
-LEASE_WITH_PREFIX = "lease acquire SQL with its SET LOCAL prefix, simple protocol (the whole query the library sends)"
+LEASE_SIMPLE = "lease acquire SQL, simple protocol (the statement the library sent as text before it prepared it)"
+LEASE_WITH_PREFIX = "lease acquire SQL with its SET LOCAL prefix, simple protocol (the whole query of a connection's first call)"
+LEASE_SENT = (
+    "lease acquire as the library sends it from a connection's second call on: the SET LOCAL prefix and "
+    "EXECUTE of the statement it prepared, simple protocol"
+)
+HOLDER_FLOOR = "floor: a bare SELECT of the holder's row (what acquire returns on a held key), prepared"
 LEASE_PREPARED = "lease acquire SQL, prepared"
 LEASE_BEFORE = "lease acquire SQL of version 6 (before), simple protocol"
 LEASE_V8_SIMPLE = "lease acquire SQL of version 8 (with SET search_path), simple protocol"
@@ -51,6 +56,20 @@ def _scripts(server: Server, dsn: str, schema: str) -> dict[str, tuple[str, str]
         return re.sub(r"%\((\w+)\)s", lambda m: values[m.group(1)], rendered)
 
     lease = _one_line(render(named_queries()["acquire"]))
+    prepared = Database(dsn, schema=schema)._prepared_statement("acquire", True, server.conn)
+
+    def compound(text: str) -> str:  # statements joined into one pgbench command (one round trip)
+        text = re.sub(r"%\((\w+)\)s", lambda m: values[m.group(1)], text)  # the schema is in already
+        return " \\; ".join(" ".join(part.split()) for part in text.split(";") if part.strip())
+
+    # Each client prepares on its first transaction (which is an attempt too) and executes after it, as
+    # the library does on one connection: pgbench keeps a client's variables from one script run to the
+    # next, and every client starts with prepared = 0 (-D).
+    sent = (
+        "\\if :prepared\n" + compound(prepared.execute) + ";\n\\else\n" + compound(prepared.prepare)
+        + ";\n\\set prepared 1\n\\endif\n"
+    )
+    floor = _one_line(render(sqltext.HOLDER_ROW_FLOOR))
     before = _one_line(render(sqltext.BEFORE_ACQUIRE_CALL))
     v8 = _one_line(render(sqltext.V8_ACQUIRE_CALL))
     upsert = _one_line(render(sqltext.SHEDLOCK_UPSERT))
@@ -62,6 +81,8 @@ def _scripts(server: Server, dsn: str, schema: str) -> dict[str, tuple[str, str]
         LEASE_SIMPLE: ("simple", lease),
         LEASE_WITH_PREFIX: ("simple", with_prefix),
         LEASE_PREPARED: ("prepared", lease),
+        LEASE_SENT: ("simple", sent),
+        HOLDER_FLOOR: ("prepared", floor),
         LEASE_BEFORE: ("simple", before),
         LEASE_V8_SIMPLE: ("simple", v8),
         LEASE_V8_PREPARED: ("prepared", v8),
@@ -95,6 +116,8 @@ def _run_one(
         str(max(1, round(seconds))),
         "-M",
         protocol,
+        "-D",
+        "prepared=0",
         "-f",
         str(script),
         dsn,

@@ -142,6 +142,12 @@ BEFORE_RENEW = (
 # which migration 0009 removed: the before half of the pgbench pair that measures that clause alone.
 V8_ACQUIRE_NAME = "bench_lease_acquire_v8"
 V8_ACQUIRE_CALL = "SELECT * FROM {schema}.bench_lease_acquire_v8(%(key)s, %(owner)s, %(ttl)s)"
+# The least a statement that answers a held key with its holder can cost: one index lookup that returns the
+# row acquire returns (the same columns and conditions as lease_acquire's first read), nothing else.
+HOLDER_ROW_FLOOR = """SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at,
+       l.released_at, clock_timestamp()
+  FROM {schema}.lease l
+ WHERE l.key = %(key)s AND l.expires_at > clock_timestamp() AND l.owner <> %(owner)s"""
 
 
 def _renamed_acquire(version: int, name: str) -> str:

@@ -1,12 +1,16 @@
 """The one storage boundary: connections, named queries, and the translation of driver errors.
 
-Everything that talks to PostgreSQL goes through :class:`Database`. It keeps no session state on the
-server (settings travel with each statement as ``SET LOCAL``), so it works behind pgbouncer in
-transaction pooling mode.
+Everything that talks to PostgreSQL goes through :class:`Database`. Settings travel with each statement
+as ``SET LOCAL``, so it works behind pgbouncer in transaction pooling mode. The one thing it leaves in a
+server session is a prepared statement per hot query (``-- name: x [prepared]``), named by a hash of its
+text: a connection that sends the same statement a second time prepares it, and a server session
+without it (a pooler's other session, a ``DISCARD ALL``) is told so before anything runs, so the call
+prepares it there and goes on.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
@@ -38,7 +42,11 @@ DEFAULT_SCHEMA = "airflow_lease"
 DEFAULT_CONNECT_TIMEOUT = timedelta(seconds=5)
 DEFAULT_STATEMENT_TIMEOUT = timedelta(seconds=5)
 
-_NAME_RE = re.compile(r"^-- name: (\w+)\s*$", re.MULTILINE)
+_NAME_RE = re.compile(r"^-- name: (\w+)( \[prepared\])?\s*$", re.MULTILINE)
+_PARAM_RE = re.compile(r"%\((\w+)\)s")
+#: A connection sends a [prepared] query this many times as plain text before it prepares it: a
+#: connection used for one operation (the Airflow hooks' default) never pays for a PREPARE.
+PREPARE_AFTER = 2
 
 
 class _Watchdog:
@@ -160,12 +168,64 @@ class LeaseStoreError(LeaseError):
 
 
 @cache
-def named_queries() -> dict[str, str]:
-    """The ``-- name: x`` blocks of ``sql/queries.sql``, read once."""
+def _parsed_queries() -> tuple[dict[str, str], frozenset[str]]:
     text = resources.files("airflow_lease_provider.core.sql").joinpath("queries.sql").read_text()
     parts = _NAME_RE.split(text)
-    # parts = [preamble, name1, body1, name2, body2, ...]
-    return {parts[i]: parts[i + 1].strip() for i in range(1, len(parts), 2)}
+    # parts = [preamble, name1, flag1, body1, name2, flag2, body2, ...]; a flag is " [prepared]" or None
+    queries: dict[str, str] = {}
+    prepared: set[str] = set()
+    for i in range(1, len(parts), 3):
+        queries[parts[i]] = parts[i + 2].strip()
+        if parts[i + 1]:
+            prepared.add(parts[i])
+    return queries, frozenset(prepared)
+
+
+def named_queries() -> dict[str, str]:
+    """The ``-- name: x`` blocks of ``sql/queries.sql``, read once."""
+    return _parsed_queries()[0]
+
+
+def prepared_queries() -> frozenset[str]:
+    """The names of the queries marked ``[prepared]``: one statement each, planned the same whatever
+    its values (a function call or a primary-key lookup), sent many times on one connection."""
+    return _parsed_queries()[1]
+
+
+def _sql_body(text: str) -> str:
+    """A query without its comment lines and trailing semicolon (what a PREPARE wraps)."""
+    lines = [line for line in text.splitlines() if not line.lstrip().startswith("--")]
+    return "\n".join(lines).strip().rstrip(";").rstrip()
+
+
+class _Prepared:
+    """The three texts of one prepared query: EXECUTE it, PREPARE then EXECUTE it, and replace a stale one.
+
+    Each carries the same SET LOCAL prefix and the query's values as ``%(name)s`` parameters (so the
+    driver quotes them exactly as for the plain text); in the PREPARE they are ``$1``, ``$2``, ...
+    """
+
+    __slots__ = ("name", "execute", "prepare", "replace")
+
+    def __init__(self, prefix: str, source: str) -> None:
+        body = _sql_body(source)
+        order: list[str] = []
+
+        def positional(match: re.Match[str]) -> str:
+            if match.group(1) not in order:
+                order.append(match.group(1))
+            return f"${order.index(match.group(1)) + 1}"
+
+        body = _PARAM_RE.sub(positional, body)
+        # The name says which text it stands for: the same name is the same statement on any session.
+        self.name = "airflow_lease_" + hashlib.sha256(body.encode()).hexdigest()[:32]
+        args = "(" + ", ".join(f"%({n})s" for n in order) + ")" if order else ""
+        execute = f"EXECUTE {self.name}{args}"
+        prepare = f"PREPARE {self.name} AS {body}; {execute}"
+        self.execute = prefix + execute
+        self.prepare = prefix + prepare
+        # After a migration changed what the statement returns, the old plan cannot be reused.
+        self.replace = prefix + f"DEALLOCATE {self.name}; {prepare}"
 
 
 #: A URI connection string (libpq accepts both schemes).
@@ -331,6 +391,10 @@ class Database:
         an operation is done), and open a new one for the next operation.
         ``None`` (the default) keeps one connection open for the store's life: cheaper per operation,
         but a thousand idle stores then hold a thousand server connections.
+    :param prepare: send the hot queries (``[prepared]`` in ``sql/queries.sql``) as prepared statements
+        from their second use on a connection: the server then parses and plans each once per session
+        instead of on every call. ``False`` sends plain text only (for a pooler that pins a client to a
+        server session when it sees a ``PREPARE``, such as Amazon RDS Proxy).
     """
 
     def __init__(
@@ -342,6 +406,7 @@ class Database:
         statement_timeout: timedelta = DEFAULT_STATEMENT_TIMEOUT,
         application_name: str = "airflow-lease",
         idle_close: timedelta | None = None,
+        prepare: bool = True,
     ) -> None:
         self.dsn = validation.dsn(dsn)
         self.schema = validation.schema(schema)
@@ -351,6 +416,9 @@ class Database:
         if idle_close is not None and (not isinstance(idle_close, timedelta) or idle_close < timedelta(0)):
             raise validation.InvalidArgument("idle_close", idle_close, "must be None or a timedelta >= 0")
         self.idle_close = idle_close
+        if not isinstance(prepare, bool):
+            raise validation.InvalidArgument("prepare", prepare, "must be True or False")
+        self.prepare = prepare
         self.where = describe_dsn(dsn)
         self._lock = _StoreLock(self)
         self._conn: Any = None
@@ -361,6 +429,12 @@ class Database:
         # (the bench swaps _compiled entries for its before arms; a swapped entry rebuilds its statement).
         self._statements: dict[tuple[str, bool | None, timedelta], str] = {}
         self._statement_sources: dict[tuple[str, bool | None, timedelta], str] = {}
+        self._prepared: dict[tuple[str, bool | None, timedelta], _Prepared] = {}
+        self._prepared_sources: dict[tuple[str, bool | None, timedelta], str] = {}
+        # Of the connection now open: how often each prepared query's plain text was sent on it, and the
+        # statements it is known to hold (a pooler's other server session may not: see _send).
+        self._uses: dict[str, int] = {}
+        self._prepared_on: set[str] = set()
         # (monotonic deadline, socket fd) of the statement in flight, for the watchdog.
         self._inflight: tuple[float, int] | None = None
         self._watched = False
@@ -422,6 +496,8 @@ class Database:
             self._conn = self._connect()
             self._pid = os.getpid()
             self.connects += 1
+            self._uses = {}
+            self._prepared_on = set()
         self._last_used = time.monotonic()
         return self._conn
 
@@ -539,16 +615,7 @@ class Database:
                 fresh = self._conn is None
                 conn = self._connection()
                 try:
-                    text = self._statement(name, durable, conn)
-                    # Not _guarded(): this is every call's path, and a generator-based context manager
-                    # cost a few microseconds of it.
-                    self._arm(conn)
-                    try:
-                        with conn.cursor(cursor_factory=_cursor_factory) as cur:
-                            cur.execute(text, params)
-                            return cur.fetchall() if cur.description is not None else []
-                    finally:
-                        self._inflight = None
+                    return self._send(name, params, durable, conn, _cursor_factory)
                 except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
                     dead = conn.closed != 0 or isinstance(exc, psycopg2.InterfaceError)
                     if dead:
@@ -566,6 +633,64 @@ class Database:
                 except psycopg2.Error as exc:
                     raise translate(exc, self.where) from exc
             raise AssertionError("unreachable")  # pragma: no cover
+
+    def _execute(self, conn: Any, text: str, params: Mapping[str, Any], cursor_factory: Any) -> list[tuple[Any, ...]]:
+        # Not _guarded(): this is every call's path, and a generator-based context manager cost a few
+        # microseconds of it.
+        self._arm(conn)
+        try:
+            with conn.cursor(cursor_factory=cursor_factory) as cur:
+                cur.execute(text, params)
+                return cur.fetchall() if cur.description is not None else []
+        finally:
+            self._inflight = None
+
+    def _send(
+        self, name: str, params: Mapping[str, Any], durable: bool | None, conn: Any, cursor_factory: Any
+    ) -> list[tuple[Any, ...]]:
+        """One named query on ``conn``: as its prepared statement where it has one, else as plain text."""
+        if not self.prepare or name not in prepared_queries():
+            return self._execute(conn, self._statement(name, durable, conn), params, cursor_factory)
+        prepared = self._prepared_statement(name, durable, conn)
+        if prepared.name not in self._prepared_on:
+            uses = self._uses.get(prepared.name, 0) + 1
+            if uses < PREPARE_AFTER:
+                self._uses[prepared.name] = uses
+                return self._execute(conn, self._statement(name, durable, conn), params, cursor_factory)
+        text = prepared.execute if prepared.name in self._prepared_on else prepared.prepare
+        # Each error below is raised before the statement runs (and aborts the implicit transaction the
+        # SET LOCALs are in), so sending again cannot run it twice. A pooler may route each try to
+        # another server session: after a few, the plain text, which every session can run.
+        for _ in range(4):
+            try:
+                rows = self._execute(conn, text, params, cursor_factory)
+            except psycopg2.errors.InvalidSqlStatementName:
+                log.debug("lease store: %s is not prepared in this server session; preparing it", name)
+                self._prepared_on.discard(prepared.name)
+                text = prepared.prepare
+            except psycopg2.errors.DuplicatePreparedStatement:  # same name, so the same text
+                log.debug("lease store: %s is already prepared in this server session; executing it", name)
+                text = prepared.execute
+            except psycopg2.errors.FeatureNotSupported as exc:
+                if "cached plan must not change result type" not in str(exc):
+                    raise
+                log.debug("lease store: %s returns other columns since a migration; preparing it again", name)
+                text = prepared.replace
+            else:
+                self._prepared_on.add(prepared.name)
+                return rows
+        log.info("lease store: prepared statement %s kept moving between server sessions; sent as text", name)
+        return self._execute(conn, self._statement(name, durable, conn), params, cursor_factory)
+
+    def _prepared_statement(self, name: str, durable: bool | None, conn: Any) -> _Prepared:
+        """The prepared texts of the named query, built once per (name, durability, timeout)."""
+        cache_key = (name, durable, self.statement_timeout)
+        prepared = self._prepared.get(cache_key)
+        if prepared is None or self._compiled.get(name) is not self._prepared_sources.get(cache_key):
+            source = self.query_text(name, conn)
+            prepared = self._prepared[cache_key] = _Prepared(self._prefix(durable), source)
+            self._prepared_sources[cache_key] = source
+        return prepared
 
     @contextmanager
     def _guarded(self, conn: Any) -> Iterator[None]:

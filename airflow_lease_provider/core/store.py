@@ -32,6 +32,9 @@ class Store:
         typo must say "no lease store there" rather than create one).
     :param idle_close: close the connection after it has been idle this long (``timedelta(0)``: after each
         operation); ``None`` keeps it open (see :class:`~airflow_lease_provider.core.db.Database`).
+    :param prepare: prepare the hot statements on a connection from their second use on (``False``:
+        plain text only, for a pooler that pins sessions on ``PREPARE``; see
+        :class:`~airflow_lease_provider.core.db.Database`).
     :param host: the host name recorded with each lease this store acquires (default: this machine's),
         so that a skipped run can say where the holder runs.
     """
@@ -48,6 +51,7 @@ class Store:
         read_only: bool = False,
         idle_close: timedelta | None = None,
         host: str | None = None,
+        prepare: bool = True,
     ) -> None:
         self.db = Database(
             dsn,
@@ -55,6 +59,7 @@ class Store:
             connect_timeout=connect_timeout,
             statement_timeout=statement_timeout,
             idle_close=idle_close,
+            prepare=prepare,
         )
         self.events = EventLedger(self.db, retention=event_retention, prepare=self._ready)
         self.record_events = record_events

@@ -321,6 +321,7 @@ class LeaseHook(_StoreHook):
             read_only=self.read_only,
             idle_close=_idle(),
             host=_hostname(),
+            prepare=settings.prepare_statements(),
         )
 
     def get_store(self) -> LeaseStore:
@@ -343,7 +344,11 @@ class FenceHook(_StoreHook):
 
     def _make_store(self, location: StoreLocation) -> FenceStore:
         return FenceStore(
-            location.dsn, schema=location.schema, event_retention=settings.event_retention(), idle_close=_idle()
+            location.dsn,
+            schema=location.schema,
+            event_retention=settings.event_retention(),
+            idle_close=_idle(),
+            prepare=settings.prepare_statements(),
         )
 
     def get_store(self) -> FenceStore:

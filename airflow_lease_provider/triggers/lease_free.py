@@ -73,12 +73,19 @@ class LeaseFreeTrigger(BaseTrigger):
         return store.holder(self.key)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow_lease_provider import settings
         from airflow_lease_provider.core import LeaseError, LeaseStore
         from airflow_lease_provider.hooks.lease import _idle, location_async
 
         location = await location_async(self.conn_id, self.schema)
         # Like the hooks' stores: no connection held between polls (a triggerer may wait on many).
-        store = LeaseStore(location.dsn, schema=location.schema, record_events=False, idle_close=_idle())
+        store = LeaseStore(
+            location.dsn,
+            schema=location.schema,
+            record_events=False,
+            idle_close=_idle(),
+            prepare=settings.prepare_statements(),
+        )
         end = datetime.fromisoformat(self.deadline)
         try:
             if self.not_before is not None:

@@ -15,7 +15,7 @@ import pytest
 
 from airflow_lease_provider import settings
 from airflow_lease_provider.core import DEFAULT_SCHEMA
-from airflow_lease_provider.core.db import DEFAULT_STATEMENT_TIMEOUT
+from airflow_lease_provider.core.db import DEFAULT_STATEMENT_TIMEOUT, Database
 from airflow_lease_provider.core.events import DEFAULT_RETENTION
 from airflow_lease_provider.core.keeper import DEFAULT_RENEW_FRACTION
 from airflow_lease_provider.core.validation import MAX_DEFAULT_SAFETY_MARGIN
@@ -96,7 +96,8 @@ def test_the_core_defaults_and_the_airflow_defaults_agree(monkeypatch: pytest.Mo
     assert settings.renew_fraction() == pytest.approx(DEFAULT_RENEW_FRACTION, abs=1e-4)
     assert settings.event_retention() == DEFAULT_RETENTION
     assert settings.clock_skew_warning() == timedelta(seconds=float(OPTIONS["clock_skew_warning_seconds"]["default"]))
-    assert (settings.embedded(), settings.hold_connection()) == ("auto", False)
+    assert (settings.embedded(), settings.hold_connection(), settings.prepare_statements()) == ("auto", False, True)
+    assert Database("dbname=x").prepare is settings.prepare_statements()  # the core's default is the same
     # The table states the core's defaults (it does not import the core): the same values.
     assert CONNECTION_FIELDS["lease_schema"]["schema"]["default"] == DEFAULT_SCHEMA
     assert OPTIONS["schema"]["default"] == DEFAULT_SCHEMA

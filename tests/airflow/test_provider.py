@@ -11,7 +11,7 @@ import pytest
 
 from airflow_lease_provider.clock import warn_on_clock_skew
 from airflow_lease_provider.core import Lease
-from airflow_lease_provider.hooks import LeaseConnectionMissing, LeaseHook
+from airflow_lease_provider.hooks import FenceHook, LeaseConnectionMissing, LeaseHook
 from airflow_lease_provider.hooks.lease import dsn_from_connection, resolve
 
 
@@ -148,3 +148,16 @@ def test_hook_stores_close_their_connection_when_idle_unless_told_to_hold_it(mon
     monkeypatch.setenv("AIRFLOW__LEASE__HOLD_CONNECTION", "maybe")
     with pytest.raises(ValueError, match=r"\[lease\] hold_connection='maybe'"):
         LeaseHook("lease_idle").get_store()
+
+
+def test_hook_stores_prepare_their_statements_unless_told_not_to(monkeypatch, pg_dsn) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_PREP", pg_dsn)
+    monkeypatch.delenv("AIRFLOW__LEASE__PREPARE_STATEMENTS", raising=False)
+    assert LeaseHook("lease_prep").get_store().db.prepare is True
+    assert FenceHook("lease_prep").get_store().db.prepare is True
+    monkeypatch.setenv("AIRFLOW__LEASE__PREPARE_STATEMENTS", "false")
+    assert LeaseHook("lease_prep").get_store().db.prepare is False
+    assert FenceHook("lease_prep").get_store().db.prepare is False
+    monkeypatch.setenv("AIRFLOW__LEASE__PREPARE_STATEMENTS", "sometimes")
+    with pytest.raises(ValueError, match=r"\[lease\] prepare_statements='sometimes'"):
+        LeaseHook("lease_prep").get_store()

@@ -1,4 +1,5 @@
-"""Everything works behind pgbouncer in transaction pooling mode: the store keeps no session state.
+"""Everything works behind pgbouncer in transaction pooling mode: the store keeps no session state but its
+prepared statements, which any server session may lack (the call then prepares it there).
 
 Debian's ``pgbouncer``, started on a free port in front of the test server (``LEASE_TEST_DSN``'s PostgreSQL
 or the embedded one), with a pool of three server sessions so that consecutive transactions of one client
@@ -7,6 +8,7 @@ land on different sessions. The outage tests put it in front of a private server
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 import uuid
@@ -103,10 +105,62 @@ def test_no_session_state_is_left_on_pooled_sessions(bouncer: PgBouncer, schema:
                 assert cur.fetchone()[0] in ("0", "0ms"), "the store's timeout leaked into a pooled session"
                 cur.execute("SHOW search_path")
                 assert schema not in cur.fetchone()[0]
+                cur.execute("SELECT name FROM pg_prepared_statements")
+                names = [row[0] for row in cur.fetchall()]
+                assert all(n.startswith("airflow_lease_") for n in names), names  # its statements, nothing else
             conn.rollback()
     finally:
         for conn in conns:
             conn.close()
+
+
+def test_prepared_statements_through_transaction_pooling(
+    bouncer: PgBouncer, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Six clients on a pool of three server sessions: a client's consecutive calls land on different
+    sessions, which may or may not hold its statements. Every answer is right and each write ran once."""
+    caplog.set_level(logging.DEBUG, logger="airflow_lease_provider.core.db")
+    LeaseStore(bouncer.dsn, schema=schema).ensure_schema()
+    problems: list[str] = []
+    everyone = threading.Barrier(6, timeout=30)  # all hold their own key before and while they try others'
+
+    def client(n: int) -> None:
+        store = LeaseStore(bouncer.dsn, schema=schema, record_events=n % 2 == 0)
+        try:
+            lease = store.acquire(f"job-{n}", owner=f"a{n}", ttl=timedelta(seconds=30))
+            assert lease is not None
+            everyone.wait()
+            for i in range(30):
+                renewed = store.renew(lease)
+                if renewed is None or renewed.token != lease.token:
+                    problems.append(f"client {n}: renewal {i} gave {renewed}")
+                    return
+                lease = renewed
+                attempt = store.try_acquire(f"job-{(n + 1) % 6}", owner=f"b{n}", ttl=timedelta(seconds=30))
+                if attempt.acquired or attempt.holder is None or attempt.holder.owner != f"a{(n + 1) % 6}":
+                    problems.append(f"client {n}: try_acquire of job-{(n + 1) % 6} gave {attempt}")
+                held = store.holder(f"job-{n}")
+                if held is None or (held.owner, held.token) != (f"a{n}", lease.token):
+                    problems.append(f"client {n}: holder read {held}")
+            everyone.wait()
+            if not store.release(lease):
+                problems.append(f"client {n}: release refused")
+            again = store.acquire(f"job-{n}", owner=f"c{n}", ttl=timedelta(seconds=30))
+            if again is None or again.token != lease.token + 1:  # one token per grant: no acquire ran twice
+                problems.append(f"client {n}: the next grant has token {again and again.token}, not {lease.token + 1}")
+        except Exception as exc:  # reported below with the rest
+            problems.append(f"client {n}: {exc!r}")
+        finally:
+            store.close()
+
+    threads = [threading.Thread(target=client, args=(n,)) for n in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert problems == []
+    messages = [r.getMessage() for r in caplog.records if r.name == "airflow_lease_provider.core.db"]
+    assert any("is not prepared in this server session" in m for m in messages), "no call met a session without it"
 
 
 def test_contenders_through_the_pooler_get_one_holder_at_a_time(bouncer: PgBouncer, schema: str) -> None:

@@ -2,8 +2,11 @@
 -- psycopg2.sql.Identifier, values are always %(name)s parameters. Every expiry decision compares
 -- against clock_timestamp(): the database clock at the moment of the comparison (now() would be the
 -- transaction start time, stale inside a transaction).
+-- "-- name: x [prepared]" marks a query a connection prepares from its second use on (core/db.py): only
+-- one statement whose plan cannot depend on its values (a function call, a primary-key lookup), since a
+-- prepared statement may be run with one generic plan.
 
--- name: acquire
+-- name: acquire [prepared]
 -- One statement, one round trip: lease_acquire (migrations/0002, 0008) runs with its plans cached per
 -- session. A key someone else holds is answered by one read: a failed attempt takes no row lock and writes
 -- nothing (DESIGN decision 3). Otherwise the conditional UPDATE takes a free or expired lease (or one the
@@ -12,25 +15,25 @@
 -- row lock re-evaluates its WHERE and SET on the new row version, and must do so with the time *then*.
 SELECT * FROM {schema}.lease_acquire(%(key)s, %(owner)s, %(ttl)s);
 
--- name: acquire_logged
+-- name: acquire_logged [prepared]
 -- acquire with the ledger on: the grant and its 'acquired' event (%(detail)s plus the expiry) in one
 -- transaction, so one durable commit and one round trip (migrations/0008). A failed attempt writes nothing.
 SELECT * FROM {schema}.lease_acquire_logged(%(key)s, %(owner)s, %(ttl)s, %(detail)s,
                                             %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
 
--- name: renew
+-- name: renew [prepared]
 -- Extends a lease only while it is still this owner's, with this token, and unexpired (decision 6):
 -- a renewal never brings back a lease that lapsed, even if nobody took it. A renewal that waited on a
 -- row lock past the expiry is refused, because its WHERE is re-checked with the clock at that moment.
 -- lease_renew (migrations/0008) is that one UPDATE, with its plan cached per session.
 SELECT * FROM {schema}.lease_renew(%(key)s, %(owner)s, %(token)s, %(ttl)s);
 
--- name: release
+-- name: release [prepared]
 -- Frees the lease only if owner and token still match (decision 7). The row and its token stay.
 -- lease_release (migrations/0008) is that one UPDATE, with its plan cached per session.
 SELECT * FROM {schema}.lease_release(%(key)s, %(owner)s, %(token)s);
 
--- name: release_logged
+-- name: release_logged [prepared]
 -- release with the ledger on: the release and its 'released' event (held_seconds, released_at by the
 -- database clock, plus %(detail)s) in one transaction.
 SELECT * FROM {schema}.lease_release_logged(%(key)s, %(owner)s, %(token)s, %(detail)s,
@@ -51,7 +54,7 @@ UPDATE {schema}.lease AS l
 RETURNING old.key, old.owner, old.token, old.ttl, old.acquired_at, old.renewed_at, old.expires_at,
           old.released_at, clock_timestamp(), l.token;
 
--- name: holder
+-- name: holder [prepared]
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
        clock_timestamp()
   FROM {schema}.lease l
@@ -65,18 +68,18 @@ SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at
  ORDER BY l.key
  LIMIT %(limit)s;
 
--- name: fence_advance
+-- name: fence_advance [prepared]
 -- A fence per (resource, lease key): the token is compared only with tokens of the same lease key.
 SELECT outcome, current_token
   FROM {schema}.fence_advance(%(resource)s, %(key)s, %(token)s, %(owner)s, %(idempotency_key)s);
 
--- name: fence_current
+-- name: fence_current [prepared]
 SELECT {schema}.fence_token(%(resource)s, %(key)s);
 
 -- name: fence_tokens
 SELECT key, token FROM {schema}.fence WHERE resource = %(resource)s AND key <> '' ORDER BY key;
 
--- name: record_event
+-- name: record_event [prepared]
 -- lease_event_insert (migrations/0008) is the ledger's one INSERT, shared with acquire_logged/release_logged.
 SELECT id, at FROM {schema}.lease_event_insert(%(kind)s, %(key)s, %(owner)s, %(token)s, %(detail)s,
                                                %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
@@ -141,7 +144,7 @@ SELECT key, count(*), max((detail->>'held_seconds')::float8),
 -- (owners are dag_id/run_id/task_id[map_index] or dag_id/run_id); an owner with no '/' (a core API
 -- user) belongs to no DAG. %(dag_ids)s NULL means "every row"; an array keeps the rows of those DAGs.
 
--- name: lease_by_key
+-- name: lease_by_key [prepared]
 -- The row of one key, held or not (see Lease.held): one index lookup, however many keys there are.
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
        clock_timestamp()
