@@ -28,30 +28,60 @@ class TaskTerminated(Exception):
     """
 
 
+class Terminate:
+    """Whether SIGTERM came, from just before the acquire on, and whether it now stops the body at once."""
+
+    def __init__(self) -> None:
+        self.requested = False
+        self._armed = False
+
+    def check(self) -> None:
+        """Raise :class:`TaskTerminated` if SIGTERM came (while the task acquired or got ready to run)."""
+        if self.requested:
+            raise TaskTerminated("the task process received SIGTERM: stopping and releasing the lease")
+
+    @contextmanager
+    def armed(self) -> Iterator[None]:
+        """While the body runs: SIGTERM raises :class:`TaskTerminated` in the main thread at once (after the
+        handler that was there before, the task runner's ``on_kill``); one that came earlier raises now."""
+        self._armed = True  # before the check: a signal in between raises from the handler instead
+        try:
+            self.check()
+            yield
+        finally:
+            self._armed = False
+
+
 @contextmanager
-def stop_on_terminate() -> Iterator[None]:
-    """While the body runs, SIGTERM runs the handler in place (the task runner's: ``on_kill``) and then
-    raises :class:`TaskTerminated` in the main thread, so the operator's way out releases the lease.
+def stop_on_terminate() -> Iterator[Terminate]:
+    """From before the acquire until the task is done, SIGTERM runs the handler in place (the task runner's:
+    ``on_kill``) and is noted. While the body runs (:meth:`Terminate.armed`) it then raises
+    :class:`TaskTerminated`, so the operator's way out releases the lease; before that (the acquire, the
+    XCom push, the keeper's start) the operator checks the note before the body starts and gives the lease
+    back instead of running it: a SIGTERM in that window left the lease held for its whole TTL.
 
     Off the main thread (where handlers cannot be installed) nothing changes.
     """
+    state = Terminate()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield state
         return
 
     previous = signal.getsignal(signal.SIGTERM)
     if previous == signal.SIG_IGN:  # someone chose to ignore it: so do we
-        yield
+        yield state
         return
 
     def terminate(signum: int, frame: Any) -> None:
         if callable(previous):
             previous(signum, frame)
-        raise TaskTerminated("the task process received SIGTERM: stopping the body and releasing the lease")
+        state.requested = True
+        if state._armed:
+            raise TaskTerminated("the task process received SIGTERM: stopping the body and releasing the lease")
 
     signal.signal(signal.SIGTERM, terminate)
     try:
-        yield
+        yield state
     finally:
         signal.signal(signal.SIGTERM, previous)
 

@@ -96,8 +96,8 @@ class Client:
         if builder is None:
             raise ValueError(f"no arm {arm!r} in scenario {scenario!r}")
         self.leases.record_events = False  # only the +events arms turn it on, for their cell
-        # Only the before arms swap the statements and send them as text; everyone else gets the core's own
-        # again, prepared as the store prepares them.
+        # Only the before arms swap the statements and send them as text (as do the as-text arms, with the
+        # core's own); everyone else gets the core's own again, prepared as the store prepares them.
         self.leases.db._compiled.pop("acquire", None)
         self.leases.db._compiled.pop("renew", None)
         self.leases.db.prepare = True
@@ -132,6 +132,21 @@ def _lease_pool_events(client: Client, pool: int) -> Attempt:
 def _before_pool(client: Client, pool: int) -> Attempt:
     client.use_before_sql()
     return _lease_pool(client, pool)
+
+
+def _text_pool(client: Client, pool: int) -> Attempt:
+    client.leases.db.prepare = False
+    return _lease_pool(client, pool)
+
+
+def _text_hot(client: Client, pool: int) -> Attempt:
+    client.leases.db.prepare = False
+    return _lease_hot(client, pool)
+
+
+def _text_renew(client: Client, pool: int) -> Attempt:
+    client.leases.db.prepare = False
+    return _lease_renew(client, pool)
 
 
 def _before_hot(client: Client, pool: int) -> Attempt:
@@ -411,6 +426,7 @@ def _cycled_pool(worker: int, pool: int) -> Any:
 LEASE = "lease"
 LEASE_EVENTS = "lease+events"
 LEASE_BEFORE = "lease, SQL of version 6 (before)"
+LEASE_TEXT = "lease, as text (prepare=False)"
 NAIVE = "read-then-CAS"
 SHEDLOCK = "ShedLock upsert"
 SHEDLOCK_UPDATE = "ShedLock UPDATE"
@@ -429,11 +445,13 @@ _BUILDERS: dict[tuple[str, str], Callable[[Client, int], Attempt]] = {
     ("success", LEASE): _lease_pool,
     ("success", LEASE_EVENTS): _lease_pool_events,
     ("success", LEASE_BEFORE): _before_pool,
+    ("success", LEASE_TEXT): _text_pool,
     ("success", NAIVE): _naive_pool,
     ("success", SHEDLOCK): _shed_pool,
     ("success", ADVISORY): _advisory_pool,
     ("hot", LEASE): _lease_hot,
     ("hot", LEASE_BEFORE): _before_hot,
+    ("hot", LEASE_TEXT): _text_hot,
     ("hot", NAIVE): _naive_hot,
     ("hot", SHEDLOCK): _shed_hot,
     ("hot", SHEDLOCK_UPDATE): _shed_update_hot,
@@ -444,6 +462,7 @@ _BUILDERS: dict[tuple[str, str], Callable[[Client, int], Attempt]] = {
     ("handoff", SHEDLOCK): _shed_handoff,
     ("renew", LEASE): _lease_renew,
     ("renew", LEASE_BEFORE): _before_renew,
+    ("renew", LEASE_TEXT): _text_renew,
     ("renew", NAIVE): _naive_renew,
     ("renew", SHEDLOCK_EXTEND): _shed_renew,
     ("renew-paced", LEASE): _lease_renew,

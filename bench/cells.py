@@ -21,10 +21,14 @@ from bench.server import Server, WalAttributor
 #: Scenarios in table order, with their arms in table order (the run rotates the order per repeat).
 SCENARIOS: dict[str, tuple[str, ...]] = {
     "floor": (arms.SELECT1, arms.COMMIT, arms.FLUSHED_COMMIT),
-    "success": (arms.LEASE, arms.LEASE_EVENTS, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK, arms.ADVISORY),
-    "hot": (arms.LEASE, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK, arms.SHEDLOCK_UPDATE, arms.ADVISORY),
+    "success": (
+        arms.LEASE, arms.LEASE_EVENTS, arms.LEASE_TEXT, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK, arms.ADVISORY
+    ),
+    "hot": (
+        arms.LEASE, arms.LEASE_TEXT, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK, arms.SHEDLOCK_UPDATE, arms.ADVISORY
+    ),
     "handoff": (arms.LEASE, arms.NAIVE, arms.SHEDLOCK),
-    "renew": (arms.LEASE, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK_EXTEND),
+    "renew": (arms.LEASE, arms.LEASE_TEXT, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK_EXTEND),
     "fence": (arms.FENCE, arms.RAW_FENCE),
     "many": (arms.LEASE, arms.NAIVE, arms.SHEDLOCK),
 }
@@ -54,6 +58,7 @@ ARM_TABLES: dict[str, tuple[str, ...]] = {
     arms.LEASE: ("lease", "event"),
     arms.LEASE_EVENTS: ("lease", "event"),
     arms.LEASE_BEFORE: ("lease", "event"),
+    arms.LEASE_TEXT: ("lease", "event"),
     arms.NAIVE: ("naive_lease",),
     arms.SHEDLOCK: ("shedlock",),
     arms.SHEDLOCK_UPDATE: ("shedlock",),

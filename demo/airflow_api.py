@@ -134,6 +134,11 @@ class AirflowAPI:
 
     # -- task instances -----------------------------------------------------------------------------
 
+    def set_task_state(self, dag_id: str, run_id: str, task_id: str, state: str) -> None:
+        """Set a task instance's state (the UI's "Mark as failed" / "Mark as success")."""
+        self.request("PATCH", f"/dags/{_q(dag_id)}/dagRuns/{_q(run_id)}/taskInstances/{_q(task_id)}",
+                     json={"new_state": state})
+
     def task_instances(self, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
         """``task_id`` (``task_id[i]`` for a mapped instance) -> the task instance, of one run."""
         reply = self.get(f"/dags/{_q(dag_id)}/dagRuns/{_q(run_id)}/taskInstances", params={"limit": 1000})

@@ -45,7 +45,7 @@ from airflow_lease_provider.core import (
     validation,
 )
 from airflow_lease_provider.identity import RunRef, event_detail, run_ref, task_ref, task_tags
-from airflow_lease_provider.interrupt import interrupt_on_loss, stop_on_terminate
+from airflow_lease_provider.interrupt import Terminate, interrupt_on_loss, stop_on_terminate
 from airflow_lease_provider.operators.wrap import init_parameters, leased_subclass
 from airflow_lease_provider.outcomes import Outcome, report
 from airflow_lease_provider.version_compat import AirflowSkipException, TaskDeferred
@@ -163,10 +163,11 @@ class LeasedOperator(BaseOperator):
         if self.lease_scope == "run":
             return self._run_joined(context, store, key)
         owner = self._identity(context).owner()
-        outcome = store.try_acquire(key, owner, self._ttl(), run=task_ref(context))
-        if outcome.lease is None:
-            return self._on_held(context, store, key, owner, outcome.holder, waited=None)
-        return self._run_holding(context, store, outcome.lease, release=True)
+        with stop_on_terminate() as terminate:  # a SIGTERM from here on gives back the lease taken below
+            outcome = store.try_acquire(key, owner, self._ttl(), run=task_ref(context))
+            if outcome.lease is None:
+                return self._on_held(context, store, key, owner, outcome.holder, waited=None)
+            return self._run_holding(context, store, outcome.lease, release=True, terminate=terminate)
 
     def _record_catchup(self, context: Any, store: LeaseStore, key: str) -> None:
         """The first run after a gap in a capped catch-up schedule records the skipped slots, once."""
@@ -184,9 +185,10 @@ class LeasedOperator(BaseOperator):
         key = self._key(context)
         store = self._store()
         owner = self._identity(context).owner()
-        outcome = store.try_acquire(key, owner, self._ttl(), run=task_ref(context))
-        if outcome.lease is not None:
-            return self._run_holding(context, store, outcome.lease, release=True)
+        with stop_on_terminate() as terminate:
+            outcome = store.try_acquire(key, owner, self._ttl(), run=task_ref(context))
+            if outcome.lease is not None:
+                return self._run_holding(context, store, outcome.lease, release=True, terminate=terminate)
         return self._on_held(context, store, key, owner, outcome.holder, waited=deadline)
 
     def _on_held(
@@ -277,14 +279,18 @@ class LeasedOperator(BaseOperator):
                 run=task_ref(context),
             )
             raise lost
-        return self._run_holding(context, store, holding.lease, release=False)
+        with stop_on_terminate() as terminate:
+            return self._run_holding(context, store, holding.lease, release=False, terminate=terminate)
 
-    def _run_holding(self, context: Any, store: LeaseStore, lease: Lease, *, release: bool) -> Any:
+    def _run_holding(
+        self, context: Any, store: LeaseStore, lease: Lease, *, release: bool, terminate: Terminate
+    ) -> Any:
         """Run the wrapped operator under ``lease``; with ``release``, this task acquired it and frees it.
 
         From the acquire on, every way out releases the lease or hands it to the keeper: a failure while
-        getting ready (the XCom push, the configuration, the keeper's construction or start) releases it
-        at once, so the next run is not skipped for a whole TTL.
+        getting ready (the XCom push, the configuration, the keeper's construction or start) or a SIGTERM
+        before the body starts (``terminate``, installed before the acquire) releases it at once, so the
+        next run is not skipped for a whole TTL.
         """
         key = lease.key
         tags = task_tags(context, key)
@@ -306,12 +312,13 @@ class LeasedOperator(BaseOperator):
             context[XCOM_LEASE] = ctx
             started = time.monotonic()
             keeper.start()
+            terminate.check()  # told to stop while it acquired or got ready: do not start the body
         except BaseException:
             self._give_back(store, lease, keeper, release=release, run=run)
             raise
         released = False
         try:
-            with activated(ctx), interrupt_on_loss(keeper), stop_on_terminate():
+            with activated(ctx), interrupt_on_loss(keeper), terminate.armed():
                 # A loss declared before the interrupt was in place (the lease ran out while the task got
                 # ready: a slow XCom push, a join with little time left) sent no signal: look once more.
                 keeper.check()

@@ -25,6 +25,7 @@ from airflow_lease_provider.clock import warn_on_clock_skew
 from airflow_lease_provider.context import XCOM_LEASE
 from airflow_lease_provider.core import Lease, LeaseStore, validation
 from airflow_lease_provider.identity import run_ref, task_ref, task_tags
+from airflow_lease_provider.interrupt import Terminate
 from airflow_lease_provider.operators.leased import LeasedOperator
 from airflow_lease_provider.outcomes import Outcome, report
 
@@ -39,8 +40,11 @@ class AcquireRunLeaseOperator(LeasedOperator):
         kwargs.setdefault("lease_scope", "task")
         super().__init__(**kwargs)
 
-    def _run_holding(self, context: Any, store: LeaseStore, lease: Lease, *, release: bool) -> Any:
-        """Leave the lease held for the run; but if this task fails before it is done, free it."""
+    def _run_holding(
+        self, context: Any, store: LeaseStore, lease: Lease, *, release: bool, terminate: Terminate
+    ) -> Any:
+        """Leave the lease held for the run; but if this task fails (or is told to stop) before it is done,
+        free it."""
         from datetime import datetime, timezone
 
         try:
@@ -54,6 +58,7 @@ class AcquireRunLeaseOperator(LeasedOperator):
                 ),
             )
             context["ti"].xcom_push(key=XCOM_LEASE, value=lease.to_dict())
+            terminate.check()
         except BaseException:
             self._give_back(store, lease, None, release=True, run=task_ref(context))
             raise

@@ -46,13 +46,24 @@ CHILD = textwrap.dedent(
         task_id="load", python_callable=body, lease_key="term-key", lease_ttl=timedelta(minutes=10)
     )
     op.on_kill = lambda: (markers / "on_kill").write_text("")
+    ti = TaskInstance("etl", RUN, "load")
+    if len(sys.argv) > 2 and sys.argv[2] == "slow-xcom":
+        # The window between the acquire and the body: the XCom push (an API call in Airflow 3) takes 3 s.
+        push = ti.xcom_push
+
+        def slow_push(key, value):
+            (markers / "pushing").write_text("")
+            time.sleep(3)
+            push(key, value)
+
+        ti.xcom_push = slow_push
 
     def _on_term(signum, frame):  # the task runner's handler: on_kill, and the body goes on
         op.on_kill()
 
     signal.signal(signal.SIGTERM, _on_term)
     try:
-        run_task(op, TaskInstance("etl", RUN, "load"))
+        run_task(op, ti)
     except BaseException as exc:
         (markers / "raised").write_text(type(exc).__name__)
         raise
@@ -60,11 +71,7 @@ CHILD = textwrap.dedent(
 )
 
 
-def test_sigterm_stops_the_body_and_releases_the_lease(
-    pg_dsn: str, schema: str, store: LeaseStore, tmp_path: Path
-) -> None:
-    markers = tmp_path / "markers"
-    markers.mkdir()
+def _child(markers: Path, pg_dsn: str, schema: str, *args: str) -> subprocess.Popen[str]:
     env = dict(
         os.environ,
         AIRFLOW_CONN_LEASE_DEFAULT=pg_dsn,
@@ -72,19 +79,61 @@ def test_sigterm_stops_the_body_and_releases_the_lease(
         AIRFLOW__CORE__EXECUTOR="LocalExecutor",
         PYTHONPATH=str(Path(__file__).parents[2]),
     )
-    child = subprocess.Popen(
-        [sys.executable, "-c", CHILD, str(markers)],
+    return subprocess.Popen(
+        [sys.executable, "-c", CHILD, str(markers), *args],
         env=env,
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
     )
+
+
+def _wait_for(child: subprocess.Popen[str], marker: Path) -> None:
+    end = time.monotonic() + 120
+    while not marker.exists():
+        assert child.poll() is None, child.stdout.read() if child.stdout else ""
+        assert time.monotonic() < end, f"{marker.name} never came"
+        time.sleep(0.05)
+
+
+def test_sigterm_between_the_acquire_and_the_body_gives_the_lease_back_and_never_starts_the_body(
+    pg_dsn: str, schema: str, store: LeaseStore, tmp_path: Path
+) -> None:
+    """SIGTERM while the task got ready to run (here its XCom push): before, the task runner's handler ran
+    ``on_kill`` and the body then started anyway, holding the lease until the SIGKILL, and the lease stayed
+    held for its whole TTL (10 minutes here)."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    child = _child(markers, pg_dsn, schema, "slow-xcom")
     try:
-        end = time.monotonic() + 120
-        while not (markers / "started").exists():
-            assert child.poll() is None, child.stdout.read() if child.stdout else ""
-            assert time.monotonic() < end, "the body never started"
+        _wait_for(child, markers / "pushing")
+        held = store.holder("term-key")
+        assert held is not None and held.owner.endswith("/load")
+        child.send_signal(signal.SIGTERM)
+        deadline = time.monotonic() + 5  # the supervisor's SIGKILL
+        while store.holder("term-key") is not None and time.monotonic() < deadline:
             time.sleep(0.1)
+        assert store.holder("term-key") is None, "SIGTERM before the body left the lease held for its TTL"
+        child.wait(timeout=30)
+    finally:
+        if child.poll() is None:
+            child.kill()
+            child.wait()
+    output = child.stdout.read() if child.stdout else ""
+    assert (markers / "on_kill").exists(), output  # the task runner's handler still ran
+    assert not (markers / "started").exists(), "the body started after SIGTERM"
+    assert (markers / "raised").read_text() == "TaskTerminated", output
+    assert child.returncode != 0
+
+
+def test_sigterm_stops_the_body_and_releases_the_lease(
+    pg_dsn: str, schema: str, store: LeaseStore, tmp_path: Path
+) -> None:
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    child = _child(markers, pg_dsn, schema)
+    try:
+        _wait_for(child, markers / "started")
         held = store.holder("term-key")
         assert held is not None and held.owner.endswith("/load")
 

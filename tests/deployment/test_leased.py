@@ -35,9 +35,10 @@ SCHEMA = "airflow_lease"
 
 @pytest.fixture(scope="module")
 def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
-    files = [E2E_DAGS / "lease_e2e.py", E2E_DAGS / "_util.py", TIER_DAGS / "retry_e2e.py"]
+    files = [E2E_DAGS / "lease_e2e.py", E2E_DAGS / "_util.py", TIER_DAGS / "retry_e2e.py",
+             TIER_DAGS / "marked_failed.py"]
     env = {"LEASE_TEST_MARKERS": str(MARKERS), "LEASE_TEST_HOLD_SECONDS": "240", "AIRFLOW__LEASE__SCHEMA": SCHEMA}
-    dag_ids = {"overlap", "zombie", "retry_after_crash", "mapped_and_bash"}
+    dag_ids = {"overlap", "zombie", "retry_after_crash", "mapped_and_bash", "marked_failed"}
     with deployment_for(metadata_template, files, dag_ids, env) as deployment:
         for dag_id in dag_ids:
             deployment.api.unpause(dag_id)
@@ -132,6 +133,33 @@ def test_a_retry_after_a_crash_re_enters_at_once_with_a_larger_token(
     assert second > first, (first, second)
     assert api.xcom("retry_after_crash", run, "crash_then_succeed")["token"] == second
     assert store.holder("retry-key") is None
+
+
+def test_a_running_leased_task_marked_failed_gives_its_lease_back_and_the_next_run_takes_it_at_once(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """Marked failed through the REST API (as the UI does it) while its body runs: Airflow's supervisor
+    sends SIGTERM, the body stops and the lease is released, so the next run is not skipped for the rest
+    of its 10-minute TTL."""
+    api = airflow.api
+    first = api.trigger("marked_failed")
+    token = int(marker(f"marked-started-{first}"))
+    held = store.holder("marked-key")
+    assert held is not None and held.owner == f"marked_failed/{first}/work" and held.token == token, held
+
+    api.set_task_state("marked_failed", first, "work", "failed")
+    wait(lambda: store.holder("marked-key"), lambda h: h is None, 30, "the marked-failed task's lease to be released")
+    assert api.wait_for_run("marked_failed", first) == "failed"
+    assert api.task_states("marked_failed", first) == {"work": "failed"}
+    assert not (MARKERS / f"marked-finished-{first}").exists(), "the body went on after it was marked failed"
+    released = [e for e in store.events.query(key="marked-key", kind=EventKind.RELEASED) if e.token == token]
+    assert len(released) == 1 and released[0].owner == held.owner, released  # released, not lapsed
+
+    second = api.trigger("marked_failed")
+    assert int(marker(f"marked-started-{second}")) == token + 1  # it ran (not skipped), with the next token
+    (MARKERS / f"marked-let-go-{second}").write_text("go")
+    assert api.wait_for_run("marked_failed", second) == "success", api.task_states("marked_failed", second)
+    assert store.holder("marked-key") is None
 
 
 def test_lease_owners_and_default_keys_are_the_task_instance(airflow: Deployment, store: LeaseStore) -> None:
