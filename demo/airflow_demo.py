@@ -35,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from demo.airflow_api import AirflowAPI, wait  # noqa: E402 - after the path that makes it importable
+from demo.deployment import free_port  # noqa: E402
 
 DEMO = ROOT / ".demo"
 HOME = DEMO / "airflow"
@@ -56,17 +57,11 @@ def _free(port: int) -> bool:
     return True
 
 
-def _any_free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 def _port() -> int:
     """LEASE_DEMO_PORT, else 8080 if it is free, else any free port (the demo says which)."""
     if os.environ.get("LEASE_DEMO_PORT"):
         return int(os.environ["LEASE_DEMO_PORT"])
-    return 8080 if _free(8080) else _any_free_port()
+    return 8080 if _free(8080) else free_port()
 
 
 PORT = 0  # set by start()
@@ -91,7 +86,7 @@ _PORTS: dict[str, str] = {}
 
 def _env_port(name: str) -> str:
     if name not in _PORTS:
-        _PORTS[name] = str(_any_free_port())
+        _PORTS[name] = str(free_port())
     return _PORTS[name]
 
 

@@ -97,8 +97,9 @@ class StatsdListener:
         self.sock.close()
 
 
-def free_port() -> int:
-    with socket.socket() as probe:
+def free_port(kind: int = socket.SOCK_STREAM) -> int:
+    """A port on 127.0.0.1 that nothing listens on now (TCP, or UDP with ``socket.SOCK_DGRAM``)."""
+    with socket.socket(socket.AF_INET, kind) as probe:
         probe.bind(("127.0.0.1", 0))
         return int(probe.getsockname()[1])
 

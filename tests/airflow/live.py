@@ -22,7 +22,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -37,18 +36,13 @@ from psycopg2 import sql
 from psycopg2.extensions import make_dsn, parse_dsn
 from sqlalchemy.engine import URL
 
+from demo.deployment import free_port
 from tests.airflow.harness import StatsdListener
 
 VENV_BIN = Path(sys.executable).parent
 REPO = Path(__file__).parents[2]
 ADMIN = "admin"
 FINISHED = {"success", "failed"}
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval: float = 0.5) -> Any:

@@ -96,6 +96,22 @@ def _wait_for(child: subprocess.Popen[str], marker: Path) -> None:
         time.sleep(0.05)
 
 
+def _terminate_and_wait_released(child: subprocess.Popen[str], store: LeaseStore, message: str) -> None:
+    """SIGTERM the task process; the lease must be free before the supervisor's SIGKILL (5 s later)."""
+    child.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + 5
+    while store.holder("term-key") is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert store.holder("term-key") is None, message
+    child.wait(timeout=30)
+
+
+def _reap(child: subprocess.Popen[str]) -> None:
+    if child.poll() is None:
+        child.kill()
+        child.wait()
+
+
 def test_sigterm_between_the_acquire_and_the_body_gives_the_lease_back_and_never_starts_the_body(
     pg_dsn: str, schema: str, store: LeaseStore, tmp_path: Path
 ) -> None:
@@ -109,16 +125,9 @@ def test_sigterm_between_the_acquire_and_the_body_gives_the_lease_back_and_never
         _wait_for(child, markers / "pushing")
         held = store.holder("term-key")
         assert held is not None and held.owner.endswith("/load")
-        child.send_signal(signal.SIGTERM)
-        deadline = time.monotonic() + 5  # the supervisor's SIGKILL
-        while store.holder("term-key") is not None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert store.holder("term-key") is None, "SIGTERM before the body left the lease held for its TTL"
-        child.wait(timeout=30)
+        _terminate_and_wait_released(child, store, "SIGTERM before the body left the lease held for its TTL")
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        _reap(child)
     output = child.stdout.read() if child.stdout else ""
     assert (markers / "on_kill").exists(), output  # the task runner's handler still ran
     assert not (markers / "started").exists(), "the body started after SIGTERM"
@@ -137,19 +146,9 @@ def test_sigterm_stops_the_body_and_releases_the_lease(
         held = store.holder("term-key")
         assert held is not None and held.owner.endswith("/load")
 
-        child.send_signal(signal.SIGTERM)
-        # The supervisor's SIGKILL comes 5 s after its SIGTERM: by then the lease must be free.
-        deadline = time.monotonic() + 5
-        while store.holder("term-key") is not None and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert store.holder("term-key") is None, (
-            "SIGTERM left the lease held (the next run would skip for the TTL)"
-        )
-        child.wait(timeout=30)
+        _terminate_and_wait_released(child, store, "SIGTERM left the lease held (the next run would skip for the TTL)")
     finally:
-        if child.poll() is None:
-            child.kill()
-            child.wait()
+        _reap(child)
     output = child.stdout.read() if child.stdout else ""
     assert (markers / "on_kill").exists(), output  # the wrapped operator's on_kill still runs first
     assert (markers / "raised").read_text() == "TaskTerminated", output

@@ -43,7 +43,8 @@ from psycopg2 import sql
 
 from airflow_lease_provider.core import FenceStore, LeaseError, LeaseStore
 from chaos.checker import Report, check_acknowledged
-from tests.reliability.pgbouncer import _unprivileged, free_port
+from demo.deployment import free_port
+from tests.reliability.pgbouncer import _unprivileged
 
 PG_BIN = Path(os.environ.get("LEASE_PG_BIN", "/usr/lib/postgresql/15/bin"))
 SCHEMA = "airflow_lease"

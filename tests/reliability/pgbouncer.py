@@ -19,6 +19,8 @@ from urllib.parse import quote
 import psycopg2
 import psycopg2.extensions
 
+from demo.deployment import free_port
+
 PGBOUNCER = shutil.which("pgbouncer") or next(
     (p for p in ("/usr/sbin/pgbouncer", "/usr/bin/pgbouncer") if os.path.exists(p)), None
 )
@@ -32,12 +34,6 @@ def _unprivileged() -> str:
         except KeyError:
             continue
     raise RuntimeError("no unprivileged user (postgres or nobody) to run pgbouncer as")
-
-
-def free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        return int(sock.getsockname()[1])
 
 
 class PgBouncer:

@@ -39,6 +39,8 @@ from typing import Any
 
 import pytest
 
+from demo.deployment import free_port
+
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(600)]
 
 ADMIN_DSN = os.environ.get("LEASE_E2E_PG_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -144,12 +146,6 @@ with create_session() as session:
 """
 
 
-def _free_port(kind: int = socket.SOCK_STREAM) -> int:
-    with socket.socket(socket.AF_INET, kind) as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
-
-
 @pytest.fixture
 def metadata_dsn() -> Iterator[str]:
     """A fresh PostgreSQL database for Airflow's metadata (and the ledger), dropped afterwards."""
@@ -181,7 +177,7 @@ class StatsdListener:
     """Collects the statsd lines Airflow sends over UDP."""
 
     def __init__(self) -> None:
-        self.port = _free_port(socket.SOCK_DGRAM)
+        self.port = free_port(socket.SOCK_DGRAM)
         self.lines: list[str] = []
         self._socket = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
         self._socket.bind(("127.0.0.1", self.port))
@@ -261,7 +257,7 @@ def airflow(tmp_path: Path, metadata_dsn: str) -> Iterator[tuple[Processes, Stat
     logs = tmp_path / "process-logs"
     logs.mkdir()
     statsd = StatsdListener()
-    api_port = _free_port()
+    api_port = free_port()
     sql_alchemy = metadata_dsn.replace("postgresql://", "postgresql+psycopg2://", 1)
     env = {
         **os.environ,

@@ -16,7 +16,6 @@ import os
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -26,6 +25,7 @@ from typing import Any
 
 import httpx
 
+from demo.deployment import free_port
 from tests.pg import scratch_dir
 
 VENV_BIN = Path(sys.executable).parent
@@ -34,12 +34,6 @@ DAG_ID = "lease_ui_demo"
 LEASE_KEY = "ui-demo"
 #: SimpleAuthManager roles: viewer < user < op < admin. The password of each user is its name + "-pw".
 USERS = ("admin", "viewer", "user", "op")
-
-
-def free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return int(probe.getsockname()[1])
 
 
 def password(user: str) -> str:
