@@ -8,6 +8,7 @@ never released and the next run of the job was skipped for the rest of the TTL.
 
 from __future__ import annotations
 
+import logging
 import signal
 import threading
 from collections.abc import Iterator
@@ -15,6 +16,8 @@ from contextlib import contextmanager
 from typing import Any
 
 from airflow_lease_provider.core import LeaseKeeper, LeaseLost
+
+log = logging.getLogger(__name__)
 
 # The keeper interrupts the task's main thread with this signal when the lease is lost mid-run.
 _LOST_SIGNAL = signal.SIGUSR1
@@ -73,11 +76,21 @@ def stop_on_terminate() -> Iterator[Terminate]:
         return
 
     def terminate(signum: int, frame: Any) -> None:
+        state.requested = True  # first: whatever the handler before does, the operator knows
+        failed: Exception | None = None
         if callable(previous):
-            previous(signum, frame)
-        state.requested = True
+            try:
+                previous(signum, frame)
+            except Exception as exc:  # e.g. an on_kill that assumes the body started
+                if state._armed:
+                    failed = exc
+                else:  # raised from here it would land anywhere (after a grant committed, say): note it only
+                    log.warning("the SIGTERM handler before the lease's raised; the task stops all the same",
+                                exc_info=True)
         if state._armed:
-            raise TaskTerminated("the task process received SIGTERM: stopping the body and releasing the lease")
+            raise TaskTerminated(
+                "the task process received SIGTERM: stopping the body and releasing the lease"
+            ) from failed
 
     signal.signal(signal.SIGTERM, terminate)
     try:

@@ -198,6 +198,13 @@ def _sql_body(text: str) -> str:
     return "\n".join(lines).strip().rstrip(";").rstrip()
 
 
+def _stale_plan(exc: psycopg2.Error) -> bool:
+    """"cached plan must not change result type": raised where PostgreSQL revalidates a prepared plan,
+    before it runs. Told by where it comes from, not by its message (which the server's lc_messages
+    translates)."""
+    return exc.pgcode == "0A000" and getattr(exc.diag, "source_function", None) == "RevalidateCachedQuery"
+
+
 class _Prepared:
     """The three texts of one prepared query: EXECUTE it, PREPARE then EXECUTE it, and replace a stale one.
 
@@ -649,7 +656,9 @@ class Database:
         self, name: str, params: Mapping[str, Any], durable: bool | None, conn: Any, cursor_factory: Any
     ) -> list[tuple[Any, ...]]:
         """One named query on ``conn``: as its prepared statement where it has one, else as plain text."""
-        if not self.prepare or name not in prepared_queries():
+        # Inside a caller's transaction (FenceStore.transaction) an error would abort the caller's work,
+        # so there the plain text only: the retries below rely on each try being its own transaction.
+        if not self.prepare or name not in prepared_queries() or not conn.autocommit:
             return self._execute(conn, self._statement(name, durable, conn), params, cursor_factory)
         prepared = self._prepared_statement(name, durable, conn)
         if prepared.name not in self._prepared_on:
@@ -672,14 +681,16 @@ class Database:
                 log.debug("lease store: %s is already prepared in this server session; executing it", name)
                 text = prepared.execute
             except psycopg2.errors.FeatureNotSupported as exc:
-                if "cached plan must not change result type" not in str(exc):
+                if not _stale_plan(exc):
                     raise
                 log.debug("lease store: %s returns other columns since a migration; preparing it again", name)
+                self._prepared_on.discard(prepared.name)
                 text = prepared.replace
             else:
                 self._prepared_on.add(prepared.name)
                 return rows
         log.info("lease store: prepared statement %s kept moving between server sessions; sent as text", name)
+        self._prepared_on.discard(prepared.name)
         return self._execute(conn, self._statement(name, durable, conn), params, cursor_factory)
 
     def _prepared_statement(self, name: str, durable: bool | None, conn: Any) -> _Prepared:

@@ -157,13 +157,16 @@ class LeasedOperator(BaseOperator):
         return validation.name("lease_key", self.lease_key)
 
     def execute(self, context: Any) -> Any:
-        key = self._key(context)
-        store = self._store()
-        self._record_catchup(context, store, key)
-        if self.lease_scope == "run":
-            return self._run_joined(context, store, key)
-        owner = self._identity(context).owner()
-        with stop_on_terminate() as terminate:  # a SIGTERM from here on gives back the lease taken below
+        # From the first step: a SIGTERM while the task looks up its store, records a catch-up, acquires or
+        # gets ready is noted, and the task stops before the body (giving back a lease it took).
+        with stop_on_terminate() as terminate:
+            key = self._key(context)
+            store = self._store()
+            self._record_catchup(context, store, key)
+            if self.lease_scope == "run":
+                return self._run_joined(context, store, key, terminate)
+            owner = self._identity(context).owner()
+            terminate.check()  # told to stop already: never take the lease
             outcome = store.try_acquire(key, owner, self._ttl(), run=task_ref(context))
             if outcome.lease is None:
                 return self._on_held(context, store, key, owner, outcome.holder, waited=None)
@@ -182,10 +185,11 @@ class LeasedOperator(BaseOperator):
 
     def execute_after_wait(self, context: Any, event: dict[str, Any] | None = None, deadline: str = "") -> Any:
         """Resumed after the deferred wait: take the lease if it is free now, or wait again."""
-        key = self._key(context)
-        store = self._store()
-        owner = self._identity(context).owner()
         with stop_on_terminate() as terminate:
+            key = self._key(context)
+            store = self._store()
+            owner = self._identity(context).owner()
+            terminate.check()
             outcome = store.try_acquire(key, owner, self._ttl(), run=task_ref(context))
             if outcome.lease is not None:
                 return self._run_holding(context, store, outcome.lease, release=True, terminate=terminate)
@@ -261,7 +265,7 @@ class LeasedOperator(BaseOperator):
             kwargs={"deadline": end.isoformat()},
         )
 
-    def _run_joined(self, context: Any, store: LeaseStore, key: str) -> Any:
+    def _run_joined(self, context: Any, store: LeaseStore, key: str, terminate: Terminate) -> Any:
         """Run-scoped: renew the run's lease while this task runs; never acquire or release it."""
         owner = run_ref(context).owner()
         holding = store.holds(key, owner)
@@ -279,8 +283,7 @@ class LeasedOperator(BaseOperator):
                 run=task_ref(context),
             )
             raise lost
-        with stop_on_terminate() as terminate:
-            return self._run_holding(context, store, holding.lease, release=False, terminate=terminate)
+        return self._run_holding(context, store, holding.lease, release=False, terminate=terminate)
 
     def _run_holding(
         self, context: Any, store: LeaseStore, lease: Lease, *, release: bool, terminate: Terminate

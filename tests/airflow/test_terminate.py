@@ -17,11 +17,15 @@ import subprocess
 import sys
 import textwrap
 import time
+from datetime import timedelta
 from pathlib import Path
 
+import psycopg2
 import pytest
+from psycopg2 import sql
 
 from airflow_lease_provider.core import EventKind, LeaseStore
+from tests.pg import execute
 
 pytestmark = pytest.mark.airflow
 
@@ -57,6 +61,22 @@ CHILD = textwrap.dedent(
             push(key, value)
 
         ti.xcom_push = slow_push
+    if "slow-store" in sys.argv[2:]:
+        # Before the acquire: the store's connection lookup (an API call in Airflow 3) takes 3 s.
+        store = op._store
+
+        def slow_store():
+            (markers / "storing").write_text("")
+            time.sleep(3)
+            return store()
+
+        op._store = slow_store
+    if "raising-on-kill" in sys.argv[2:]:
+        def on_kill():  # one that assumes the body started
+            (markers / "on_kill").write_text("")
+            raise AttributeError("on_kill: nothing started yet")
+
+        op.on_kill = on_kill
 
     def _on_term(signum, frame):  # the task runner's handler: on_kill, and the body goes on
         op.on_kill()
@@ -96,13 +116,18 @@ def _wait_for(child: subprocess.Popen[str], marker: Path) -> None:
         time.sleep(0.05)
 
 
-def _terminate_and_wait_released(child: subprocess.Popen[str], store: LeaseStore, message: str) -> None:
-    """SIGTERM the task process; the lease must be free before the supervisor's SIGKILL (5 s later)."""
-    child.send_signal(signal.SIGTERM)
+def _terminate_wait(store: LeaseStore, message: str) -> None:
+    """The lease must be free before the supervisor's SIGKILL, 5 s after its SIGTERM."""
     deadline = time.monotonic() + 5
     while store.holder("term-key") is not None and time.monotonic() < deadline:
         time.sleep(0.1)
     assert store.holder("term-key") is None, message
+
+
+def _terminate_and_wait_released(child: subprocess.Popen[str], store: LeaseStore, message: str) -> None:
+    """SIGTERM the task process; the lease must be free before the supervisor's SIGKILL."""
+    child.send_signal(signal.SIGTERM)
+    _terminate_wait(store, message)
     child.wait(timeout=30)
 
 
@@ -133,6 +158,69 @@ def test_sigterm_between_the_acquire_and_the_body_gives_the_lease_back_and_never
     assert not (markers / "started").exists(), "the body started after SIGTERM"
     assert (markers / "raised").read_text() == "TaskTerminated", output
     assert child.returncode != 0
+
+
+def test_sigterm_before_the_acquire_never_takes_the_lease(
+    pg_dsn: str, schema: str, store: LeaseStore, tmp_path: Path
+) -> None:
+    """SIGTERM while the task looks up its store (before the acquire): it stops without taking the lease.
+    Before, the task runner's handler ran ``on_kill``, then the task acquired and ran its body anyway."""
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    child = _child(markers, pg_dsn, schema, "slow-store")
+    try:
+        _wait_for(child, markers / "storing")
+        child.send_signal(signal.SIGTERM)
+        child.wait(timeout=60)
+    finally:
+        _reap(child)
+    output = child.stdout.read() if child.stdout else ""
+    assert (markers / "raised").read_text() == "TaskTerminated", output
+    assert not (markers / "started").exists(), "the body started after SIGTERM"
+    assert store.lease("term-key") is None, "the lease was taken after SIGTERM"  # never acquired at all
+
+
+def test_sigterm_during_the_acquire_with_an_on_kill_that_raises_still_gives_the_lease_back(
+    pg_dsn: str, schema: str, store: LeaseStore, tmp_path: Path
+) -> None:
+    """The acquire waits on a row lock; SIGTERM comes; the wrapped operator's ``on_kill`` raises (it assumed
+    the body had started). Python runs the handler as soon as the acquire returns, after the grant
+    committed: before, its exception escaped there and nothing released the 10-minute lease."""
+    store.ensure_schema()
+    stale = store.acquire("term-key", "an-old-run", timedelta(seconds=1))
+    assert stale is not None
+    time.sleep(1.2)  # expired: the task's acquire will UPDATE the row, and wait for its lock
+    blocker = psycopg2.connect(pg_dsn)
+    markers = tmp_path / "markers"
+    markers.mkdir()
+    child = None
+    try:
+        with blocker.cursor() as cur:
+            cur.execute(sql.SQL("SELECT 1 FROM {}.lease WHERE key = 'term-key' FOR UPDATE").format(
+                sql.Identifier(schema)))
+        child = _child(markers, pg_dsn, schema, "raising-on-kill")
+        wait_until_waiting = time.monotonic() + 60
+        # This task's acquire (its statement names this test's schema), not another test's session.
+        while not execute(pg_dsn, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "
+                                  "AND pid <> pg_backend_pid() AND strpos(query, %s) > 0", (schema,)):
+            assert child.poll() is None, child.stdout.read() if child.stdout else ""
+            assert time.monotonic() < wait_until_waiting, "the task's acquire never waited on the row lock"
+            time.sleep(0.05)
+        child.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        blocker.commit()  # the acquire goes through: the grant commits, then the handler runs
+        child.wait(timeout=60)
+    finally:
+        blocker.close()
+        if child is not None:
+            _reap(child)
+    output = child.stdout.read() if child.stdout else ""
+    assert store.holder("term-key") is None, f"the lease taken during SIGTERM stayed held for its TTL:\n{output}"
+    assert (markers / "on_kill").exists(), output
+    assert (markers / "raised").read_text() == "TaskTerminated", output
+    assert not (markers / "started").exists(), "the body started after SIGTERM"
+    lease = store.lease("term-key")
+    assert lease is not None and lease.owner.endswith("/load") and lease.released_at is not None, lease
 
 
 def test_sigterm_stops_the_body_and_releases_the_lease(

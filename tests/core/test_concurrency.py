@@ -16,11 +16,14 @@ from tests.pg import EmbeddedServer, execute, new_schema_name, q
 CONTENDERS = 32
 
 
-def _contend(dsn: str, schema: str, worker: int, seconds: float, out: mp.Queue) -> None:
+def _contend(dsn: str, schema: str, worker: int, seconds: float, out: mp.Queue, start: mp.Barrier) -> None:
     """Loop: try to acquire; when it works, hold a while, then release or let it expire."""
     store = LeaseStore(dsn, schema=schema)
     rng = random.Random(worker)
     held = []
+    # Everyone starts together once all are up: spawning and importing 32 processes on 2 cores takes
+    # seconds, which would otherwise eat the contention window of the first ones.
+    start.wait(timeout=120)
     end = time.monotonic() + seconds
     while time.monotonic() < end:
         lease = store.acquire("hot", owner=f"w{worker}", ttl=timedelta(seconds=1))
@@ -48,7 +51,8 @@ def test_32_contenders_exactly_one_valid_holder_at_any_moment(pg_dsn: str, schem
     LeaseStore(pg_dsn, schema=schema).ensure_schema()
     ctx = mp.get_context("spawn")
     out: mp.Queue = ctx.Queue()
-    procs = [ctx.Process(target=_contend, args=(pg_dsn, schema, w, 6.0, out)) for w in range(CONTENDERS)]
+    start = ctx.Barrier(CONTENDERS)
+    procs = [ctx.Process(target=_contend, args=(pg_dsn, schema, w, 8.0, out, start)) for w in range(CONTENDERS)]
     for p in procs:
         p.start()
     acquired = sorted(i for _ in procs for i in out.get(timeout=180))

@@ -7,13 +7,20 @@ from __future__ import annotations
 
 import logging
 from datetime import timedelta
+from types import SimpleNamespace
 
 import psycopg2
 import pytest
 from psycopg2 import sql
 
 from airflow_lease_provider.core import FenceStore, LeaseStore
-from airflow_lease_provider.core.db import PREPARE_AFTER, _Prepared, named_queries, prepared_queries
+from airflow_lease_provider.core.db import (
+    PREPARE_AFTER,
+    _Prepared,
+    _stale_plan,
+    named_queries,
+    prepared_queries,
+)
 from airflow_lease_provider.core.errors import InvalidArgument
 from tests.pg import execute
 
@@ -191,3 +198,38 @@ def _rows(db: object) -> list[tuple[object, ...]]:
     with db._conn.cursor() as cur:  # type: ignore[attr-defined]
         cur.execute("SELECT name FROM pg_prepared_statements")
         return list(cur.fetchall())
+
+
+def test_inside_a_callers_transaction_a_query_goes_as_text(fences: FenceStore) -> None:
+    """In FenceStore.transaction() an error would abort the caller's transaction, so the retries of the
+    prepared path (which rely on each try being its own transaction) are not used there: a server session
+    without the statement (a pooler's other one; here DEALLOCATE ALL) changes nothing."""
+    for _ in range(PREPARE_AFTER + 1):
+        assert fences.current("res", key="k") is None
+    assert _name(fences, "fence_current", False) in _session_statements(fences)
+    with fences.transaction("res", 10, key="k", owner="me") as cur:
+        cur.execute("DEALLOCATE ALL")
+        assert fences.current("res", key="k") == 10  # the caller's own transaction sees its advance
+        cur.execute("SELECT 1")
+    assert fences.current("res", key="k") == 10  # and it committed
+
+
+def test_a_stale_plan_is_told_by_where_the_server_raised_it_not_by_its_words(pg_dsn: str) -> None:
+    """The message is in the server's lc_messages language; the source function is not."""
+    conn = psycopg2.connect(pg_dsn)
+    conn.autocommit = True
+    try:
+        with conn.cursor() as cur:
+            cur.execute("CREATE TEMP TABLE t (a integer)")
+            cur.execute("PREPARE p AS SELECT * FROM t")
+            cur.execute("ALTER TABLE t ADD COLUMN b integer")
+            with pytest.raises(psycopg2.errors.FeatureNotSupported) as raised:
+                cur.execute("EXECUTE p")
+    finally:
+        conn.close()
+    assert _stale_plan(raised.value)
+    german = SimpleNamespace(pgcode="0A000", diag=SimpleNamespace(source_function="RevalidateCachedQuery"),
+                             args=("FEHLER:  gecachter Plan darf den Ergebnistyp nicht ändern",))
+    assert _stale_plan(german)  # type: ignore[arg-type]
+    other = SimpleNamespace(pgcode="0A000", diag=SimpleNamespace(source_function="exec_stmt_raise"))
+    assert not _stale_plan(other)  # type: ignore[arg-type]  # the same code from a RAISE inside a function
