@@ -25,9 +25,9 @@ from datetime import timedelta
 from typing import Any
 
 import psycopg2
-from psycopg2 import sql
 
 from airflow_lease_provider.core import LeaseStore
+from bench.server import Server
 
 ARMS = ("psycopg2", "store connection", "Database.run", "LeaseStore.acquire")
 TTL = timedelta(seconds=60)
@@ -113,13 +113,11 @@ def main(argv: list[str] | None = None) -> int:
                 time.sleep(1.0)
     finally:
         holder.close()
-        conn = psycopg2.connect(args.dsn)
-        conn.autocommit = True
+        server = Server(args.dsn)
         try:
-            with conn.cursor() as cur:
-                cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            server.drop_schema(schema)
         finally:
-            conn.close()
+            server.close()
     base = statistics.median(rates["psycopg2"])
     print(f"held-key acquire, {args.clients} clients, {args.rounds} rounds of {args.seconds:g} s (median, min-max):")
     for arm in ARMS:
