@@ -132,40 +132,45 @@ def test_a_statement_the_session_already_has_is_executed_not_prepared_twice(
     assert _took(caplog, "holder is already prepared in this server session")
 
 
-def test_a_migration_that_changes_what_a_function_returns_replaces_the_stale_plan(
-    pg_dsn: str, schema: str, caplog: pytest.LogCaptureFixture
-) -> None:
+def stale_plan_after_a_migration(dsn: str, schema: str, caplog: pytest.LogCaptureFixture) -> None:
     """A prepared ``SELECT * FROM f()`` whose function was dropped and created with other columns fails with
-    "cached plan must not change result type" before it runs: the call prepares it again and goes on."""
+    "cached plan must not change result type" before it runs: the call prepares it again and goes on.
+    (Also run against a server whose messages are in German: tests/reliability/test_translated_server.py.)"""
     caplog.set_level(logging.DEBUG, logger="airflow_lease_provider.core.db")
-    store = LeaseStore(pg_dsn, schema=schema, record_events=False)
+    store = LeaseStore(dsn, schema=schema, record_events=False)
     store.acquire("job", "a", TTL)
     store.acquire("job", "b", TTL)
     assert _name(store, "acquire", True) in _session_statements(store)
-    schema = sql.Identifier(store.schema)
-    definition = execute(pg_dsn, "SELECT pg_get_functiondef(%s::regprocedure)",
-                         (f'"{store.schema}".lease_acquire(text, text, interval)',))[0][0]
+    definition = execute(dsn, "SELECT pg_get_functiondef(%s::regprocedure)",
+                         (f'"{schema}".lease_acquire(text, text, interval)',))[0][0]
     changed = definition.replace("observed_at timestamp with time zone)",
                                  "observed_at timestamp with time zone, extra integer)", 1)
     changed = changed.replace("pg_catalog.clock_timestamp();", "pg_catalog.clock_timestamp(), 0;")
     changed = changed.replace("pg_catalog.clock_timestamp()\n          FROM", "pg_catalog.clock_timestamp(), 0\n          FROM")
     changed = changed.replace("pg_catalog.clock_timestamp()\n      FROM", "pg_catalog.clock_timestamp(), 0\n      FROM")
     assert changed != definition
-    conn = psycopg2.connect(pg_dsn)
+    conn = psycopg2.connect(dsn)
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            cur.execute(sql.SQL("DROP FUNCTION {}.lease_acquire(text, text, interval)").format(schema))
+            cur.execute(sql.SQL("DROP FUNCTION {}.lease_acquire(text, text, interval)").format(sql.Identifier(schema)))
             cur.execute(changed)
     finally:
         conn.close()
     try:
-        attempt = store.try_acquire("job", "c", TTL)
-        assert attempt.holder is not None and attempt.holder.owner == "a"  # the new function's rows
+        for _ in range(2):  # and the connection stays usable after it
+            attempt = store.try_acquire("job", "c", TTL)
+            assert attempt.holder is not None and attempt.holder.owner == "a"  # the new function's rows
         assert _name(store, "acquire", True) in _session_statements(store)
         assert _took(caplog, "acquire returns other columns since a migration")
     finally:
         store.close()
+
+
+def test_a_migration_that_changes_what_a_function_returns_replaces_the_stale_plan(
+    pg_dsn: str, schema: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    stale_plan_after_a_migration(pg_dsn, schema, caplog)
 
 
 def test_every_prepared_query_works_prepared(store: LeaseStore, fences: FenceStore) -> None:
