@@ -42,7 +42,7 @@ def _attempt(arm: str, dsn: str, schema: str) -> Callable[[], Any]:
     db = store.db
     if arm == "Database.run":
         return lambda: db.run("acquire", params, durable=True)
-    text = db._statement("acquire", True, db._conn)
+    text = db._statement("acquire", True, db._conn).plain
     if arm == "store connection":
         conn = db._conn
 

@@ -56,7 +56,9 @@ def _scripts(server: Server, dsn: str, schema: str) -> dict[str, tuple[str, str]
         return re.sub(r"%\((\w+)\)s", lambda m: values[m.group(1)], rendered)
 
     lease = _one_line(render(named_queries()["acquire"]))
-    prepared = Database(dsn, schema=schema)._prepared_statement("acquire", True, server.conn)
+    store = Database(dsn, schema=schema)
+    prepared = store._statement("acquire", True, server.conn).prepared
+    assert prepared is not None  # acquire is a [prepared] query
 
     def compound(text: str) -> str:  # statements joined into one pgbench command (one round trip)
         text = re.sub(r"%\((\w+)\)s", lambda m: values[m.group(1)], text)  # the schema is in already
@@ -75,7 +77,7 @@ def _scripts(server: Server, dsn: str, schema: str) -> dict[str, tuple[str, str]
     upsert = _one_line(render(sqltext.SHEDLOCK_UPSERT))
     update = _one_line(render(sqltext.SHEDLOCK_UPDATE))
     # The library's SET LOCAL prefix and the call as one simple-protocol query (pgbench's \; joins them).
-    settings = [part.strip() for part in Database(dsn, schema=schema)._prefix(True).split(";") if part.strip()]
+    settings = [part.strip() for part in store._prefix(True).split(";") if part.strip()]
     with_prefix = " \\; ".join([*settings, lease.rstrip().rstrip(";")]) + ";\n"
     return {
         LEASE_SIMPLE: ("simple", lease),

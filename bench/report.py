@@ -428,10 +428,13 @@ def _paired_cross(
     return [num[r] / den[r] for r in sorted(num) if r in den and den[r] > 0]
 
 
-def _prepared_gain(cells: list[dict[str, Any]], scenario: str, concurrency: int) -> str:
+def _prepared_gain(cells: list[dict[str, Any]], scenario: str, clients: tuple[int, ...]) -> str:
     """The lease prepared against the same lease sent as text, in the same repeats (empty if not measured)."""
-    gain = paired_ratios(cells, scenario, concurrency, arms.LEASE, arms.LEASE_TEXT)
-    return f"; prepared vs as text at {concurrency} clients {_ratio_text(gain)}" if gain else ""
+    gains = [paired_ratios(cells, scenario, c, arms.LEASE, arms.LEASE_TEXT) for c in clients]
+    if not all(gains):
+        return ""
+    return (f"; prepared vs as text at {' / '.join(map(str, clients))} clients "
+            + " / ".join(_ratio_text(g) for g in gains))
 
 
 def targets(
@@ -506,7 +509,7 @@ def targets(
                 f"{_rate_pair(cells, 'hot', top, arms.LEASE, arms.SHEDLOCK_UPDATE, arms.NAIVE)}: "
                 f"{_ratio_text(vs_update)} / {_ratio_text(vs_cas)} (vs the upsert {_ratio_text(vs_upsert)}); "
                 f"WAL per failed attempt {cell_text(spread(wal), 'bytes')} B"
-                + _prepared_gain(cells, "hot", top),
+                + _prepared_gain(cells, "hot", clients),
                 ">= 1.0x / >= 0.8x, 0 WAL bytes",
                 verdict,
                 ratios_vs_update=vs_update,
@@ -523,7 +526,7 @@ def targets(
             paired_ratios(cells, "renew", top, arms.LEASE, arms.SHEDLOCK_EXTEND),
             1.0,
             True,
-            _rate_pair(cells, "renew", top, arms.LEASE, arms.SHEDLOCK_EXTEND) + _prepared_gain(cells, "renew", top),
+            _rate_pair(cells, "renew", top, arms.LEASE, arms.SHEDLOCK_EXTEND) + _prepared_gain(cells, "renew", clients),
         )
     )
     # 4. success path vs the upsert at every concurrency.
@@ -533,7 +536,7 @@ def targets(
         out.append(
             _issue_row(
                 "success path vs ShedLock upsert, " + " / ".join(f"{c}" for c in clients) + " clients",
-                " / ".join(_ratio_text(r) for r in per.values()) + _prepared_gain(cells, "success", top),
+                " / ".join(_ratio_text(r) for r in per.values()) + _prepared_gain(cells, "success", clients),
                 ">= 1.0x at every concurrency",
                 _short(worst, 1.0, True) + ("" if worst >= 1 else " (the worst concurrency)"),
                 ratios={str(c): r for c, r in per.items()},

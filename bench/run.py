@@ -239,6 +239,17 @@ def _overhead(dsn: str, schema: str, profile: Profile) -> dict[str, Any]:
     return run_overhead(dsn, schema, profile.repeats, profile.overhead_pairs)
 
 
+def recomputed(results: dict[str, Any]) -> dict[str, Any]:
+    """A saved run with its target rows computed again from its cells by the current report code."""
+    clients = tuple(results["meta"]["clients"])
+    cells, catchup, overhead = results["cells"], results.get("catchup"), results.get("task_overhead")
+    return {
+        **results,
+        "targets": targets(cells, clients, results.get("pgbench_hot_key"), catchup, overhead),
+        "earlier_targets": earlier_targets(cells, clients, catchup, overhead, max(clients)),
+    }
+
+
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
     parser.add_argument("--quick", action="store_true", help="smoke-check profile (about 2 minutes)")
@@ -266,6 +277,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument("--no-pgbench", action="store_true", help="skip the hot-key cell run from pgbench")
     parser.add_argument("--no-catchup", action="store_true", help="skip the catch-up arm")
     parser.add_argument("--no-overhead", action="store_true", help="skip the task-overhead arm")
+    parser.add_argument(
+        "--report",
+        type=Path,
+        metavar="RESULTS_JSON",
+        help="run nothing: print the tables of a saved run (its targets recomputed from its cells)",
+    )
     args = parser.parse_args(argv)
     if args.repeats is not None and args.repeats < 3:
         parser.error("--repeats must be at least 3: every figure is a median with its min-max")
@@ -279,6 +296,9 @@ def main(argv: Sequence[str] | None = None) -> int:
 
         return scale.main(given)
     args = parse_args(argv)
+    if args.report:
+        print(render(recomputed(json.loads(args.report.read_text()))))
+        return 0
     profile = PROFILES["quick" if args.quick else "default"]
     if args.repeats:
         profile = replace(profile, repeats=args.repeats)

@@ -235,6 +235,18 @@ class _Prepared:
         self.replace = prefix + f"DEALLOCATE {self.name}; {prepare}"
 
 
+class _Statement:
+    """One named query as sent: the prefix and the query as plain text, and for a ``[prepared]`` query its
+    prepared texts; ``source`` is the query text it was built from."""
+
+    __slots__ = ("source", "plain", "prepared")
+
+    def __init__(self, prefix: str, source: str, *, prepared: bool) -> None:
+        self.source = source
+        self.plain = prefix + source
+        self.prepared = _Prepared(prefix, source) if prepared else None
+
+
 #: A URI connection string (libpq accepts both schemes).
 _URI_RE = re.compile(r"^\s*postgres(?:ql)?://", re.IGNORECASE)
 #: What libpq may split an unencoded password at, and then echo a part of in its error message.
@@ -432,12 +444,9 @@ class Database:
         self._pid = 0
         self._compiled: dict[str, str] = {}
         self._prefixes: dict[tuple[bool | None, timedelta], str] = {}
-        # prefix + query per (name, durable, statement_timeout), and the query text each was built from
-        # (the bench swaps _compiled entries for its before arms; a swapped entry rebuilds its statement).
-        self._statements: dict[tuple[str, bool | None, timedelta], str] = {}
-        self._statement_sources: dict[tuple[str, bool | None, timedelta], str] = {}
-        self._prepared: dict[tuple[str, bool | None, timedelta], _Prepared] = {}
-        self._prepared_sources: dict[tuple[str, bool | None, timedelta], str] = {}
+        # What is sent per (name, durable, statement_timeout), with the query text it was built from (the
+        # bench swaps _compiled entries for its before arms; a swapped entry rebuilds its statement).
+        self._statements: dict[tuple[str, bool | None, timedelta], _Statement] = {}
         # Of the connection now open: how often each prepared query's plain text was sent on it, and the
         # statements it is known to hold (a pooler's other server session may not: see _send).
         self._uses: dict[str, int] = {}
@@ -546,15 +555,16 @@ class Database:
             text = self._compiled[name] = composed.as_string(conn)
         return text
 
-    def _statement(self, name: str, durable: bool | None, conn: Any) -> str:
-        """The prefix and the named query as one text, built once per (name, durability, timeout)."""
+    def _statement(self, name: str, durable: bool | None, conn: Any) -> _Statement:
+        """What is sent for the named query, built once per (name, durability, timeout)."""
         cache_key = (name, durable, self.statement_timeout)
-        text = self._statements.get(cache_key)
-        if text is None or self._compiled.get(name) is not self._statement_sources.get(cache_key):
+        statement = self._statements.get(cache_key)
+        if statement is None or self._compiled.get(name) is not statement.source:
             source = self.query_text(name, conn)
-            text = self._statements[cache_key] = self._prefix(durable) + source
-            self._statement_sources[cache_key] = source
-        return text
+            statement = self._statements[cache_key] = _Statement(
+                self._prefix(durable), source, prepared=name in prepared_queries()
+            )
+        return statement
 
     @property
     def _watch_seconds(self) -> float:
@@ -658,14 +668,15 @@ class Database:
         """One named query on ``conn``: as its prepared statement where it has one, else as plain text."""
         # Inside a caller's transaction (FenceStore.transaction) an error would abort the caller's work,
         # so there the plain text only: the retries below rely on each try being its own transaction.
-        if not self.prepare or name not in prepared_queries() or not conn.autocommit:
-            return self._execute(conn, self._statement(name, durable, conn), params, cursor_factory)
-        prepared = self._prepared_statement(name, durable, conn)
+        statement = self._statement(name, durable, conn)
+        prepared = statement.prepared
+        if prepared is None or not self.prepare or not conn.autocommit:
+            return self._execute(conn, statement.plain, params, cursor_factory)
         if prepared.name not in self._prepared_on:
             uses = self._uses.get(prepared.name, 0) + 1
             if uses < PREPARE_AFTER:
                 self._uses[prepared.name] = uses
-                return self._execute(conn, self._statement(name, durable, conn), params, cursor_factory)
+                return self._execute(conn, statement.plain, params, cursor_factory)
         text = prepared.execute if prepared.name in self._prepared_on else prepared.prepare
         # Each error below is raised before the statement runs (and aborts the implicit transaction the
         # SET LOCALs are in), so sending again cannot run it twice. A pooler may route each try to
@@ -691,17 +702,7 @@ class Database:
                 return rows
         log.info("lease store: prepared statement %s kept moving between server sessions; sent as text", name)
         self._prepared_on.discard(prepared.name)
-        return self._execute(conn, self._statement(name, durable, conn), params, cursor_factory)
-
-    def _prepared_statement(self, name: str, durable: bool | None, conn: Any) -> _Prepared:
-        """The prepared texts of the named query, built once per (name, durability, timeout)."""
-        cache_key = (name, durable, self.statement_timeout)
-        prepared = self._prepared.get(cache_key)
-        if prepared is None or self._compiled.get(name) is not self._prepared_sources.get(cache_key):
-            source = self.query_text(name, conn)
-            prepared = self._prepared[cache_key] = _Prepared(self._prefix(durable), source)
-            self._prepared_sources[cache_key] = source
-        return prepared
+        return self._execute(conn, statement.plain, params, cursor_factory)
 
     @contextmanager
     def _guarded(self, conn: Any) -> Iterator[None]:

@@ -34,8 +34,11 @@ def _session_statements(store: LeaseStore | FenceStore) -> set[str]:
         return {row[0] for row in cur.fetchall()}
 
 
-def _name(store: LeaseStore | FenceStore, query: str, durable: bool | None) -> str:
-    return store.db._prepared_statement(query, durable, store.db._conn).name
+def _name(store: LeaseStore | FenceStore, query: str) -> str:
+    """The prepared statement's name: a hash of the query, the same whatever its prefix."""
+    prepared = store.db._statement(query, True, store.db._conn).prepared
+    assert prepared is not None, f"{query} is not a [prepared] query"
+    return prepared.name
 
 
 def test_the_marked_queries_are_single_statements_with_every_value_a_parameter() -> None:
@@ -54,7 +57,7 @@ def test_the_marked_queries_are_single_statements_with_every_value_a_parameter()
 def test_a_connection_prepares_on_the_second_use_and_executes_after(store: LeaseStore) -> None:
     assert PREPARE_AFTER == 2
     assert store.acquire("job", "a", TTL) is not None
-    acquire = _name(store, "acquire_logged", True)  # the ledger is on
+    acquire = _name(store, "acquire_logged")  # the ledger is on
     assert acquire not in _session_statements(store), "a query used once on a connection is not prepared"
     for n in range(5):
         assert store.acquire("job", f"b{n}", TTL) is None  # held by a: every answer is still right
@@ -101,7 +104,7 @@ def test_a_session_that_lost_its_statements_prepares_them_again(
     lease = store.acquire("job", "a", TTL)
     lease = store.renew(lease)
     lease = store.renew(lease)
-    assert lease is not None and _name(store, "renew", True) in _session_statements(store)
+    assert lease is not None and _name(store, "renew") in _session_statements(store)
     # What a pooler's server_reset_query (DISCARD ALL) or another session does to it.
     with store.db._conn.cursor() as cur:
         cur.execute("DEALLOCATE ALL")
@@ -109,7 +112,7 @@ def test_a_session_that_lost_its_statements_prepares_them_again(
     lease = store.renew(lease)
     assert lease is not None and lease.expires_at >= before
     assert _took(caplog, "renew is not prepared in this server session")
-    assert _name(store, "renew", True) in _session_statements(store)
+    assert _name(store, "renew") in _session_statements(store)
     # The renewal ran once: the token is unchanged and the one row says so.
     rows = execute(store.db.dsn, sql.SQL("SELECT token, renewed_at FROM {}.lease WHERE key = 'job'").format(
         sql.Identifier(store.schema)))
@@ -140,7 +143,7 @@ def stale_plan_after_a_migration(dsn: str, schema: str, caplog: pytest.LogCaptur
     store = LeaseStore(dsn, schema=schema, record_events=False)
     store.acquire("job", "a", TTL)
     store.acquire("job", "b", TTL)
-    assert _name(store, "acquire", True) in _session_statements(store)
+    assert _name(store, "acquire") in _session_statements(store)
     definition = execute(dsn, "SELECT pg_get_functiondef(%s::regprocedure)",
                          (f'"{schema}".lease_acquire(text, text, interval)',))[0][0]
     changed = definition.replace("observed_at timestamp with time zone)",
@@ -161,7 +164,7 @@ def stale_plan_after_a_migration(dsn: str, schema: str, caplog: pytest.LogCaptur
         for _ in range(2):  # and the connection stays usable after it
             attempt = store.try_acquire("job", "c", TTL)
             assert attempt.holder is not None and attempt.holder.owner == "a"  # the new function's rows
-        assert _name(store, "acquire", True) in _session_statements(store)
+        assert _name(store, "acquire") in _session_statements(store)
         assert _took(caplog, "acquire returns other columns since a migration")
     finally:
         store.close()
@@ -188,21 +191,15 @@ def test_every_prepared_query_works_prepared(store: LeaseStore, fences: FenceSto
         for _ in range(PREPARE_AFTER + 1):
             lease = unlogged.acquire("u", "owner", TTL)
             assert lease is not None and unlogged.release(lease)
+        have = _session_statements(unlogged)
+        assert {_name(unlogged, "acquire"), _name(unlogged, "release")} <= have
     finally:
         unlogged.close()
-    for db, names in ((store.db, ("acquire_logged", "release_logged", "holder", "lease_by_key", "record_event")),
-                      (fences.db, ("fence_advance", "fence_current"))):
-        have = {row[0] for row in _rows(db)}
+    for owner, names in ((store, ("acquire_logged", "release_logged", "holder", "lease_by_key", "record_event")),
+                         (fences, ("fence_advance", "fence_current"))):
+        have = _session_statements(owner)
         for name in names:
-            durable = db._prepared_statement(name, True, db._conn).name
-            other = {db._prepared_statement(name, d, db._conn).name for d in (False, None)}
-            assert ({durable} | other) & have, f"{name} was never prepared"
-
-
-def _rows(db: object) -> list[tuple[object, ...]]:
-    with db._conn.cursor() as cur:  # type: ignore[attr-defined]
-        cur.execute("SELECT name FROM pg_prepared_statements")
-        return list(cur.fetchall())
+            assert _name(owner, name) in have, f"{name} was never prepared"
 
 
 def test_inside_a_callers_transaction_a_query_goes_as_text(fences: FenceStore) -> None:
@@ -211,7 +208,7 @@ def test_inside_a_callers_transaction_a_query_goes_as_text(fences: FenceStore) -
     without the statement (a pooler's other one; here DEALLOCATE ALL) changes nothing."""
     for _ in range(PREPARE_AFTER + 1):
         assert fences.current("res", key="k") is None
-    assert _name(fences, "fence_current", False) in _session_statements(fences)
+    assert _name(fences, "fence_current") in _session_statements(fences)
     with fences.transaction("res", 10, key="k", owner="me") as cur:
         cur.execute("DEALLOCATE ALL")
         assert fences.current("res", key="k") == 10  # the caller's own transaction sees its advance

@@ -36,9 +36,11 @@ SCHEMA = "airflow_lease"
 @pytest.fixture(scope="module")
 def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     files = [E2E_DAGS / "lease_e2e.py", E2E_DAGS / "_util.py", TIER_DAGS / "retry_e2e.py",
-             TIER_DAGS / "marked_failed.py"]
-    env = {"LEASE_TEST_MARKERS": str(MARKERS), "LEASE_TEST_HOLD_SECONDS": "240", "AIRFLOW__LEASE__SCHEMA": SCHEMA}
-    dag_ids = {"overlap", "zombie", "retry_after_crash", "mapped_and_bash", "marked_failed"}
+             TIER_DAGS / "marked_failed.py", TIER_DAGS / "held_connection.py"]
+    # Every task here keeps its store connection (the other tiers run the default: one per operation).
+    env = {"LEASE_TEST_MARKERS": str(MARKERS), "LEASE_TEST_HOLD_SECONDS": "240", "AIRFLOW__LEASE__SCHEMA": SCHEMA,
+           "AIRFLOW__LEASE__HOLD_CONNECTION": "true"}
+    dag_ids = {"overlap", "zombie", "retry_after_crash", "mapped_and_bash", "marked_failed", "held_connection"}
     with deployment_for(metadata_template, files, dag_ids, env) as deployment:
         for dag_id in dag_ids:
             deployment.api.unpause(dag_id)
@@ -160,6 +162,17 @@ def test_a_running_leased_task_marked_failed_gives_its_lease_back_and_the_next_r
     (MARKERS / f"marked-let-go-{second}").write_text("go")
     assert api.wait_for_run("marked_failed", second) == "success", api.task_states("marked_failed", second)
     assert store.holder("marked-key") is None
+
+
+def test_a_task_holding_its_connection_renews_with_the_prepared_statement(airflow: Deployment) -> None:
+    """[lease] hold_connection = true: the keeper's renewals go over the task's one connection, prepared from
+    the second on (docs/core.md, "Prepared statements"); read back from the task's XCom."""
+    api = airflow.api
+    run = api.trigger("held_connection")
+    assert api.wait_for_run("held_connection", run) == "success", api.task_states("held_connection", run)
+    seen = api.xcom("held_connection", run, "work")
+    assert seen["held"] and seen["renewals"] >= 3 and seen["connects"] == 1, seen
+    assert seen["renew_prepared"], seen
 
 
 def test_lease_owners_and_default_keys_are_the_task_instance(airflow: Deployment, store: LeaseStore) -> None:

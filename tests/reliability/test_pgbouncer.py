@@ -12,7 +12,7 @@ import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 
 import psycopg2
@@ -114,6 +114,15 @@ def test_no_session_state_is_left_on_pooled_sessions(bouncer: PgBouncer, schema:
             conn.close()
 
 
+def _run_all(work: Callable[[int], None], count: int, *, timeout: float) -> None:
+    """``work(0)`` ... ``work(count - 1)`` in threads at once, until each is done (or ``timeout`` s each)."""
+    threads = [threading.Thread(target=work, args=(n,)) for n in range(count)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout)
+
+
 def test_prepared_statements_through_transaction_pooling(
     bouncer: PgBouncer, schema: str, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -153,11 +162,7 @@ def test_prepared_statements_through_transaction_pooling(
         finally:
             store.close()
 
-    threads = [threading.Thread(target=client, args=(n,)) for n in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
+    _run_all(client, 6, timeout=60)
     assert problems == []
     messages = [r.getMessage() for r in caplog.records if r.name == "airflow_lease_provider.core.db"]
     assert any("is not prepared in this server session" in m for m in messages), "no call met a session without it"
@@ -185,11 +190,7 @@ def test_contenders_through_the_pooler_get_one_holder_at_a_time(bouncer: PgBounc
             store.release(lease)
         store.close()
 
-    threads = [threading.Thread(target=contend, args=(w,)) for w in range(8)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(30)
+    _run_all(contend, 8, timeout=30)
     tokens = [t for t, _ in grants]
     assert problems == []
     assert len(tokens) >= 20 and len(tokens) == len(set(tokens))
