@@ -159,6 +159,20 @@ class AirflowAPI:
             return reply["value"]
         return None
 
+    def tries(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1) -> list[dict[str, Any]]:
+        """Every try of one task instance (its state, pid, hostname, start and end), oldest first."""
+        path = f"/dags/{_q(dag_id)}/dagRuns/{_q(run_id)}/taskInstances/{_q(task_id)}"
+        if map_index >= 0:
+            path += f"/{map_index}"
+        reply = self.get(f"{path}/tries", params={"limit": 1000})
+        return sorted(reply["task_instances"], key=lambda t: t["try_number"])
+
+    def events(self, dag_id: str, run_id: str, task_id: str) -> list[dict[str, Any]]:
+        """Airflow's audit log entries of one task (``heartbeat timeout``, a state set through the UI, ...)."""
+        reply = self.get("/eventLogs", params={"dag_id": dag_id, "run_id": run_id, "task_id": task_id,
+                                               "order_by": "id", "limit": 1000})
+        return list(reply["event_logs"])
+
     def log(self, dag_id: str, run_id: str, task_id: str, try_number: int = 1, map_index: int = -1) -> str:
         """The task log of one try, as text (one line per structured log event)."""
         path = f"/dags/{_q(dag_id)}/dagRuns/{_q(run_id)}/taskInstances/{_q(task_id)}/logs/{try_number}"

@@ -35,6 +35,17 @@ def _ts(value: Any) -> datetime | None:
     return None if value is None else datetime.fromisoformat(str(value))
 
 
+def _evidence(ti: dict[str, Any], bodies: dict[tuple[str, str, int], list[dict[str, Any]]]) -> str:
+    """What the history holds about a task instance's tries, to read a failure nobody explained."""
+    tries = "; ".join(f"try {t.get('try_number')} {t.get('state')} pid {t.get('pid')}" for t in ti.get("tries") or [])
+    events = "; ".join(f"{e.get('event')} (try {e.get('try_number')}) {e.get('extra') or ''}".strip()
+                       for e in ti.get("events") or [])
+    ran = bodies.get((ti["dag_run_id"], ti["task_id"], ti["map_index"]), [])
+    lines = [line.strip() for line in (ti.get("log_tail") or "").splitlines() if line.strip()][-4:]
+    return (f"tries [{tries or 'unknown'}]; bodies {[(b['try_number'], b['outcome']) for b in ran]};"
+            f" events [{events or 'none'}]; last log lines {[line[:240] for line in lines]}")
+
+
 @dataclass
 class Report:
     variant: str
@@ -147,6 +158,14 @@ def check(history: dict[str, Any]) -> Report:
     # (a whole Celery worker's fault hits every task it ran: "tis")
     touched = {(ti["run_id"], ti["task_id"], ti["map_index"]): f["kind"]
                for f in history["faults"] for ti in ([f["ti"]] if "ti" in f else []) + f.get("tis", [])}
+    # A fault on a whole worker hit every task process in it, also one that had not started its body yet
+    # (acquiring, skipping, getting ready): matched by the try's process id, which Airflow records.
+    hit_pids = {pid: f["kind"] for f in history["faults"] if "ti" in f for pid in f.get("pids", [])}
+    for ti in history["task_instances"]:
+        ident = (ti["dag_run_id"], ti["task_id"], ti["map_index"])
+        for attempt in ti.get("tries") or []:
+            if ident not in touched and attempt.get("pid") in hit_pids:
+                touched[ident] = hit_pids[attempt["pid"]]
     tries: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for b in bodies.values():
         tries[(b["run_id"], b["task_id"], b["map_index"])].append(b)
@@ -174,7 +193,7 @@ def check(history: dict[str, Any]) -> Report:
                 report.states[f"failed:{outcomes[-1]}"] += 1
             else:
                 report.states["failed:unexplained"] += 1
-                report.violate("undocumented-state", f"{name} failed with no documented reason")
+                report.violate("undocumented-state", f"{name} failed with no documented reason: {_evidence(ti, tries)}")
         else:
             report.states[state] += 1
 

@@ -471,6 +471,19 @@ class AirflowChaos:
                         entry["log_tail"] = api.log(dag_id, run["dag_run_id"], ti["task_id"],
                                                     try_number=max(1, int(ti["try_number"] or 1)),
                                                     map_index=ti["map_index"])[-4000:]
+                        # Each try's process (a fault that killed or froze a whole worker hit every task
+                        # process in it, also one that had not started its body) and Airflow's own record
+                        # of why a try ended (a heartbeat timeout, say): what the checker reports with an
+                        # unexplained failure.
+                        entry["tries"] = [{k: t.get(k) for k in ("try_number", "state", "pid", "hostname",
+                                                                 "start_date", "end_date")}
+                                          for t in api.tries(dag_id, run["dag_run_id"], ti["task_id"],
+                                                             map_index=ti["map_index"])]
+                        entry["events"] = [{"event": e.get("event"), "when": e.get("when"),
+                                            "try_number": e.get("try_number"), "map_index": e.get("map_index"),
+                                            "extra": str(e.get("extra") or "")[:300]}
+                                           for e in api.events(dag_id, run["dag_run_id"], ti["task_id"])
+                                           if e.get("map_index") in (None, ti["map_index"])]
                     tis.append(entry)
         p = self.profile
         return {
