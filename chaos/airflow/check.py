@@ -7,7 +7,8 @@
 - ``token-order``: accepted publishes of one (resource, key) not in strictly increasing token order;
 - ``undocumented-state``: a leased task instance ended in a state the docs do not list (success,
   skipped with the lease's reason, failed with LeaseLost / StaleFencingToken / DuplicatePublish /
-  LeaseStoreUnavailable or after the nemesis killed or froze its process), or never finished;
+  LeaseStoreUnavailable / TaskTerminated or after the nemesis killed or froze its process: the body's, or
+  any task process of a whole worker it hit), or never finished;
 - ``no-recovery``: after the faults stopped, a DAG did not publish again within TTL + one schedule
   interval (+ the body's work time and ``START_SLACK`` for Airflow to start the task; + the profile's
   ``orphan_reset`` when the scheduler was restarted: the time Airflow takes to reset the task instances
@@ -26,8 +27,13 @@ from typing import Any
 
 #: Seconds for Airflow to start a task (scheduler loop, executor, supervisor, task process, parse).
 START_SLACK = 10.0
-#: Failure reasons a task log can show that the docs list for a leased task.
-DOCUMENTED_ERRORS = ("LeaseLost", "StaleFencingToken", "DuplicatePublish", "LeaseStoreUnavailable")
+#: Failure reasons a task log can show that the docs list for a leased task. ``TaskTerminated``: Airflow
+#: told the task to stop (SIGTERM: its heartbeat timed out, or its state was changed under it), and it
+#: stopped and gave its lease back (docs/airflow.md).
+DOCUMENTED_ERRORS = ("LeaseLost", "StaleFencingToken", "DuplicatePublish", "LeaseStoreUnavailable", "TaskTerminated")
+#: A body's recorded outcome -> the documented failure it is (any other error is not documented).
+DOCUMENTED_OUTCOMES = {"lost": "LeaseLost", "refused:stale": "StaleFencingToken", "refused:duplicate": "DuplicatePublish",
+                       "store-unavailable": "LeaseStoreUnavailable", "error:TaskTerminated": "TaskTerminated"}
 FINAL = {"success", "skipped", "failed", "upstream_failed"}
 
 
@@ -183,7 +189,7 @@ def check(history: dict[str, Any]) -> Report:
                 report.violate("undocumented-state", f"{name} skipped without the lease's reason ({reason!r})")
             report.states["skipped:held"] += 1
         elif state == "failed":
-            outcomes = [b["outcome"] for b in tries.get(ident, []) if b["outcome"] not in (None, "accepted")]
+            outcomes = [b["outcome"] for b in tries.get(ident, []) if b["outcome"] in DOCUMENTED_OUTCOMES]
             in_log = [e for e in DOCUMENTED_ERRORS if e in (ti.get("log_tail") or "")]
             if ident in touched:
                 report.states[f"failed:{touched[ident]}"] += 1

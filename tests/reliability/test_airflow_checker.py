@@ -100,12 +100,25 @@ def test_a_worker_fault_explains_a_task_process_in_it_that_had_not_started_its_b
            ti("failed", task="pre", tries=[{"try_number": 1, "state": "failed", "pid": 502}]),
            ti("failed", task="other", tries=[{"try_number": 1, "state": "failed", "pid": 900}],
               events=[{"event": "heartbeat timeout", "try_number": 1, "extra": "Task did not emit heartbeat"}],
-              log_tail="starting\nTaskTerminated: the task process received SIGTERM\n")]
+              log_tail="starting\nKeyError: 'lease'\n")]
     report = check(history([body(1, 2, None, None, task="a")], [], tis, [killed]))
     assert report.states["failed:kill-worker"] == 2
     [text] = report.violations["undocumented-state"]
     assert text.startswith("chaos_pair/r1/other failed with no documented reason: tries [try 1 failed pid 900]")
-    assert "heartbeat timeout (try 1) Task did not emit heartbeat" in text and "TaskTerminated" in text
+    assert "heartbeat timeout (try 1) Task did not emit heartbeat" in text and "KeyError" in text
+
+
+def test_a_body_that_failed_explains_its_task_only_with_a_documented_error() -> None:
+    """Told to stop by Airflow (``TaskTerminated``) is documented; any other error from the body is not."""
+    bodies = [body(1, 2, 3, "error:TaskTerminated", task="a"), body(2, 2, 3, "error:ValueError", task="b"),
+              body(3, 2, 3, "refused:stale", task="c")]
+    tis = [ti("failed", task="a"), ti("failed", task="b"), ti("failed", task="c"),
+           ti("failed", task="d", log_tail="airflow_lease_provider.interrupt.TaskTerminated: the task process received SIGTERM")]
+    report = check(history(bodies, [], tis))
+    [text] = report.violations["undocumented-state"]
+    assert text.startswith("chaos_pair/r1/b failed with no documented reason") and "(1, 'error:ValueError')" in text
+    assert report.states["failed:error:TaskTerminated"] == 1 and report.states["failed:refused:stale"] == 1
+    assert report.states["failed:TaskTerminated"] == 1
 
 
 def test_the_ci_plan_has_every_kind_once_the_scheduler_restart_first_and_its_order_from_the_seed() -> None:
