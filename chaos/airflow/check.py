@@ -166,12 +166,15 @@ def check(history: dict[str, Any]) -> Report:
                for f in history["faults"] for ti in ([f["ti"]] if "ti" in f else []) + f.get("tis", [])}
     # A fault on a whole worker hit every task process in it, also one that had not started its body yet
     # (acquiring, skipping, getting ready): matched by the try's process id, which Airflow records.
-    hit_pids = {pid: f["kind"] for f in history["faults"] if "ti" in f for pid in f.get("pids", [])}
+    # (A try that started after the fault is not the process it hit, whatever its pid.)
+    hit_pids = {pid: f for f in history["faults"] if "ti" in f for pid in f.get("pids", [])}
     for ti in history["task_instances"]:
         ident = (ti["dag_run_id"], ti["task_id"], ti["map_index"])
         for attempt in ti.get("tries") or []:
-            if ident not in touched and attempt.get("pid") in hit_pids:
-                touched[ident] = hit_pids[attempt["pid"]]
+            fault = hit_pids.get(attempt.get("pid"))
+            started = _ts(attempt.get("start_date"))
+            if ident not in touched and fault is not None and started is not None and started <= _ts(fault["at"]):
+                touched[ident] = fault["kind"]
     tries: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for b in bodies.values():
         tries[(b["run_id"], b["task_id"], b["map_index"])].append(b)

@@ -97,13 +97,16 @@ def test_a_worker_fault_explains_a_task_process_in_it_that_had_not_started_its_b
               "ti": {"run_id": "r1", "task_id": "a", "map_index": -1},
               "tis": [{"run_id": "r1", "task_id": "a", "map_index": -1}]}
     tis = [ti("failed", task="a"),
-           ti("failed", task="pre", tries=[{"try_number": 1, "state": "failed", "pid": 502}]),
+           ti("failed", task="pre", tries=[{"try_number": 1, "state": "failed", "pid": 502, "start_date": at(2)}]),
+           # the same pid again, in a process started after the fault: not hit by it
+           ti("failed", task="later", tries=[{"try_number": 1, "state": "failed", "pid": 501, "start_date": at(5)}]),
            ti("failed", task="other", tries=[{"try_number": 1, "state": "failed", "pid": 900}],
               events=[{"event": "heartbeat timeout", "try_number": 1, "extra": "Task did not emit heartbeat"}],
               log_tail="starting\nKeyError: 'lease'\n")]
     report = check(history([body(1, 2, None, None, task="a")], [], tis, [killed]))
     assert report.states["failed:kill-worker"] == 2
-    [text] = report.violations["undocumented-state"]
+    later, text = report.violations["undocumented-state"]
+    assert later.startswith("chaos_pair/r1/later failed with no documented reason")
     assert text.startswith("chaos_pair/r1/other failed with no documented reason: tries [try 1 failed pid 900]")
     assert "heartbeat timeout (try 1) Task did not emit heartbeat" in text and "KeyError" in text
 
