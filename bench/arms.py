@@ -149,6 +149,12 @@ def _text_renew(client: Client, pool: int) -> Attempt:
     return _lease_renew(client, pool)
 
 
+def _function_renew(client: Client, pool: int) -> Attempt:
+    # The lease_renew() call the store sent before (prepared like the store's own): the same code path.
+    client.leases.db._compiled["renew"] = client.q(sqltext.FUNCTION_RENEW)
+    return _lease_renew(client, pool)
+
+
 def _before_hot(client: Client, pool: int) -> Attempt:
     client.use_before_sql()
     return _lease_hot(client, pool)
@@ -427,6 +433,7 @@ LEASE = "lease"
 LEASE_EVENTS = "lease+events"
 LEASE_BEFORE = "lease, SQL of version 6 (before)"
 LEASE_TEXT = "lease, as text (prepare=False)"
+LEASE_FUNCTION = "lease, renew through lease_renew() (before)"
 NAIVE = "read-then-CAS"
 SHEDLOCK = "ShedLock upsert"
 SHEDLOCK_UPDATE = "ShedLock UPDATE"
@@ -463,6 +470,7 @@ _BUILDERS: dict[tuple[str, str], Callable[[Client, int], Attempt]] = {
     ("renew", LEASE): _lease_renew,
     ("renew", LEASE_BEFORE): _before_renew,
     ("renew", LEASE_TEXT): _text_renew,
+    ("renew", LEASE_FUNCTION): _function_renew,
     ("renew", NAIVE): _naive_renew,
     ("renew", SHEDLOCK_EXTEND): _shed_renew,
     ("renew-paced", LEASE): _lease_renew,

@@ -28,7 +28,7 @@ SCENARIOS: dict[str, tuple[str, ...]] = {
         arms.LEASE, arms.LEASE_TEXT, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK, arms.SHEDLOCK_UPDATE, arms.ADVISORY
     ),
     "handoff": (arms.LEASE, arms.NAIVE, arms.SHEDLOCK),
-    "renew": (arms.LEASE, arms.LEASE_TEXT, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK_EXTEND),
+    "renew": (arms.LEASE, arms.LEASE_TEXT, arms.LEASE_FUNCTION, arms.LEASE_BEFORE, arms.NAIVE, arms.SHEDLOCK_EXTEND),
     "fence": (arms.FENCE, arms.RAW_FENCE),
     "many": (arms.LEASE, arms.NAIVE, arms.SHEDLOCK),
 }
@@ -59,6 +59,7 @@ ARM_TABLES: dict[str, tuple[str, ...]] = {
     arms.LEASE_EVENTS: ("lease", "event"),
     arms.LEASE_BEFORE: ("lease", "event"),
     arms.LEASE_TEXT: ("lease", "event"),
+    arms.LEASE_FUNCTION: ("lease", "event"),
     arms.NAIVE: ("naive_lease",),
     arms.SHEDLOCK: ("shedlock",),
     arms.SHEDLOCK_UPDATE: ("shedlock",),

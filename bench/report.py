@@ -437,6 +437,15 @@ def _prepared_gain(cells: list[dict[str, Any]], scenario: str, clients: tuple[in
             + " / ".join(_ratio_text(g) for g in gains))
 
 
+def _statement_gain(cells: list[dict[str, Any]], clients: tuple[int, ...]) -> str:
+    """renew as its own prepared UPDATE against the lease_renew() call it was before, same repeats."""
+    gains = [paired_ratios(cells, "renew", c, arms.LEASE, arms.LEASE_FUNCTION) for c in clients]
+    if not all(gains):
+        return ""
+    return (f"; the UPDATE vs lease_renew() at {' / '.join(map(str, clients))} clients "
+            + " / ".join(_ratio_text(g) for g in gains))
+
+
 def targets(
     cells: list[dict[str, Any]],
     clients: tuple[int, ...],
@@ -526,7 +535,8 @@ def targets(
             paired_ratios(cells, "renew", top, arms.LEASE, arms.SHEDLOCK_EXTEND),
             1.0,
             True,
-            _rate_pair(cells, "renew", top, arms.LEASE, arms.SHEDLOCK_EXTEND) + _prepared_gain(cells, "renew", clients),
+            _rate_pair(cells, "renew", top, arms.LEASE, arms.SHEDLOCK_EXTEND) + _prepared_gain(cells, "renew", clients)
+            + _statement_gain(cells, clients),
         )
     )
     # 4. success path vs the upsert at every concurrency.

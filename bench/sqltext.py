@@ -138,6 +138,11 @@ BEFORE_RENEW = (
 )
 
 
+# How the store sent renew from migration 0008 until the renew UPDATE itself was prepared: a call of the
+# lease_renew() function (the same UPDATE inside plpgsql), prepared as the store prepares its statements.
+FUNCTION_RENEW = "SELECT * FROM {schema}.lease_renew(%(key)s, %(owner)s, %(token)s, %(ttl)s)"
+
+
 # Migration 0008's acquire (read first, then UPDATE, then INSERT) with its `SET search_path FROM CURRENT`,
 # which migration 0009 removed: the before half of the pgbench pair that measures that clause alone.
 V8_ACQUIRE_NAME = "bench_lease_acquire_v8"

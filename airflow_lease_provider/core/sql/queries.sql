@@ -25,13 +25,26 @@ SELECT * FROM {schema}.lease_acquire_logged(%(key)s, %(owner)s, %(ttl)s, %(detai
 -- Extends a lease only while it is still this owner's, with this token, and unexpired (decision 6):
 -- a renewal never brings back a lease that lapsed, even if nobody took it. A renewal that waited on a
 -- row lock past the expiry is refused, because its WHERE is re-checked with the clock at that moment.
--- lease_renew (migrations/0008) is that one UPDATE, with its plan cached per session.
-SELECT * FROM {schema}.lease_renew(%(key)s, %(owner)s, %(token)s, %(ttl)s);
+-- Sent as the UPDATE itself, not as lease_renew() (migrations/0008, the same UPDATE, kept for older
+-- clients): prepared on its connection, the statement needs no plpgsql call around it (see
+-- docs/benchmarks.md, "What changed (renew and release as statements)").
+UPDATE {schema}.lease AS l
+   SET renewed_at = pg_catalog.clock_timestamp(), expires_at = pg_catalog.clock_timestamp() + %(ttl)s,
+       ttl = %(ttl)s
+ WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s
+   AND l.expires_at > pg_catalog.clock_timestamp() AND l.released_at IS NULL
+RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+          pg_catalog.clock_timestamp();
 
 -- name: release [prepared]
 -- Frees the lease only if owner and token still match (decision 7). The row and its token stay.
--- lease_release (migrations/0008) is that one UPDATE, with its plan cached per session.
-SELECT * FROM {schema}.lease_release(%(key)s, %(owner)s, %(token)s);
+-- Sent as the UPDATE itself, as renew is; lease_release() (migrations/0008) is the same UPDATE, which
+-- lease_release_logged calls.
+UPDATE {schema}.lease AS l
+   SET expires_at = LEAST(l.expires_at, pg_catalog.clock_timestamp()), released_at = pg_catalog.clock_timestamp()
+ WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s AND l.released_at IS NULL
+RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+          l.released_at;
 
 -- name: release_logged [prepared]
 -- release with the ledger on: the release and its 'released' event (held_seconds, released_at by the
