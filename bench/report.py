@@ -428,22 +428,17 @@ def _paired_cross(
     return [num[r] / den[r] for r in sorted(num) if r in den and den[r] > 0]
 
 
+def _gain(cells: list[dict[str, Any]], scenario: str, clients: tuple[int, ...], before: str, label: str) -> str:
+    """The lease against the same lease sent another way (``before``), in the same repeats, at each
+    concurrency (empty if that arm was not measured)."""
+    gains = [paired_ratios(cells, scenario, c, arms.LEASE, before) for c in clients]
+    if not all(gains):
+        return ""
+    return f"; {label} at {' / '.join(map(str, clients))} clients " + " / ".join(_ratio_text(g) for g in gains)
+
+
 def _prepared_gain(cells: list[dict[str, Any]], scenario: str, clients: tuple[int, ...]) -> str:
-    """The lease prepared against the same lease sent as text, in the same repeats (empty if not measured)."""
-    gains = [paired_ratios(cells, scenario, c, arms.LEASE, arms.LEASE_TEXT) for c in clients]
-    if not all(gains):
-        return ""
-    return (f"; prepared vs as text at {' / '.join(map(str, clients))} clients "
-            + " / ".join(_ratio_text(g) for g in gains))
-
-
-def _statement_gain(cells: list[dict[str, Any]], clients: tuple[int, ...]) -> str:
-    """renew as its own prepared UPDATE against the lease_renew() call it was before, same repeats."""
-    gains = [paired_ratios(cells, "renew", c, arms.LEASE, arms.LEASE_FUNCTION) for c in clients]
-    if not all(gains):
-        return ""
-    return (f"; the UPDATE vs lease_renew() at {' / '.join(map(str, clients))} clients "
-            + " / ".join(_ratio_text(g) for g in gains))
+    return _gain(cells, scenario, clients, arms.LEASE_TEXT, "prepared vs as text")
 
 
 def targets(
@@ -536,7 +531,7 @@ def targets(
             1.0,
             True,
             _rate_pair(cells, "renew", top, arms.LEASE, arms.SHEDLOCK_EXTEND) + _prepared_gain(cells, "renew", clients)
-            + _statement_gain(cells, clients),
+            + _gain(cells, "renew", clients, arms.LEASE_FUNCTION, "the UPDATE vs lease_renew()"),
         )
     )
     # 4. success path vs the upsert at every concurrency.

@@ -175,9 +175,10 @@ def check(history: dict[str, Any]) -> Report:
             started = _ts(attempt.get("start_date"))
             if ident not in touched and fault is not None and started is not None and started <= _ts(fault["at"]):
                 touched[ident] = fault["kind"]
-    tries: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
+    # the bodies each task instance ran (one per try that reached its body)
+    ran: dict[tuple[str, str, int], list[dict[str, Any]]] = defaultdict(list)
     for b in bodies.values():
-        tries[(b["run_id"], b["task_id"], b["map_index"])].append(b)
+        ran[(b["run_id"], b["task_id"], b["map_index"])].append(b)
     for ti in history["task_instances"]:
         ident = (ti["dag_run_id"], ti["task_id"], ti["map_index"])
         name = f"{ti['dag_id']}/{ti['dag_run_id']}/{ti['task_id']}" + (f"[{ti['map_index']}]" if ti["map_index"] >= 0 else "")
@@ -192,7 +193,7 @@ def check(history: dict[str, Any]) -> Report:
                 report.violate("undocumented-state", f"{name} skipped without the lease's reason ({reason!r})")
             report.states["skipped:held"] += 1
         elif state == "failed":
-            outcomes = [b["outcome"] for b in tries.get(ident, []) if b["outcome"] in DOCUMENTED_OUTCOMES]
+            outcomes = [b["outcome"] for b in ran.get(ident, []) if b["outcome"] in DOCUMENTED_OUTCOMES]
             in_log = [e for e in DOCUMENTED_ERRORS if e in (ti.get("log_tail") or "")]
             if ident in touched:
                 report.states[f"failed:{touched[ident]}"] += 1
@@ -202,7 +203,7 @@ def check(history: dict[str, Any]) -> Report:
                 report.states[f"failed:{outcomes[-1]}"] += 1
             else:
                 report.states["failed:unexplained"] += 1
-                report.violate("undocumented-state", f"{name} failed with no documented reason: {_evidence(ti, tries)}")
+                report.violate("undocumented-state", f"{name} failed with no documented reason: {_evidence(ti, ran)}")
         else:
             report.states[state] += 1
 
