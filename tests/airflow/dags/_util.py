@@ -12,7 +12,12 @@ def marker_dir() -> Path:
 
 
 def mark(name: str, text: str = "") -> None:
-    (marker_dir() / name).write_text(text or str(time.time()))
+    """Write a marker whole: a test that sees it exist reads its text (written to a temporary name first
+    and renamed, so never an empty file a test read between the create and the write)."""
+    path = marker_dir() / name
+    part = path.with_name(f".{name}.{os.getpid()}.part")
+    part.write_text(text or str(time.time()))
+    os.replace(part, path)
 
 
 def wait_for(name: str, timeout: float = 90) -> None:
