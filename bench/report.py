@@ -485,6 +485,7 @@ def targets(
                 f"the floor of any statement that returns the holder's row (a bare prepared SELECT of it) "
                 f"{_ratio_text(pg_ratio(pgbench.HOLDER_FLOOR))}"
             )
+        floor_text = _ratio_text(pg_ratio(pgbench.HOLDER_FLOOR)) if has(pgbench.HOLDER_FLOOR) else "not measured"
         out.append(
             _ratio_row(
                 f"hot key, pgbench C client, {sql_level['clients']} clients: lease acquire as the library sends it "
@@ -493,6 +494,13 @@ def targets(
                 1.0,
                 True,
                 f"{cell_text(lease, 'rate')} vs {cell_text(shed, 'rate')}/s; " + ", ".join(context),
+                cost=(
+                    "No statement that answers a held key with the holder's row (the skip reason: owner, token, "
+                    f"expiry) reaches 1x: a bare prepared SELECT of that row is {floor_text}. Without the SET LOCAL "
+                    f"prefix the call is {_ratio_text(pg_ratio(pgbench.LEASE_PREPARED))}; the prefix is the "
+                    "server-side statement timeout, READ COMMITTED under a role's other default and the durable "
+                    "commit, per transaction so that pgbouncer transaction pooling keeps them (docs/core.md)"
+                ),
             )
         )
     else:
@@ -516,6 +524,12 @@ def targets(
                 + _prepared_gain(cells, "hot", clients),
                 ">= 1.0x / >= 0.8x, 0 WAL bytes",
                 verdict,
+                cost=(
+                    "The SQL of the row above, plus the library's Python around each call (every argument "
+                    "validated, the watchdog that bounds a hung server, a typed Lease), against one bare "
+                    "statement on a bare cursor. Closing it needs the row above closed and that Python gone: "
+                    "clear errors for bad input and failing closed on a hung store"
+                ),
                 ratios_vs_update=vs_update,
                 ratios_vs_cas=vs_cas,
                 wal_per_attempt=wal,
@@ -532,6 +546,11 @@ def targets(
             True,
             _rate_pair(cells, "renew", top, arms.LEASE, arms.SHEDLOCK_EXTEND) + _prepared_gain(cells, "renew", clients)
             + _gain(cells, "renew", clients, arms.LEASE_FUNCTION, "the UPDATE vs lease_renew()"),
+            cost=(
+                "Both are one UPDATE by primary key and one flushed commit; the lease also sends the SET LOCAL "
+                "prefix (the first row's guarantees), returns the row (the keeper takes the new expiry from it) "
+                "and runs the library's Python (the row above). Closing it costs the prefix or the row"
+            ),
         )
     )
     # 4. success path vs the upsert at every concurrency.
@@ -544,6 +563,15 @@ def targets(
                 " / ".join(_ratio_text(r) for r in per.values()) + _prepared_gain(cells, "success", clients),
                 ">= 1.0x at every concurrency",
                 _short(worst, 1.0, True) + ("" if worst >= 1 else " (the worst concurrency)"),
+                cost=(
+                    "One HOT update and one flushed commit each"
+                    + (f" ({cell_text(spread(_per_repeat(cells, 'success', arms.LEASE, min(clients), 'wal_per_attempt')), 'bytes')} "
+                       f"against {cell_text(spread(_per_repeat(cells, 'success', arms.SHEDLOCK, min(clients), 'wal_per_attempt')), 'bytes')} "
+                       f"WAL bytes at {min(clients)} client{'s' if min(clients) > 1 else ''})"
+                       if _per_repeat(cells, "success", arms.LEASE, min(clients), "wal_per_attempt") else "")
+                    + ": where the commit dominates (few clients) the lease is level; with many clients on the "
+                    "cores the CPU parts of the three rows above decide, and closing it costs what they cost"
+                ),
                 ratios={str(c): r for c, r in per.items()},
             )
         )
@@ -565,6 +593,12 @@ def targets(
                 f"{cell_text(lease_p50, 'ms')} vs {cell_text(floor_p50, 'ms')} ms; `txid_current` does not wait "
                 f"for a WAL flush: against a commit that does (one WAL record, flushed: {cell_text(flushed_p50, 'ms')} ms) "
                 f"{_ratio_text(flushed)}",
+                cost=(
+                    "`txid_current` writes no WAL that must be flushed, so it does not wait for the disk; a grant "
+                    f"must be on disk before it is acknowledged (durable tokens). Against a flushed commit it is "
+                    f"{_ratio_text(flushed)}. Closing it against `txid_current` costs durable tokens "
+                    "(synchronous_commit off: a crash could hand out an acknowledged token again)"
+                ),
                 ratios_vs_flushed_commit=flushed,
             )
         )
@@ -576,10 +610,21 @@ def targets(
                 0.9,
                 True,
                 _rate_pair(cells, "success", 1, arms.LEASE_EVENTS, arms.LEASE),
+                cost=(
+                    "One round trip and one commit either way; the ledger adds the event row"
+                    + (f" ({cell_text(spread(_per_repeat(cells, 'success', arms.LEASE_EVENTS, 1, 'wal_per_attempt')), 'bytes')} "
+                       f"against {cell_text(spread(_per_repeat(cells, 'success', arms.LEASE, 1, 'wal_per_attempt')), 'bytes')} "
+                       "WAL bytes per grant)" if _per_repeat(cells, "success", arms.LEASE_EVENTS, 1, "wal_per_attempt") else "")
+                    + ": the row, its jsonb detail, the index entries the UI and CLI read it by (time; key; DAG; "
+                    "run), and the subtransaction that keeps the event best effort. Closing it costs an index (the "
+                    "read it serves) or best effort (a broken ledger would fail acquires)"
+                ),
             )
         )
     # 7. renew p99 back to back vs SELECT 1's p99 in the same run.
     ratios = _paired_cross(cells, ("renew", arms.LEASE), ("floor", arms.SELECT1), top, "p99_ms")
+    extend = _paired_cross(cells, ("renew", arms.SHEDLOCK_EXTEND), ("floor", arms.SELECT1), top, "p99_ms")
+    paced = _per_repeat(cells, "renew-paced", arms.LEASE, top, "p99_ms")
     p99 = spread(_per_repeat(cells, "renew", arms.LEASE, top, "p99_ms"))
     floor = spread(_per_repeat(cells, "floor", arms.SELECT1, top, "p99_ms"))
     out.append(
@@ -589,6 +634,16 @@ def targets(
             2.0,
             False,
             f"{cell_text(p99, 'ms')} vs {cell_text(floor, 'ms')} ms",
+            cost=(
+                "Each renewal back to back waits for a flushed commit while all clients and the server share the "
+                f"cores; `SELECT 1` waits for neither. ShedLock's extend, a bare UPDATE, is {_ratio_text(extend)} "
+                "of the same floor"
+                + (" (so no renewal that waits for the disk reaches 2x on this machine)"
+                   if extend and statistics.median(extend) > 2 else "")
+                + (f"; paced as the keeper renews (every {PACED_INTERVAL * 1000:.0f} ms), renew p99 is "
+                   f"{cell_text(spread(paced), 'ms')} ms" if paced else "")
+                + ". Closing it costs durable renewals, or the prefix and the library's Python of the rows above"
+            ),
         )
     )
     # 8. catch-up N = 10 vs latest-only (every schedule the arm ran).
@@ -645,6 +700,14 @@ def issue_table(found: list[dict[str, Any]]) -> list[str]:
     return _table(["figure", "measured (median (min-max) over repeats)", "target", "verdict"], rows, "llll")
 
 
+def misses_table(found: list[dict[str, Any]]) -> list[str]:
+    """Each missed row of issue 15's table with why it misses and what closing it would cost, from the same run."""
+    rows = [[t["figure"], t["cost"]] for t in found if "MISS" in t["verdict"] and t.get("cost")]
+    if not rows:
+        return []
+    return _table(["missed row", "why, and what closing it would cost"], rows, "ll")
+
+
 def targets_table(found: list[dict[str, Any]]) -> list[str]:
     rows = [[t["target"], t["measured"], t["verdict"]] for t in found]
     return _table(["target", "measured (median (min-max) over repeats)", "verdict"], rows, "lll")
@@ -689,6 +752,9 @@ def render(results: dict[str, Any]) -> str:
         ]
     lines += ["### Task overhead", "", *overhead_lines(results.get("task_overhead") or {}), ""]
     lines += ["### Issue 15 targets", "", *issue_table(results["targets"]), ""]
+    misses = misses_table(results["targets"])
+    if misses:
+        lines += ["### Issue 15 misses: why, and what closing each would cost", "", *misses, ""]
     if results.get("earlier_targets"):
         lines += ["### Earlier targets", "", *targets_table(results["earlier_targets"]), ""]
     before = before_after_lines(results["cells"], tuple(meta["clients"]))
