@@ -597,9 +597,27 @@ def _option(parameter: str, args: argparse.Namespace) -> str:
     return {"dsn": "--dsn", "schema": "--schema"}.get(parameter, parameter)
 
 
+def _remember_argument_secrets(argv: Sequence[str]) -> None:
+    """Remember the password of every argument that may be a connection string, before parsing.
+
+    A usage error quotes arguments back (``unrecognized arguments: --dns postgresql://u:pw@h/db``, a
+    DSN given without ``--dsn``, ``ambiguous option: --d=postgresql://...``), and argparse says so before
+    ``--dsn``'s own type has seen the value; :meth:`Parser.error` redacts what is remembered here.
+    """
+    for arg in argv:
+        candidates = [arg]
+        if arg.startswith("-") and "=" in arg:
+            candidates.append(arg.split("=", 1)[1])
+        for candidate in candidates:
+            if "\x00" not in candidate:
+                remember_secrets(candidate)
+
+
 def main(
     argv: Sequence[str] | None = None, *, out: TextIO | None = None, confirm: Callable[[str], str] = input
 ) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _remember_argument_secrets(argv)
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # usage errors and --help: argparse has printed them; return its code

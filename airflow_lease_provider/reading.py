@@ -95,6 +95,10 @@ def lease_row(lease: Lease) -> dict[str, Any]:
 MAX_PAGE = 1000
 
 
+#: Event ids are a PostgreSQL bigint.
+MAX_EVENT_ID = 2**63 - 1
+
+
 class BadCursor(ValueError):
     """A ``cursor`` that is not a ``next_cursor`` this read model handed out."""
 
@@ -278,7 +282,8 @@ def events(
             before = (datetime.fromisoformat(value[0]), int(value[1]))
         except (TypeError, ValueError, IndexError, KeyError):
             raise BadCursor("cursor is not one this API handed out: pass next_cursor back unchanged") from None
-        if before[0].tzinfo is None:
+        # An event id is a bigint: one out of its range was a 500 from PostgreSQL ("bigint out of range").
+        if before[0].tzinfo is None or not 0 <= before[1] <= MAX_EVENT_ID:
             raise BadCursor("cursor is not one this API handed out: pass next_cursor back unchanged")
     found = store.event_page(
         key=key, kind=kind, since=since, until=until, limit=limit, before=before, dag_ids=dag_ids

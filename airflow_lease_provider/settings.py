@@ -5,6 +5,7 @@ Read lazily (never at import time): Airflow may still be configuring itself when
 
 from __future__ import annotations
 
+import math
 import os
 from datetime import timedelta
 from pathlib import Path
@@ -57,10 +58,16 @@ def event_retention() -> timedelta:
 
 def clock_skew_warning() -> timedelta:
     raw = _get("clock_skew_warning_seconds")
+    problem = f"[lease] clock_skew_warning_seconds={raw!r}: must be a number of seconds, 0 or more (e.g. 2)"
     try:
-        return timedelta(seconds=float(raw))
-    except ValueError:
-        raise ValueError(f"[lease] clock_skew_warning_seconds={raw!r}: must be a number") from None
+        seconds = float(raw)
+        # inf or 1e20 overflowed timedelta (an OverflowError naming no option, in every leased task);
+        # a negative limit warned at every acquire.
+        if not math.isfinite(seconds) or seconds < 0:
+            raise ValueError(problem)
+        return timedelta(seconds=seconds)
+    except (ValueError, OverflowError):
+        raise ValueError(problem) from None
 
 
 def airflow_home() -> Path:

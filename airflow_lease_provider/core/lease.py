@@ -306,8 +306,11 @@ class LeaseStore(Store):
         _aware("until", until)
         before_at, before_id = None, None
         if before is not None:
-            if not (isinstance(before, tuple) and len(before) == 2 and isinstance(before[1], int)):
-                raise InvalidArgument("before", before, "must be (at, id) of an event")
+            if not (
+                isinstance(before, tuple) and len(before) == 2 and isinstance(before[1], int)
+                and not isinstance(before[1], bool) and 0 <= before[1] <= validation.MAX_TOKEN
+            ):
+                raise InvalidArgument("before", before, "must be (at, id) of an event (an id is a bigint)")
             _aware("before", before[0])
             before_at, before_id = before
         positive_limit(limit, maximum=10_000)

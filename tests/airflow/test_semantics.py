@@ -311,6 +311,18 @@ def test_bad_configuration_read_after_the_acquire_releases_the_lease(
     assert store.holder("etl-load") is None
 
 
+@pytest.mark.parametrize("value", ["inf", "1e20", "-5", "nan", "abc"])
+def test_a_bad_clock_skew_warning_names_the_option_and_releases_the_lease(
+    lease_env, monkeypatch, store: LeaseStore, dag, value: str
+) -> None:
+    """Read after the acquire: inf and 1e20 were an OverflowError naming no option; -5 was accepted (and
+    warned at every acquire)."""
+    monkeypatch.setenv("AIRFLOW__LEASE__CLOCK_SKEW_WARNING_SECONDS", value)
+    with pytest.raises(ValueError, match=r"\[lease\] clock_skew_warning_seconds=.*0 or more"):
+        run_task(leased("load", lambda: None, lease_key="etl-load"), TaskInstance("etl", RUN, "load"))
+    assert store.holder("etl-load") is None
+
+
 def test_a_run_lease_whose_acquire_task_fails_before_it_is_done_is_released(lease_env, store: LeaseStore) -> None:
     acquire = AcquireRunLeaseOperator(task_id="acquire_run_lease", lease_ttl=TTL)
     with pytest.raises(RuntimeError):

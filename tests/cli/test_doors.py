@@ -339,6 +339,30 @@ def test_console_script_with_a_bad_dsn_prints_no_password() -> None:
         assert fragment not in result.stdout + result.stderr, result.stderr
 
 
+@pytest.mark.parametrize(
+    "args",
+    [
+        # A mistyped option: argparse quotes it and its value back before --dsn's type ever ran.
+        ("status", "--dns", "postgresql://u:{password}@127.0.0.1:9/db"),
+        # The DSN given without --dsn at all.
+        ("status", "postgresql://u:{password}@127.0.0.1:9/db"),
+        # An abbreviation two options share: "ambiguous option: --d=... could match --dsn, --days".
+        ("advise-ttl", "--d=postgresql://u:{password}@127.0.0.1:9/db"),
+        ("status", "host=127.0.0.1 port=9 password='{password}'"),
+    ],
+)
+@pytest.mark.parametrize("password", PASSWORDS[:2])
+def test_a_usage_error_never_quotes_a_password_back(args: tuple[str, ...], password: str) -> None:
+    argv = [arg.format(password=password) for arg in args]
+    result = subprocess.run(
+        [str(VENV_BIN / "airflow-lease"), *argv], capture_output=True, text=True, timeout=120, check=False
+    )
+    assert result.returncode == cli.EXIT_USAGE, result.stderr
+    assert result.stderr.startswith("airflow-lease: error: "), result.stderr
+    for fragment in {password} | _fragments(password):
+        assert fragment not in result.stdout + result.stderr, result.stderr
+
+
 # -- item 8: readers never create a store --------------------------------------------------------------
 
 

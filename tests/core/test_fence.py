@@ -268,3 +268,23 @@ def test_an_error_in_the_callers_sql_surfaces_as_that_error_and_nothing_advances
         with fences.transaction("reports", 5, key="job", timeout=timedelta(0)):
             pass
     assert info.value.parameter == "timeout"
+
+
+def test_after_a_force_release_the_old_holder_is_refused_where_the_docs_say(
+    store: LeaseStore, fences: FenceStore
+) -> None:
+    """docs/ui.md and docs/cli.md, force-release: the old holder can no longer renew or release, the store
+    no longer shows the lease as its own (the check a leased task's fence/fenced_transaction makes first),
+    and the fence refuses its token once a later token of the key has published there (read back from
+    PostgreSQL). The docs used to say it could no longer pass a fence at all: it can, until then."""
+    old = store.acquire("forced-job", "dag/run-1/publish", TTL)
+    assert old is not None
+    assert store.force_release("forced-job", by="admin") is not None
+    assert store.renew(old) is None
+    assert store.release(old) is False
+    assert store.holds("forced-job", old.owner, token=old.token).lease is None
+    new = store.acquire("forced-job", "dag/run-2/publish", TTL)
+    assert new is not None and new.token > old.token
+    assert fences.accept("blog", new.token, key="forced-job")
+    assert not fences.accept("blog", old.token, key="forced-job")
+    assert fences.current("blog", key="forced-job") == new.token

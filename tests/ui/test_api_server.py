@@ -8,6 +8,7 @@ from urllib.parse import quote
 import pytest
 
 from airflow_lease_provider.core import EventKind
+from airflow_lease_provider.reading import encode_cursor
 from tests.pg import execute, q
 from tests.ui.conftest import API_KEY, SCRIPT_KEY, World
 from tests.ui.server import DAG_ID, LEASE_KEY
@@ -202,6 +203,16 @@ def test_events_page_through_with_a_cursor(world: World) -> None:
         if cursor is None:
             break
     assert paged == everything
+
+
+@pytest.mark.parametrize("event_id", [2**63, -(2**63) - 1, 10**30, -1])
+def test_an_event_cursor_with_an_id_out_of_range_is_400_not_500(world: World, event_id: int) -> None:
+    """A hostile cursor (base64 JSON anyone can build) whose event id is no bigint was a 500 from
+    PostgreSQL ("bigint out of range")."""
+    cursor = encode_cursor(["2026-11-29T00:00:00+00:00", event_id])
+    response = world.server.request("GET", "/lease/api/events", "viewer", params={"cursor": cursor})
+    assert response.status_code == 400, response.text
+    assert "cursor" in response.json()["detail"]
 
 
 def test_the_task_tab_finds_its_run_among_thousands_of_other_events(world: World) -> None:

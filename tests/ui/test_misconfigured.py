@@ -67,3 +67,15 @@ def test_no_store_there_is_503_and_nothing_is_created(
     forced = server.request("POST", "/lease/api/force-release", "admin", json={"key": "k", "confirm": "k"})
     assert forced.status_code == 503
     assert not execute(pg_dsn, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,))
+
+
+@pytest.mark.parametrize("user", ["viewer", "user", "op"])
+def test_a_non_admin_force_release_is_403_before_the_store_is_touched(
+    typo: tuple[AirflowServer, str, dict[str, str]], user: str
+) -> None:
+    """The admin check comes first: a non-admin is refused without the store being resolved (it was a
+    503 "no lease store" from the store dependency, telling a non-admin about the store)."""
+    server, _schema, _info = typo
+    response = server.request("POST", "/lease/api/force-release", user, json={"key": "k", "confirm": "k"})
+    assert response.status_code == 403, response.text
+    assert "store" not in response.json()["detail"]
