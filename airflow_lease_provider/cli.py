@@ -49,6 +49,8 @@ from airflow_lease_provider.identity import RunRef
 from airflow_lease_provider.ttl_advice import ttl_advice
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_ADVICE, EXIT_NOT_CONFIRMED = 0, 1, 2, 3, 4
+#: Ctrl-C, as a shell reports a process ended by SIGINT.
+EXIT_INTERRUPTED = 130
 _RELATIVE = re.compile(r"^(\d+(?:\.\d+)?)\s*([smhdw])$")
 _UNITS = {"s": "seconds", "m": "minutes", "h": "hours", "d": "days", "w": "weeks"}
 #: The longest --since/--until look-back and --days window (the ledger keeps 30 days by default).
@@ -489,7 +491,7 @@ def cmd_release(
     if not args.force:
         return _fail(
             "release needs --force: a normal release belongs to the holder; a forced one frees the lease for "
-            "anyone and bumps its token, so the holder can no longer renew or publish",
+            "anyone and bumps its token, so the holder can no longer renew it and its leased publishes are refused",
             EXIT_USAGE,
         )
     current = store.lease(args.key)
@@ -502,8 +504,11 @@ def cmd_release(
         state = (
             f"held by {current.owner} with token {current.token}" if current.held else "not held right now"
         )
-        answer = confirm(f"Force-release {args.key!r} ({state})? Type the key to confirm: ")
-        if answer.strip() != args.key:
+        try:
+            answer = confirm(f"Force-release {args.key!r} ({state})? Type the key to confirm: ")
+        except (KeyboardInterrupt, EOFError):  # Ctrl-C or Ctrl-D at the prompt: nothing was sent
+            answer = None
+        if answer is None or answer.strip() != args.key:
             print("airflow-lease: not confirmed; nothing released", file=sys.stderr)
             return EXIT_NOT_CONFIRMED
         # What was confirmed is what gets released: if the lease changed meanwhile, nothing is.
@@ -648,6 +653,9 @@ def main(
     except LeaseError as exc:
         message = redact(str(exc))
         return _fail(message if where is None or where in message else f"{message} (store: {where})")
+    except KeyboardInterrupt:
+        # Ctrl-C while waiting on the store: no traceback. A statement already sent may still commit.
+        return _fail("interrupted", EXIT_INTERRUPTED)
     except Exception as exc:  # never a traceback; never a password
         return _fail(f"failed: {type(exc).__name__}: {redact(' '.join(str(exc).split()))}")
     finally:

@@ -447,3 +447,62 @@ def test_the_hook_never_shows_the_password_of_its_connection(conn: str, tmp_path
     for password in PASSWORDS:
         for piece in {password, quote(password, safe="")} | _fragments(password):
             assert piece not in result.stdout + result.stderr, (piece, result.stderr[-2000:])
+
+
+# -- Ctrl-C and Ctrl-D at the force-release prompt, on a real terminal --------------------------------
+
+
+def _on_a_terminal(argv: list[str], keys: bytes, *, prompt: bytes, timeout: float = 60.0) -> tuple[int, str]:
+    """Run ``argv`` on a pseudo-terminal, type ``keys`` once ``prompt`` shows: (exit status, all output)."""
+    import os
+    import pty
+    import select
+    import time
+
+    pid, fd = pty.fork()
+    if pid == 0:  # the child: the console script, its stdin, stdout and stderr the terminal
+        try:
+            os.execv(argv[0], argv)
+        finally:
+            os._exit(127)
+    output, sent, end = b"", False, time.monotonic() + timeout
+    try:
+        while time.monotonic() < end:
+            ready, _, _ = select.select([fd], [], [], 0.5)
+            if ready:
+                try:
+                    chunk = os.read(fd, 4096)
+                except OSError:  # the child closed the terminal: it exited
+                    break
+                if not chunk:
+                    break
+                output += chunk
+            if not sent and prompt in output:
+                os.write(fd, keys)  # the terminal turns ^C into SIGINT, ^D into end of input
+                sent = True
+        else:
+            os.kill(pid, 9)
+            raise AssertionError(f"no exit within {timeout} s; output so far: {output!r}")
+    finally:
+        os.close(fd)
+    _, status = os.waitpid(pid, 0)
+    return os.waitstatus_to_exitcode(status), output.decode(errors="replace")
+
+
+@pytest.mark.parametrize("keys", [b"\x03", b"\x04"], ids=["ctrl-c", "ctrl-d"])
+def test_ctrl_c_or_ctrl_d_at_the_confirmation_prompt_releases_nothing_and_prints_no_traceback(
+    store: LeaseStore, keys: bytes
+) -> None:
+    held = store.acquire("job", "dag/run_1/t", timedelta(minutes=5))
+    assert held is not None
+    code, output = _on_a_terminal(
+        [str(VENV_BIN / "airflow-lease"), "--dsn", store.db.dsn, "--schema", store.schema, "release", "--force", "job"],
+        keys,
+        prompt=b"Type the key to confirm: ",
+    )
+    assert "Traceback" not in output, output
+    assert code == cli.EXIT_NOT_CONFIRMED, output
+    assert "not confirmed; nothing released" in output
+    holder = store.holder("job")
+    assert holder is not None and holder.token == held.token and holder.owner == held.owner
+    assert store.events.query(key="job", kind=EventKind.FORCE_RELEASED) == []
