@@ -598,7 +598,7 @@ def _option(parameter: str, args: argparse.Namespace) -> str:
         if parameter == "dsn":
             return f"connection {conn_id!r}"
         if not args.schema:
-            return f"the schema (connection {conn_id!r}'s extra lease_schema, or [lease] schema)"
+            return f"the schema (the extra lease_schema of connection {conn_id!r}, or [lease] schema)"
     return {"dsn": "--dsn", "schema": "--schema"}.get(parameter, parameter)
 
 
