@@ -457,11 +457,15 @@ def _on_a_terminal(argv: list[str], keys: bytes, *, prompt: bytes, timeout: floa
     import os
     import pty
     import select
+    import signal
     import time
 
     pid, fd = pty.fork()
     if pid == 0:  # the child: the console script, its stdin, stdout and stderr the terminal
         try:
+            # As a shell starts a command: an ignored SIGINT (pytest-xdist's workers ignore it) would be
+            # inherited through exec, and ^C would then do nothing.
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
             os.execv(argv[0], argv)
         finally:
             os._exit(127)
