@@ -178,6 +178,28 @@ def make_aware(value: datetime.datetime, timezone: Timezone | FixedTimezone) -> 
     return timezone.convert(value.replace(fold=1))
 
 
+def default_args_here(
+    dag: Any = None, task_group: Any = None, task_default_args: Any = None
+) -> dict[str, Any] | None:
+    """The ``default_args`` a task made here gets: its DAG's, its task group's, then its own, merged.
+
+    ``dag`` and ``task_group`` are the ones given to the task, else the DAG and task group whose ``with``
+    block is open (Airflow's own ``DagContext`` and ``TaskGroupContext``, internal, the same on 3.1-3.3).
+    ``None`` when no DAG is known yet (a decorator applied outside a DAG): the task's defaults are then
+    not known until it is created.
+    """
+    from airflow.sdk.bases.operator import get_merged_defaults
+    from airflow.sdk.definitions._internal.contextmanager import DagContext, TaskGroupContext
+
+    dag = dag or DagContext.get_current()
+    if dag is None:
+        return None
+    task_group = task_group or TaskGroupContext.get_current(dag)
+    merged, _ = get_merged_defaults(dag=dag, task_group=task_group, task_params=None,
+                                    task_default_args=task_default_args)
+    return dict(merged)
+
+
 def in_task_process() -> bool:
     """Whether this process runs a task (the SDK then reaches connections through the supervisor).
 
@@ -237,6 +259,7 @@ __all__ = [
     "AIRFLOW_V_3_1_PLUS",
     "AIRFLOW_V_3_2_PLUS",
     "AIRFLOW_V_3_3_PLUS",
+    "default_args_here",
     "get_base_airflow_version_tuple",
     "in_task_process",
     "make_aware",

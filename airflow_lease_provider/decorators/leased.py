@@ -22,7 +22,12 @@ from airflow.providers.standard.operators.python import PythonOperator
 
 from airflow_lease_provider.arguments import validate_lease_kwargs
 from airflow_lease_provider.operators.leased import LeasedOperator
-from airflow_lease_provider.version_compat import DecoratedOperator, TaskDecorator, task_decorator_factory
+from airflow_lease_provider.version_compat import (
+    DecoratedOperator,
+    TaskDecorator,
+    default_args_here,
+    task_decorator_factory,
+)
 
 LeasedPythonOperator = LeasedOperator.wrap(PythonOperator)
 
@@ -54,9 +59,15 @@ def leased_task(
     """Wrap a function into a task that runs under a lease. Takes LeasedOperator's ``lease_*`` arguments.
 
     The arguments are checked here, when the DAG file is parsed, so a bad TTL or policy is reported
-    as a DAG import error naming the parameter, mapped tasks included.
+    as a DAG import error naming the parameter, mapped tasks included. What the task leaves out comes
+    from ``default_args`` as it does for the task itself: the task's own, its task group's and its DAG's
+    (a DAG-wide ``lease_ttl`` or ``execution_timeout`` is a TTL). Applied outside a DAG, the decorator
+    cannot know the DAG's defaults yet: a missing TTL is then left to the task's creation (when the
+    function is called in the DAG), or for a mapped task to when each instance runs.
     """
-    validate_lease_kwargs(kwargs, kwargs.get("default_args"))
+    defaults = default_args_here(kwargs.get("dag"), kwargs.get("task_group"), kwargs.get("default_args"))
+    validate_lease_kwargs(kwargs, defaults if defaults is not None else kwargs.get("default_args"),
+                          ttl_may_be_mapped=defaults is None)
     return task_decorator_factory(
         python_callable=python_callable,
         multiple_outputs=multiple_outputs,

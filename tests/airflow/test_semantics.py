@@ -353,3 +353,39 @@ def test_partial_reads_lease_arguments_from_default_args_like_the_constructor() 
     with DAG("bad_defaults", schedule=None, start_date=datetime(2026, 1, 1), default_args=bad):
         with pytest.raises(InvalidArgument, match="lease_ttl="):
             LeasedPython.partial(task_id="mapped", python_callable=print).expand(op_args=[[1]])
+
+
+def test_task_leased_reads_the_dags_and_task_groups_default_args_like_the_constructor() -> None:
+    """A DAG-wide ``default_args={"lease_ttl": ...}`` (or ``execution_timeout``) is the TTL of ``@task.leased()``
+    too, mapped or not, as it is for ``LeasedOperator.wrap(X)`` (a user's DAG was refused with "lease_ttl=None:
+    is required" although its default_args set it)."""
+    from airflow.sdk import TaskGroup
+
+    def body(x=None):
+        return x
+
+    with DAG("dag_defaults", schedule=None, start_date=datetime(2026, 1, 1), default_args={"lease_ttl": TTL}):
+        assert task.leased()(body)().operator.lease_ttl == TTL
+        task.leased()(body).expand(x=[1, 2])  # parsed: the instances get the DAG's TTL when they run
+    with DAG("timeout_defaults", schedule=None, start_date=datetime(2026, 1, 1),
+             default_args={"execution_timeout": timedelta(minutes=10)}):
+        assert task.leased()(body)().operator.lease_ttl == timedelta(minutes=15)
+        task.leased(task_id="mapped")(body).expand(x=[1])
+    with DAG("group_defaults", schedule=None, start_date=datetime(2026, 1, 1)):
+        with TaskGroup("g", default_args={"lease_ttl": TTL}):
+            assert task.leased()(body)().operator.lease_ttl == TTL
+    # Still refused at parse time: no TTL anywhere, or a bad one from default_args.
+    with DAG("no_ttl", schedule=None, start_date=datetime(2026, 1, 1)):
+        with pytest.raises(InvalidArgument, match="lease_ttl=None: is required"):
+            task.leased()(body)
+    with DAG("bad_ttl", schedule=None, start_date=datetime(2026, 1, 1),
+             default_args={"lease_ttl": timedelta(seconds=-1)}):
+        with pytest.raises(InvalidArgument, match="lease_ttl="):
+            task.leased()(body)
+    # Applied outside a DAG, the DAG's defaults are known only when the task is made.
+    outside = task.leased()(body)
+    with DAG("later", schedule=None, start_date=datetime(2026, 1, 1), default_args={"lease_ttl": TTL}):
+        assert outside().operator.lease_ttl == TTL
+    with DAG("later_without", schedule=None, start_date=datetime(2026, 1, 1)):
+        with pytest.raises(InvalidArgument, match="lease_ttl=None: is required"):
+            outside()
