@@ -389,3 +389,24 @@ def test_task_leased_reads_the_dags_and_task_groups_default_args_like_the_constr
     with DAG("later_without", schedule=None, start_date=datetime(2026, 1, 1)):
         with pytest.raises(InvalidArgument, match="lease_ttl=None: is required"):
             outside()
+
+
+def test_a_leased_sensor_in_reschedule_mode_is_refused_when_the_dag_is_parsed() -> None:
+    """``mode="reschedule"`` gives the lease back at every reschedule (nothing is left to renew it): on a real
+    scheduler two overlapping runs' leased sensors each took the lease for their poke in turn (tokens
+    alternating between the two runs) and neither was skipped. Refused at parse time, naming the fix."""
+    from airflow.providers.standard.sensors.python import PythonSensor
+
+    LeasedSensor = LeasedOperator.wrap(PythonSensor)
+    with DAG("sensors", schedule=None, start_date=datetime(2026, 1, 1)):
+        with pytest.raises(InvalidArgument, match=r"mode='reschedule': .*use mode='poke'"):
+            LeasedSensor(task_id="wait_file", python_callable=lambda: True, mode="reschedule", lease_ttl=TTL)
+        with pytest.raises(InvalidArgument, match=r"mode='reschedule'"):
+            LeasedSensor.partial(task_id="mapped", mode="reschedule", lease_ttl=TTL).expand(
+                python_callable=[lambda: True]
+            )
+        assert LeasedSensor(task_id="poking", python_callable=lambda: True, lease_ttl=TTL).mode == "poke"
+    with DAG("sensor_defaults", schedule=None, start_date=datetime(2026, 1, 1),
+             default_args={"mode": "reschedule", "lease_ttl": TTL}):
+        with pytest.raises(InvalidArgument, match=r"mode='reschedule'"):
+            LeasedSensor(task_id="wait_file", python_callable=lambda: True)
