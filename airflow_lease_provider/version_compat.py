@@ -61,6 +61,7 @@ if TYPE_CHECKING:
     from airflow.models.dagrun import DagRun as DagRun
     from airflow.sdk.bases.decorator import DecoratedOperator as DecoratedOperator
     from airflow.sdk.bases.decorator import TaskDecorator as TaskDecorator
+    from airflow.sdk.bases.decorator import _TaskDecorator as TaskDecoratorBase  # noqa: F401
     from airflow.sdk.bases.decorator import task_decorator_factory as task_decorator_factory
     from airflow.sdk.configuration import conf as conf
     from airflow.sdk.exceptions import AirflowNotFoundException as AirflowNotFoundException
@@ -113,6 +114,9 @@ _LOCATIONS: dict[str, tuple[tuple[str, str], ...]] = {
         (_COMMON_COMPAT, "task_decorator_factory"),
         ("airflow.sdk.bases.decorator", "task_decorator_factory"),
     ),
+    # Internal: the class of what task_decorator_factory returns (its _expand() maps a TaskFlow function);
+    # @task.leased checks its lease arguments there, when .override(...).expand(...) is parsed.
+    "TaskDecoratorBase": (("airflow.sdk.bases.decorator", "_TaskDecorator"),),
     # Public since 3.0.
     "convert_to_utc": (("airflow.sdk.timezone", "convert_to_utc"),),
     "make_naive": (("airflow.sdk.timezone", "make_naive"),),

@@ -410,3 +410,28 @@ def test_a_leased_sensor_in_reschedule_mode_is_refused_when_the_dag_is_parsed() 
              default_args={"mode": "reschedule", "lease_ttl": TTL}):
         with pytest.raises(InvalidArgument, match=r"mode='reschedule'"):
             LeasedSensor(task_id="wait_file", python_callable=lambda: True)
+
+
+def test_override_of_a_task_leased_function_is_checked_when_the_dag_is_parsed_mapped_too() -> None:
+    """``f.override(lease_ttl=..., on_overlap=...)`` (TaskFlow's way to reuse a function) then ``.expand()``
+    parsed without a word and failed each instance when it ran; the checks now run at ``expand()`` too,
+    with the DAG's ``default_args`` (also for a function decorated outside the DAG)."""
+
+    def body(x=None):
+        return x
+
+    with DAG("overrides", schedule=None, start_date=datetime(2026, 1, 1)):
+        f = task.leased(lease_ttl=TTL)(body)
+        with pytest.raises(InvalidArgument, match=r"lease_ttl=datetime.timedelta\(0\)"):
+            f.override(task_id="a", lease_ttl=timedelta(0)).expand(x=[1])
+        with pytest.raises(InvalidArgument, match="on_overlap='nope'"):
+            f.override(task_id="b", on_overlap="nope").expand(x=[1])
+        with pytest.raises(InvalidArgument, match=r"lease_renew_every="):
+            f.override(task_id="c", lease_renew_every=TTL).expand_kwargs([{"x": 1}])
+        f.override(task_id="d", lease_key="shared").expand(x=[1, 2])  # a good override still maps
+    outside = task.leased()(body)
+    with DAG("no_ttl_anywhere", schedule=None, start_date=datetime(2026, 1, 1)):
+        with pytest.raises(InvalidArgument, match="lease_ttl=None: is required"):
+            outside.expand(x=[1])
+    with DAG("ttl_from_dag", schedule=None, start_date=datetime(2026, 1, 1), default_args={"lease_ttl": TTL}):
+        outside.expand(x=[1])

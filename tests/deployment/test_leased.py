@@ -184,7 +184,10 @@ def test_task_leased_takes_its_ttl_from_default_args_mapped_or_not(airflow: Depl
     run = api.trigger("default_args_ttl")
     assert api.wait_for_run("default_args_ttl", run) == "success", api.task_states("default_args_ttl", run)
     assert api.xcom("default_args_ttl", run, "plain") == 45.0
-    assert [api.xcom("default_args_ttl", run, "mapped", map_index=i) for i in (0, 1)] == [[1, 45.0], [2, 45.0]]
+    assert [api.xcom("default_args_ttl", run, "mapped", map_index=i) for i in (0, 1)] == [
+        [1, 45.0, "default_args_ttl.mapped[0]"], [2, 45.0, "default_args_ttl.mapped[1]"]
+    ]
+    assert api.xcom("default_args_ttl", run, "overridden", map_index=0) == [3, 45.0, "over-0"]
     assert api.xcom("default_args_ttl", run, "group.in_group") == 50.0
 
 

@@ -1,5 +1,6 @@
 """``@task.leased()`` with its TTL from ``default_args``, as users write it: the DAG's ``lease_ttl`` for a plain
-and a mapped task, a task group's own ``lease_ttl`` for another. Each returns the TTL it ran
+and a mapped task, a task group's own ``lease_ttl`` for another; and
+``.override(...).expand()`` of the mapped function. Each returns the TTL it ran
 with."""
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ with DAG("default_args_ttl", schedule=None, start_date=datetime(2026, 1, 1),
 
     @task.leased()
     def mapped(x, lease=None):
-        return [x, lease.lease.ttl.total_seconds()]
+        return [x, lease.lease.ttl.total_seconds(), lease.key]
 
     with TaskGroup("group", default_args={"lease_ttl": timedelta(seconds=50)}):
 
@@ -29,3 +30,4 @@ with DAG("default_args_ttl", schedule=None, start_date=datetime(2026, 1, 1),
 
     plain()
     mapped.expand(x=[1, 2])
+    mapped.override(task_id="overridden", lease_key="over-{{ ti.map_index }}").expand(x=[3])
