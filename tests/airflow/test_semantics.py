@@ -435,3 +435,23 @@ def test_override_of_a_task_leased_function_is_checked_when_the_dag_is_parsed_ma
             outside.expand(x=[1])
     with DAG("ttl_from_dag", schedule=None, start_date=datetime(2026, 1, 1), default_args={"lease_ttl": TTL}):
         outside.expand(x=[1])
+
+
+def test_the_lease_a_task_sees_is_the_one_last_renewed(lease_env, store: LeaseStore) -> None:
+    """``lease.lease`` is documented as "the lease as last renewed"; a body running past a few renewals (TTL 3 s,
+    one every second) read the expiry it was acquired with, 12 s stale on a real deployment."""
+    import time
+
+    from airflow_lease_provider.context import current_lease
+
+    def body() -> dict[str, Any]:
+        ctx = current_lease()
+        first = ctx.lease
+        while ctx.keeper.renewals < 2:
+            time.sleep(0.1)
+        return {"first": first.expires_at, "now": ctx.lease.expires_at, "renewals": ctx.keeper.renewals,
+                "token": ctx.lease.token, "first_token": first.token}
+
+    seen = run_task(leased("renewed", body, lease_ttl=timedelta(seconds=3)), TaskInstance("etl", RUN, "renewed"))
+    assert seen["renewals"] >= 2 and seen["now"] > seen["first"], seen
+    assert seen["token"] == seen["first_token"]
