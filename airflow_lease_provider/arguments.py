@@ -79,6 +79,17 @@ def validate_lease_args(
     return ttl
 
 
+def check_sensor_mode(mode: object) -> None:
+    """A leased sensor must poke in one process: in ``reschedule`` mode nothing holds or renews the lease
+    between pokes, so another run's sensor takes it in between and the two overlap."""
+    if mode == "reschedule":
+        raise InvalidArgument(
+            "mode", mode,
+            "a leased sensor gives its lease back at every reschedule (no process is left to renew it), so "
+            "another run's sensor gets in between and the two overlap: use mode='poke' (the default)",
+        )
+
+
 #: The lease arguments of LeasedOperator and @task.leased, with their defaults.
 LEASE_ARGUMENTS: dict[str, Any] = {
     "lease_key": None, "lease_ttl": None, "lease_renew_every": None, "on_overlap": "skip",

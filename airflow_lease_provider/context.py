@@ -68,6 +68,7 @@ class LeaseContext:
     detail: dict[str, Any] = field(default_factory=dict)
     run: RunRef | None = None
     _loss_reported: bool = field(default=False, init=False, repr=False)
+    _lease: Lease = field(init=False, repr=False, compare=False)
 
     @property
     def key(self) -> str:
@@ -169,6 +170,21 @@ class LeaseContext:
 
     def to_dict(self) -> dict[str, Any]:
         return self.lease.to_dict()
+
+
+def _current_lease(self: LeaseContext) -> Lease:
+    """The lease as last renewed: the keeper's, while one keeps it (it renews in its own thread)."""
+    keeper = self.keeper
+    return keeper.lease if keeper is not None else self._lease
+
+
+def _set_lease(self: LeaseContext, lease: Lease) -> None:
+    self._lease = lease
+
+
+# ``lease`` stays the dataclass's first field (``LeaseContext(lease=...)``); reading it asks the keeper, so
+# it is the lease as last renewed, not the one the task acquired (whose expiry is one TTL after the acquire).
+LeaseContext.lease = property(_current_lease, _set_lease)  # type: ignore[assignment]
 
 
 @contextmanager

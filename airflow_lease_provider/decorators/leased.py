@@ -22,7 +22,13 @@ from airflow.providers.standard.operators.python import PythonOperator
 
 from airflow_lease_provider.arguments import validate_lease_kwargs
 from airflow_lease_provider.operators.leased import LeasedOperator
-from airflow_lease_provider.version_compat import DecoratedOperator, TaskDecorator, task_decorator_factory
+from airflow_lease_provider.version_compat import (
+    DecoratedOperator,
+    TaskDecorator,
+    TaskDecoratorBase,
+    default_args_here,
+    task_decorator_factory,
+)
 
 LeasedPythonOperator = LeasedOperator.wrap(PythonOperator)
 
@@ -46,6 +52,35 @@ class _LeasedDecoratedOperator(DecoratedOperator, LeasedPythonOperator):  # type
         )
 
 
+def _check_lease_kwargs(kwargs: dict[str, Any], *, ttl_required: bool) -> None:
+    """The lease arguments of a task to be made from ``kwargs``, with the ``default_args`` it will get.
+
+    Where no DAG is known yet (a decorator applied outside a DAG) a missing TTL is not an error here
+    unless ``ttl_required``: the task's creation or mapping checks it once its DAG is known.
+    """
+    defaults = default_args_here(kwargs.get("dag"), kwargs.get("task_group"), kwargs.get("default_args"))
+    validate_lease_kwargs(kwargs, defaults if defaults is not None else kwargs.get("default_args"),
+                          ttl_may_be_mapped=defaults is None and not ttl_required)
+
+
+class _LeasedTaskDecorator(TaskDecoratorBase):
+    """What ``@task.leased`` returns: Airflow's TaskFlow decorator, whose mapping checks the lease arguments.
+
+    ``f.override(lease_ttl=...)`` and ``.partial()`` make new decorators from this one without calling
+    ``leased_task``; an unmapped call is checked by the operator's constructor, a mapped one here.
+    """
+
+    def _expand(self, expand_input: Any, *, strict: bool) -> Any:
+        _check_lease_kwargs(self.kwargs, ttl_required=True)
+        return super()._expand(expand_input, strict=strict)
+
+
+def _leased(decorator: Any) -> Any:
+    if isinstance(decorator, TaskDecoratorBase) and not isinstance(decorator, _LeasedTaskDecorator):
+        decorator.__class__ = _LeasedTaskDecorator  # the same attrs instance, with the checked _expand
+    return decorator
+
+
 def leased_task(
     python_callable: Callable | None = None,
     multiple_outputs: bool | None = None,
@@ -54,12 +89,24 @@ def leased_task(
     """Wrap a function into a task that runs under a lease. Takes LeasedOperator's ``lease_*`` arguments.
 
     The arguments are checked here, when the DAG file is parsed, so a bad TTL or policy is reported
-    as a DAG import error naming the parameter, mapped tasks included.
+    as a DAG import error naming the parameter, mapped tasks included. What the task leaves out comes
+    from ``default_args`` as it does for the task itself: the task's own, its task group's and its DAG's
+    (a DAG-wide ``lease_ttl`` or ``execution_timeout`` is a TTL). Applied outside a DAG, the decorator
+    cannot know the DAG's defaults yet: a missing TTL is then left to the task's creation (when the
+    function is called in the DAG) or to its mapping (``.expand()``), which check again with the DAG's
+    defaults, as they do for ``.override(...)``.
     """
-    validate_lease_kwargs(kwargs, kwargs.get("default_args"))
-    return task_decorator_factory(
+    _check_lease_kwargs(kwargs, ttl_required=False)
+    made = task_decorator_factory(
         python_callable=python_callable,
         multiple_outputs=multiple_outputs,
         decorated_operator_class=_LeasedDecoratedOperator,
         **kwargs,
     )
+    if python_callable is not None:
+        return _leased(made)
+
+    def decorate(function: Callable) -> Any:
+        return _leased(made(function))
+
+    return decorate  # type: ignore[return-value]

@@ -28,10 +28,10 @@ from collections.abc import Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any, ClassVar
 
-from airflow.sdk import BaseOperator
+from airflow.sdk import BaseOperator, BaseSensorOperator
 
 from airflow_lease_provider import metrics, settings
-from airflow_lease_provider.arguments import validate_lease_args, validate_lease_kwargs
+from airflow_lease_provider.arguments import check_sensor_mode, validate_lease_args, validate_lease_kwargs
 from airflow_lease_provider.clock import warn_on_clock_skew
 from airflow_lease_provider.context import XCOM_LEASE, XCOM_SKIP_REASON, LeaseContext, activated
 from airflow_lease_provider.core import (
@@ -92,6 +92,8 @@ class LeasedOperator(BaseOperator):
             # A deferred task has no process to renew its lease; run the wrapped operator in-process.
             kwargs.setdefault("deferrable", False)
         super().__init__(**kwargs)
+        if isinstance(self, BaseSensorOperator):
+            check_sensor_mode(self.mode)
         self.lease_ttl = validate_lease_args(
             lease_key=lease_key, lease_ttl=lease_ttl, lease_renew_every=lease_renew_every,
             on_overlap=on_overlap, lease_wait_timeout=lease_wait_timeout, lease_scope=lease_scope,
@@ -118,6 +120,8 @@ class LeasedOperator(BaseOperator):
         try:
             # A TTL left out here may still come from expand(); it is then checked when each instance runs.
             validate_lease_kwargs(kwargs, defaults, ttl_may_be_mapped=True)
+            if issubclass(cls, BaseSensorOperator):
+                check_sensor_mode({**defaults, **kwargs}.get("mode"))
         except InvalidArgument:
             partial._expand_called = True  # no "was never mapped" warning on top of the real error
             raise

@@ -142,3 +142,5 @@ def test_bad_dag_arguments_fail_at_parse_time_naming_the_parameter(airflow_home)
     # Mapped (partial/expand) tasks are checked when parsed too.
     assert "lease_ttl=datetime.timedelta(days=-1, seconds=86393)" in errors["bad_mapped_negative_ttl.py"]
     assert "on_overlap='later'" in errors["bad_mapped_unknown_policy.py"]
+    # A sensor that would give its lease back between pokes.
+    assert "mode='reschedule'" in errors["bad_reschedule_sensor.py"]

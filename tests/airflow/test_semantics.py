@@ -365,3 +365,105 @@ def test_partial_reads_lease_arguments_from_default_args_like_the_constructor() 
     with DAG("bad_defaults", schedule=None, start_date=datetime(2026, 1, 1), default_args=bad):
         with pytest.raises(InvalidArgument, match="lease_ttl="):
             LeasedPython.partial(task_id="mapped", python_callable=print).expand(op_args=[[1]])
+
+
+def test_task_leased_reads_the_dags_and_task_groups_default_args_like_the_constructor() -> None:
+    """A DAG-wide ``default_args={"lease_ttl": ...}`` (or ``execution_timeout``) is the TTL of ``@task.leased()``
+    too, mapped or not, as it is for ``LeasedOperator.wrap(X)`` (a user's DAG was refused with "lease_ttl=None:
+    is required" although its default_args set it)."""
+    from airflow.sdk import TaskGroup
+
+    def body(x=None):
+        return x
+
+    with DAG("dag_defaults", schedule=None, start_date=datetime(2026, 1, 1), default_args={"lease_ttl": TTL}):
+        assert task.leased()(body)().operator.lease_ttl == TTL
+        task.leased()(body).expand(x=[1, 2])  # parsed: the instances get the DAG's TTL when they run
+    with DAG("timeout_defaults", schedule=None, start_date=datetime(2026, 1, 1),
+             default_args={"execution_timeout": timedelta(minutes=10)}):
+        assert task.leased()(body)().operator.lease_ttl == timedelta(minutes=15)
+        task.leased(task_id="mapped")(body).expand(x=[1])
+    with DAG("group_defaults", schedule=None, start_date=datetime(2026, 1, 1)):
+        with TaskGroup("g", default_args={"lease_ttl": TTL}):
+            assert task.leased()(body)().operator.lease_ttl == TTL
+    # Still refused at parse time: no TTL anywhere, or a bad one from default_args.
+    with DAG("no_ttl", schedule=None, start_date=datetime(2026, 1, 1)):
+        with pytest.raises(InvalidArgument, match="lease_ttl=None: is required"):
+            task.leased()(body)
+    with DAG("bad_ttl", schedule=None, start_date=datetime(2026, 1, 1),
+             default_args={"lease_ttl": timedelta(seconds=-1)}):
+        with pytest.raises(InvalidArgument, match="lease_ttl="):
+            task.leased()(body)
+    # Applied outside a DAG, the DAG's defaults are known only when the task is made.
+    outside = task.leased()(body)
+    with DAG("later", schedule=None, start_date=datetime(2026, 1, 1), default_args={"lease_ttl": TTL}):
+        assert outside().operator.lease_ttl == TTL
+    with DAG("later_without", schedule=None, start_date=datetime(2026, 1, 1)):
+        with pytest.raises(InvalidArgument, match="lease_ttl=None: is required"):
+            outside()
+
+
+def test_a_leased_sensor_in_reschedule_mode_is_refused_when_the_dag_is_parsed() -> None:
+    """``mode="reschedule"`` gives the lease back at every reschedule (nothing is left to renew it): on a real
+    scheduler two overlapping runs' leased sensors each took the lease for their poke in turn (tokens
+    alternating between the two runs) and neither was skipped. Refused at parse time, naming the fix."""
+    from airflow.providers.standard.sensors.python import PythonSensor
+
+    LeasedSensor = LeasedOperator.wrap(PythonSensor)
+    with DAG("sensors", schedule=None, start_date=datetime(2026, 1, 1)):
+        with pytest.raises(InvalidArgument, match=r"mode='reschedule': .*use mode='poke'"):
+            LeasedSensor(task_id="wait_file", python_callable=lambda: True, mode="reschedule", lease_ttl=TTL)
+        with pytest.raises(InvalidArgument, match=r"mode='reschedule'"):
+            LeasedSensor.partial(task_id="mapped", mode="reschedule", lease_ttl=TTL).expand(
+                python_callable=[lambda: True]
+            )
+        assert LeasedSensor(task_id="poking", python_callable=lambda: True, lease_ttl=TTL).mode == "poke"
+    with DAG("sensor_defaults", schedule=None, start_date=datetime(2026, 1, 1),
+             default_args={"mode": "reschedule", "lease_ttl": TTL}):
+        with pytest.raises(InvalidArgument, match=r"mode='reschedule'"):
+            LeasedSensor(task_id="wait_file", python_callable=lambda: True)
+
+
+def test_override_of_a_task_leased_function_is_checked_when_the_dag_is_parsed_mapped_too() -> None:
+    """``f.override(lease_ttl=..., on_overlap=...)`` (TaskFlow's way to reuse a function) then ``.expand()``
+    parsed without a word and failed each instance when it ran; the checks now run at ``expand()`` too,
+    with the DAG's ``default_args`` (also for a function decorated outside the DAG)."""
+
+    def body(x=None):
+        return x
+
+    with DAG("overrides", schedule=None, start_date=datetime(2026, 1, 1)):
+        f = task.leased(lease_ttl=TTL)(body)
+        with pytest.raises(InvalidArgument, match=r"lease_ttl=datetime.timedelta\(0\)"):
+            f.override(task_id="a", lease_ttl=timedelta(0)).expand(x=[1])
+        with pytest.raises(InvalidArgument, match="on_overlap='nope'"):
+            f.override(task_id="b", on_overlap="nope").expand(x=[1])
+        with pytest.raises(InvalidArgument, match=r"lease_renew_every="):
+            f.override(task_id="c", lease_renew_every=TTL).expand_kwargs([{"x": 1}])
+        f.override(task_id="d", lease_key="shared").expand(x=[1, 2])  # a good override still maps
+    outside = task.leased()(body)
+    with DAG("no_ttl_anywhere", schedule=None, start_date=datetime(2026, 1, 1)):
+        with pytest.raises(InvalidArgument, match="lease_ttl=None: is required"):
+            outside.expand(x=[1])
+    with DAG("ttl_from_dag", schedule=None, start_date=datetime(2026, 1, 1), default_args={"lease_ttl": TTL}):
+        outside.expand(x=[1])
+
+
+def test_the_lease_a_task_sees_is_the_one_last_renewed(lease_env, store: LeaseStore) -> None:
+    """``lease.lease`` is documented as "the lease as last renewed"; a body running past a few renewals (TTL 3 s,
+    one every second) read the expiry it was acquired with, 12 s stale on a real deployment."""
+    import time
+
+    from airflow_lease_provider.context import current_lease
+
+    def body() -> dict[str, Any]:
+        ctx = current_lease()
+        first = ctx.lease
+        while ctx.keeper.renewals < 2:
+            time.sleep(0.1)
+        return {"first": first.expires_at, "now": ctx.lease.expires_at, "renewals": ctx.keeper.renewals,
+                "token": ctx.lease.token, "first_token": first.token}
+
+    seen = run_task(leased("renewed", body, lease_ttl=timedelta(seconds=3)), TaskInstance("etl", RUN, "renewed"))
+    assert seen["renewals"] >= 2 and seen["now"] > seen["first"], seen
+    assert seen["token"] == seen["first_token"]

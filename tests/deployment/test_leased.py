@@ -36,11 +36,13 @@ SCHEMA = "airflow_lease"
 @pytest.fixture(scope="module")
 def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     files = [E2E_DAGS / "lease_e2e.py", E2E_DAGS / "_util.py", TIER_DAGS / "retry_e2e.py",
-             TIER_DAGS / "marked_failed.py", TIER_DAGS / "held_connection.py"]
+             TIER_DAGS / "marked_failed.py", TIER_DAGS / "held_connection.py",
+             TIER_DAGS / "default_args_ttl.py"]
     # Every task here keeps its store connection (the other tiers run the default: one per operation).
     env = {"LEASE_TEST_MARKERS": str(MARKERS), "LEASE_TEST_HOLD_SECONDS": "240", "AIRFLOW__LEASE__SCHEMA": SCHEMA,
            "AIRFLOW__LEASE__HOLD_CONNECTION": "true"}
-    dag_ids = {"overlap", "zombie", "retry_after_crash", "mapped_and_bash", "marked_failed", "held_connection"}
+    dag_ids = {"overlap", "zombie", "retry_after_crash", "mapped_and_bash", "marked_failed", "held_connection",
+               "default_args_ttl"}
     with deployment_for(metadata_template, files, dag_ids, env) as deployment:
         for dag_id in dag_ids:
             deployment.api.unpause(dag_id)
@@ -173,6 +175,20 @@ def test_a_task_holding_its_connection_renews_with_the_prepared_statement(airflo
     seen = api.xcom("held_connection", run, "work")
     assert seen["held"] and seen["renewals"] >= 3 and seen["connects"] == 1, seen
     assert seen["renew_prepared"], seen
+
+
+def test_task_leased_takes_its_ttl_from_default_args_mapped_or_not(airflow: Deployment) -> None:
+    """``@task.leased()`` in a DAG whose ``default_args`` set ``lease_ttl`` parses (it was an import error,
+    "lease_ttl=None: is required") and runs with that TTL; a task group's ``default_args`` win over the DAG's."""
+    api = airflow.api
+    run = api.trigger("default_args_ttl")
+    assert api.wait_for_run("default_args_ttl", run) == "success", api.task_states("default_args_ttl", run)
+    assert api.xcom("default_args_ttl", run, "plain") == 45.0
+    assert [api.xcom("default_args_ttl", run, "mapped", map_index=i) for i in (0, 1)] == [
+        [1, 45.0, "default_args_ttl.mapped[0]"], [2, 45.0, "default_args_ttl.mapped[1]"]
+    ]
+    assert api.xcom("default_args_ttl", run, "overridden", map_index=0) == [3, 45.0, "over-0"]
+    assert api.xcom("default_args_ttl", run, "group.in_group") == 50.0
 
 
 def test_lease_owners_and_default_keys_are_the_task_instance(airflow: Deployment, store: LeaseStore) -> None:
