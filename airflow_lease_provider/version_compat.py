@@ -71,6 +71,7 @@ if TYPE_CHECKING:
     from airflow.sdk.timezone import convert_to_utc as convert_to_utc
     from airflow.sdk.timezone import make_naive as make_naive
     from airflow.timetables._cron import CronMixin as CronMixin
+    from airflow.timetables.base import TimeRestriction
     from airflow.utils.dates import cron_presets as cron_presets
     from pendulum.tz.timezone import FixedTimezone, Timezone
 
@@ -213,6 +214,57 @@ def in_task_process() -> bool:
     return getattr(runner, "SUPERVISOR_COMMS", None) is not None
 
 
+def _scheduler_session(dag_model: Any) -> Any:
+    """The session that loaded ``dag_model`` (the scheduler's, inside its transaction), or None."""
+    if not hasattr(dag_model, "_sa_instance_state"):
+        return None  # not an ORM object (a plain object in a test)
+    from sqlalchemy.orm import object_session
+
+    return object_session(dag_model)
+
+
+def dag_time_restriction(dag_model: Any) -> TimeRestriction | None:
+    """The time restriction of ``dag_model``'s DAG (``start_date``, ``end_date``, ``catchup``), or None.
+
+    ``Timetable.next_run_info_from_dag_model`` (3.2+) receives only the ``dag`` row, which has no
+    ``end_date`` or ``catchup``. The scheduler deserializes the DAG from ``serialized_dag`` right before it
+    calls that method; this reads it the same way (``SerializedDagModel.get``) and returns the restriction
+    Airflow's own ``next_dagrun_info`` applies (``SerializedDAG._time_restriction``: private, no public
+    equivalent). None when ``dag_model`` is not attached to a session (the ``airflow dags next-execution``
+    CLI closes its session first) or the DAG is not serialized.
+    """
+    session = _scheduler_session(dag_model)
+    if session is None:
+        return None
+    from airflow.models.serialized_dag import SerializedDagModel
+
+    serialized = SerializedDagModel.get(dag_id=dag_model.dag_id, session=session)
+    if serialized is None:
+        return None
+    restriction: TimeRestriction = serialized.dag._time_restriction
+    return restriction
+
+
+def taken_logical_dates(dag_model: Any, since: datetime.datetime) -> set[datetime.datetime] | None:
+    """Logical dates from ``since`` on that runs of ``dag_model``'s DAG already have, or None if unknown.
+
+    The scheduler checks only the stored next run for an existing run, then creates whatever
+    ``next_run_info_from_dag_model`` returns; a logical date already taken (a manual run with a logical
+    date, a backfill) fails that insert on ``dag_run_dag_id_logical_date_key`` and leaves the scheduler's
+    session unusable. Read through the scheduler's session; None when ``dag_model`` has none.
+    """
+    session = _scheduler_session(dag_model)
+    if session is None:
+        return None
+    from airflow.models.dagrun import DagRun
+    from sqlalchemy import select
+
+    taken = session.scalars(
+        select(DagRun.logical_date).where(DagRun.dag_id == dag_model.dag_id, DagRun.logical_date >= since)
+    ).all()
+    return {value for value in taken if value is not None}
+
+
 #: What Airflow's supervisor writes over ``[database] sql_alchemy_conn`` in a task process
 #: (``block_orm_access`` in ``airflow/sdk/execution_time/supervisor.py``, 3.0 to 3.3): tasks may not
 #: reach the metadata database, so they cannot read where it is either.
@@ -268,5 +320,7 @@ __all__ = [
     "in_task_process",
     "make_aware",
     "metadata_database_url",
+    "dag_time_restriction",
+    "taken_logical_dates",
     *_LOCATIONS,
 ]

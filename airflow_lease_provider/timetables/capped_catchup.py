@@ -428,14 +428,20 @@ class CappedCatchupTimetable(Timetable):
         assert info.data_interval is not None
         return info.data_interval
 
-    def _apply_cap(self, grid: Grid, resume: DateTime | None, now: DateTime, cap: int) -> DateTime:
+    def _apply_cap(
+        self, grid: Grid, resume: DateTime | None, now: DateTime, cap: int, newest: DateTime | None = None
+    ) -> DateTime:
         """The slot to run next, given the slot the schedule would resume at and how many may catch up.
+
+        ``newest`` is the newest slot allowed at all (the DAG's ``end_date``), when known.
 
         The work is O(min(cap, missed slots)) croniter steps however long the outage was: the newest
         slots are found by stepping back from now, and not at all when counting is cheaper (the calls
         that follow the first one of a catch-up, whose gap is at most ``cap`` slots).
         """
         newest_due = grid.at_or_before(now)
+        if newest is not None and newest < newest_due:
+            newest_due = newest
         if resume is not None and resume > newest_due:
             return resume  # nothing is due yet: no outage to cap
         start = newest_due if resume is None else resume
@@ -450,6 +456,9 @@ class CappedCatchupTimetable(Timetable):
             slot = max(start, grid.back_from(newest_due, cap - 1, stop=start))
         if self._catchup_window is not None:
             slot = max(slot, grid.at_or_after(now - self._catchup_window))
+        if newest is not None and slot > newest:
+            # Every slot up to the end_date is older than the window: the newest of them, never one past it.
+            slot = newest
         return slot
 
     @staticmethod
@@ -512,11 +521,34 @@ class CappedCatchupTimetable(Timetable):
             return info
         stored = to_utc(info.data_interval.end)
         grid = self._grid(anchor=stored)
-        # The DAG's catchup flag is not visible here; the cap (1 for catchup=False DAGs when they are
+        now = self._now()
+        # The DAG's catchup flag is not used here; the cap (1 for catchup=False DAGs when they are
         # asked next) keeps at most one extra, still-capped run for catchup=False with max_backfill > 1.
-        slot = self._apply_cap(grid, stored, self._now(), self._max_backfill)
+        slot = self._apply_cap(grid, stored, now, self._max_backfill)
         if slot == stored:
             return info
+        # Moving the run forward: the scheduler has checked only the stored run for an existing run and
+        # hands us no end_date, so read both where it reads them (its session; nothing when detached).
+        from airflow_lease_provider.version_compat import dag_time_restriction, taken_logical_dates
+
+        restriction = dag_time_restriction(dag_model)
+        latest = restriction.latest if restriction is not None else None
+        if latest is not None:
+            # The newest slot the end_date allows (Airflow's rule: its logical date is not after it).
+            start = grid.at_or_before(to_utc(latest))
+            newest = grid.after(start) if self._data_interval else start
+            slot = max(stored, self._apply_cap(grid, stored, now, self._max_backfill, newest=newest))
+            if slot == stored:
+                return info
+        moved = self._info(grid, slot)
+        assert moved.logical_date is not None
+        taken = taken_logical_dates(dag_model, moved.logical_date)
+        while taken and moved.logical_date in taken:
+            # A run (manual with a logical date, a backfill) already has this slot: the next one, as the
+            # scheduler itself moves past an existing stored run.
+            slot = grid.after(slot)
+            moved = self._info(grid, slot)
+            assert moved.logical_date is not None
         log.warning(
             "capped catch-up: the stored next run (slot %s) is older than the newest %d slots; "
             "scheduling slot %s instead",
@@ -524,7 +556,7 @@ class CappedCatchupTimetable(Timetable):
             self._max_backfill,
             slot.isoformat(),
         )
-        return self._info(grid, slot)
+        return moved
 
     def infer_manual_data_interval(self, *, run_after: DateTime) -> DataInterval:
         run_after = to_utc(run_after)

@@ -585,3 +585,39 @@ def test_walk_back_in_a_dst_zone_away_from_a_change_is_one_iterator(
     info = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=CATCHUP)
     assert croniter_calls.count <= 5, croniter_calls.count
     assert info == DagRunInfo.interval(minute(2025, 6, 15, 11, 10), minute(2025, 6, 15, 11, 15))
+
+
+# -- where the scheduler creates a moved run: its end_date and the runs it already has -------------------------
+
+
+def _scheduler_knows(monkeypatch: pytest.MonkeyPatch, latest: Any, taken: set[Any]) -> None:
+    """What the compat module reads through the scheduler's session (end_date; logical dates taken)."""
+    from airflow_lease_provider import version_compat
+
+    monkeypatch.setattr(
+        version_compat, "dag_time_restriction", lambda _model: TimeRestriction(minute(2025, 1, 1), latest, True)
+    )
+    monkeypatch.setattr(version_compat, "taken_logical_dates", lambda _model, since: {t for t in taken if t >= since})
+
+
+def test_a_moved_run_stays_within_a_passed_end_date(clock: FrozenClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    _scheduler_knows(monkeypatch, minute(2025, 3, 1), set())
+    timetable = CappedCatchupTimetable("0 0 * * *", max_backfill=2)
+    first = DagRunInfo.interval(minute(2025, 1, 1), minute(2025, 1, 2))
+    moved = timetable.next_run_info_from_dag_model(dag_model=stored(first))
+    # The older of the newest 2 slots whose logical date is not after the end_date.
+    assert moved == DagRunInfo.interval(minute(2025, 2, 28), minute(2025, 3, 1))
+    # A window that leaves none of them: the newest up to the end_date, never one past it.
+    windowed = CappedCatchupTimetable("0 0 * * *", catchup_window=datetime.timedelta(days=1))
+    assert windowed.next_run_info_from_dag_model(dag_model=stored(first)) == DagRunInfo.interval(
+        minute(2025, 3, 1), minute(2025, 3, 2)
+    )
+
+
+def test_a_moved_run_skips_slots_that_runs_already_have(clock: FrozenClock, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Manual runs with a logical date took the slots ending 11:00 and 12:00 (logical dates 10:00, 11:00).
+    _scheduler_knows(monkeypatch, None, {minute(2025, 6, 15, 10), minute(2025, 6, 15, 11), minute(2025, 1, 1)})
+    timetable = CappedCatchupTimetable("0 * * * *", max_backfill=2)
+    stale = DagRunInfo.interval(minute(2025, 6, 15, 4), minute(2025, 6, 15, 5))
+    moved = timetable.next_run_info_from_dag_model(dag_model=stored(stale))
+    assert moved == DagRunInfo.interval(minute(2025, 6, 15, 12), minute(2025, 6, 15, 13))

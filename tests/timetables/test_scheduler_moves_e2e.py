@@ -1,0 +1,152 @@
+"""End to end: where the stored next run is moved forward, a real scheduler must be able to create it.
+
+After an outage the scheduler creates the run it stored in ``DagModel`` before the outage; the timetable
+moves that stale run forward (``next_run_info_from_dag_model``). Two ways that went wrong, each read back
+through the REST API a user has:
+
+* a DAG with an ``end_date`` that has passed (``catchup=True``): the stored run is the first slot of its
+  range, and it was moved to the newest slot *now*, past the ``end_date`` (a run 21 months after the
+  DAG's end, and none in its range);
+* a manual run triggered with a logical date during the outage (the REST API, the UI's "logical date"
+  field) takes the slot the run is moved to: the scheduler checks only the stored slot for an existing
+  run, the insert hit ``dag_run_dag_id_logical_date_key`` and the scheduler process exited
+  (``PendingRollbackError``), and again on every restart.
+
+The outage is a dag-processor that parsed the file once (``min_file_process_interval`` of an hour) and a
+``DagModel`` row holding the next run stored five hours ago, as a scheduler leaves it when it stops.
+"""
+
+from __future__ import annotations
+
+import datetime
+import subprocess
+import sys
+import textwrap
+from collections.abc import Iterator
+
+import pendulum
+import pytest
+
+from demo.airflow_api import wait
+from demo.deployment import Deployment, MetadataTemplate, scratch_dir
+
+pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(600)]
+
+END_DATE_DAG = "capped_end_date_passed"
+COLLISION_DAG = "capped_manual_in_the_gap"
+
+DAG_FILE = f'''
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from airflow_lease_provider.timetables import CappedCatchupTimetable
+
+with DAG("{END_DATE_DAG}", schedule=CappedCatchupTimetable("0 0 * * *", max_backfill=2),
+         start_date=pendulum.datetime(2025, 1, 1, tz="UTC"), end_date=pendulum.datetime(2025, 3, 1, tz="UTC"),
+         catchup=True, max_active_runs=1):
+    @task
+    def ended():
+        pass
+
+    ended()
+
+with DAG("{COLLISION_DAG}", schedule=CappedCatchupTimetable("0 * * * *", max_backfill=1),
+         start_date=pendulum.datetime(2025, 1, 1, tz="UTC"), catchup=True):
+    @task
+    def hourly():
+        pass
+
+    hourly()
+'''
+
+# The DagModel row a scheduler leaves when it stops right after creating a run: the next run it stored.
+STALE = """
+import sys
+import pendulum
+from airflow.models.dag import DagModel
+from airflow.utils.session import create_session
+
+end = pendulum.parse(sys.argv[2])
+with create_session() as session:
+    model = session.get(DagModel, sys.argv[1])
+    model.next_dagrun = end - pendulum.duration(hours=1)
+    model.next_dagrun_data_interval = (end - pendulum.duration(hours=1), end)
+    model.next_dagrun_create_after = end
+"""
+
+
+@pytest.fixture(scope="module")
+def airflow(pg_dsn: str) -> Iterator[Deployment]:
+    template = MetadataTemplate(pg_dsn)
+    source = scratch_dir("capped-moves-") / "capped_moves.py"
+    source.write_text(textwrap.dedent(DAG_FILE))
+    deployment = Deployment(
+        template, [source], extra_env={"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600"}
+    )
+    try:
+        deployment.start({END_DATE_DAG, COLLISION_DAG})
+        yield deployment
+    except BaseException:
+        print(deployment.tails())
+        raise
+    finally:
+        deployment.stop()
+        template.drop()
+
+
+def _scheduler_alive(deployment: Deployment) -> bool:
+    scheduler = next(p for p in deployment.started if "scheduler" in p.args)
+    return scheduler.poll() is None
+
+
+def test_an_end_date_that_has_passed_keeps_the_runs_inside_it(airflow: Deployment) -> None:
+    api = airflow.api
+    api.unpause(END_DATE_DAG)
+    # The schedule ends (no next run) once the runs it allows are created; then they finish.
+    wait(lambda: api.get(f"/dags/{END_DATE_DAG}")["next_dagrun_logical_date"], lambda nxt: nxt is None, 120,
+         f"the schedule of {END_DATE_DAG} to end")
+    runs = wait(lambda: api.runs(END_DATE_DAG),
+                lambda found: found and all(r["state"] in ("success", "failed") for r in found), 120,
+                f"the runs of {END_DATE_DAG} to finish")
+    # The newest 2 of the slots Airflow allows (logical date not after the end_date), and nothing later.
+    assert [(r["run_type"], r["logical_date"], r["data_interval_end"]) for r in runs] == [
+        ("scheduled", "2025-02-28T00:00:00Z", "2025-03-01T00:00:00Z"),
+        ("scheduled", "2025-03-01T00:00:00Z", "2025-03-02T00:00:00Z"),
+    ], runs
+    assert all(r["state"] == "success" for r in runs), runs
+
+
+def test_a_manual_run_on_the_slot_the_stale_run_moves_to_does_not_stop_the_scheduler(airflow: Deployment) -> None:
+    api = airflow.api
+    hour = pendulum.now("UTC").start_of("hour")
+    if pendulum.now("UTC") > hour.add(minutes=58):
+        hour = hour.add(hours=1)  # keep "the newest slot" the same for the test's few seconds
+        wait(lambda: pendulum.now("UTC"), lambda now: now >= hour.add(seconds=5), 150, "the next hour")
+    result = subprocess.run([sys.executable, "-c", STALE, COLLISION_DAG, hour.subtract(hours=5).isoformat()],
+                            env=airflow.env, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    # During the "outage" a user triggers the newest slot by hand: its run would have logical date
+    # hour - 1h (the interval [hour - 1h, hour]).
+    newest_logical = hour.subtract(hours=1)
+    manual = api.trigger(COLLISION_DAG, logical_date=newest_logical.isoformat())
+    api.unpause(COLLISION_DAG)
+    runs = wait(lambda: api.runs(COLLISION_DAG),
+                lambda found: any(r["run_type"] == "scheduled" for r in found) or not _scheduler_alive(airflow),
+                90, f"a scheduled run of {COLLISION_DAG}")
+    assert _scheduler_alive(airflow), airflow.tails()
+    scheduled = [r for r in runs if r["run_type"] == "scheduled"]
+    # The newest slot is the manual run's: the scheduler moves on to the slot after it (due at hour + 1h),
+    # never back to a stale one.
+    assert [(r["logical_date"], r["data_interval_end"]) for r in scheduled] == [
+        (_z(hour), _z(hour.add(hours=1)))
+    ], runs
+    assert [r["dag_run_id"] for r in runs if r["run_type"] == "manual"] == [manual]
+    log = (airflow.logs / "scheduler.log").read_text(errors="replace")
+    assert "Failed creating DagRun" not in log, log[-5000:]
+
+
+def _z(moment: datetime.datetime) -> str:
+    return pendulum.instance(moment).in_timezone("UTC").format("YYYY-MM-DDTHH:mm:ss") + "Z"
+
