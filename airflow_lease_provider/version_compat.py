@@ -241,7 +241,9 @@ def dag_time_restriction(dag_model: Any) -> TimeRestriction | None:
     serialized = SerializedDagModel.get(dag_id=dag_model.dag_id, session=session)
     if serialized is None:
         return None
-    restriction: TimeRestriction = serialized.dag._time_restriction
+    # Private on 3.2 and 3.3: a later Airflow without it leaves the cap as before (no end_date known)
+    # instead of failing the scheduler's loop.
+    restriction: TimeRestriction | None = getattr(serialized.dag, "_time_restriction", None)
     return restriction
 
 
