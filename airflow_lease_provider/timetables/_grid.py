@@ -143,6 +143,8 @@ class CronGrid(CronMixin):
     def __init__(self, expression: str, timezone: Timezone | FixedTimezone) -> None:
         super().__init__(expression, timezone)
         self._fields = croniter(self._expression).expanded
+        # Day of month, month and day of week all "*": every day has the same slots (counted by arithmetic).
+        self._every_day = len(self._fields) == 5 and all(field == ["*"] for field in self._fields[2:])
         self._fixed_offset = isinstance(timezone, pendulum.FixedTimezone) or getattr(timezone, "name", "") in (
             "UTC",
             "Etc/UTC",
@@ -256,9 +258,9 @@ class CronGrid(CronMixin):
     def count_cost(self, start: DateTime, end: DateTime, limit: int) -> int:
         if len(self._fields) != 5:
             return limit  # counted by stepping
-        # One croniter call per day spanned, two to test the end; checked before the (pricier) scan
-        # for offset changes, which are stepped through and so priced at the limit.
-        cost = (end.date() - start.date()).days + 3
+        # One croniter call per day spanned (none where every day matches), two to test the end; checked
+        # before the (pricier) scan for offset changes, which are stepped through and so priced at the limit.
+        cost = 3 if self._every_day else (end.date() - start.date()).days + 3
         if cost >= limit or self._transition_windows(start, end):
             return limit
         return cost
@@ -291,8 +293,8 @@ class CronGrid(CronMixin):
 
     def _transition_windows(self, start: DateTime, end: DateTime) -> list[tuple[DateTime, DateTime]]:
         """UTC ranges around each offset change in ``(start, end]``, widened by the margin and merged."""
-        if isinstance(self._timezone, pendulum.FixedTimezone):
-            return []
+        if self._fixed_offset:
+            return []  # UTC, Etc/UTC or a fixed offset: no day to look at
         windows: list[tuple[DateTime, DateTime]] = []
         low, low_offset = start, self._offset(start)
         while low < end:
@@ -324,6 +326,18 @@ class CronGrid(CronMixin):
         minutes, hours = self._fields[0], self._fields[1]
         minute_list = list(range(60)) if minutes == ["*"] else [int(m) for m in minutes]
         hour_list = list(range(24)) if hours == ["*"] else [int(h) for h in hours]
+        if self._every_day:
+            # Every day matches (day of month, month and day of week are all "*"): the days strictly between
+            # the first and the last day hold the same slots each, so only those two days are looked at.
+            # O(1) however long the range, where the loop below makes one croniter call per day.
+            if first.date() == last.date():
+                return self._minutes_in_day(first.date(), hour_list, minute_list, first, last)
+            whole_days = (last.date() - first.date()).days - 1
+            return (
+                self._minutes_in_day(first.date(), hour_list, minute_list, first, last)
+                + whole_days * len(hour_list) * len(minute_list)
+                + self._minutes_in_day(last.date(), hour_list, minute_list, first, last)
+            )
         total = 0
         day = first.date()
         while day <= last.date():

@@ -106,6 +106,27 @@ def test_every_later_call_is_constant_work(clock: FrozenClock, croniter_calls: C
     assert croniter_calls.count <= 99 + 6 + 100 * 8
 
 
+def test_a_daily_catch_up_of_years_costs_a_constant_number_of_croniters_per_call(
+    clock: FrozenClock, croniter_calls: CroniterCalls
+) -> None:
+    """A cap larger than the gap (12 years of a daily schedule, max_backfill=10000): every call counts the
+    gap, which for a schedule whose every day has the same slots is arithmetic, not a croniter per day."""
+    timetable = CappedCatchupTimetable("0 0 * * *", max_backfill=10_000)
+    start = minute(2013, 6, 15, 0, 0)
+    last = DataInterval(start.subtract(days=1), start)
+    croniter_calls.count = 0
+    first = timetable.next_dagrun_info(last_automated_data_interval=last, restriction=CATCHUP)
+    assert first is not None and first.run_after == start.add(days=1)  # every missed slot fits the cap
+    assert croniter_calls.count <= 12, croniter_calls.count  # one per day spanned would be 4,383
+    # Later calls of the same catch-up, each with the gap one day shorter: the same constant work.
+    for day in (1, 2, 1000):
+        croniter_calls.count = 0
+        ran = DataInterval(start.add(days=day - 1), start.add(days=day))
+        info = timetable.next_dagrun_info(last_automated_data_interval=ran, restriction=CATCHUP)
+        assert info is not None and info.run_after == start.add(days=day + 1)
+        assert croniter_calls.count <= 12, (day, croniter_calls.count)
+
+
 def test_one_year_outage_fixed_interval_keeps_the_phase(
     clock: FrozenClock, croniter_calls: CroniterCalls
 ) -> None:
