@@ -269,14 +269,16 @@ CELERY_WORKERS = ("a", "b")
 
 
 class Deployment:
-    """A running Airflow (api-server, scheduler, dag-processor; LocalExecutor, or CeleryExecutor and two
-    Celery workers) with the given DAG files."""
+    """A running Airflow (api-server, scheduler, dag-processor, with ``triggerer=True`` a triggerer;
+    LocalExecutor, or CeleryExecutor and two Celery workers) with the given DAG files."""
 
     def __init__(self, template: MetadataTemplate, dag_files: list[Path], *,
-                 extra_env: dict[str, str] | None = None, executor: str = "local") -> None:
+                 extra_env: dict[str, str] | None = None, executor: str = "local", triggerer: bool = False) -> None:
         if executor not in EXECUTORS:
             raise ValueError(f"executor={executor!r}: expected one of {', '.join(EXECUTORS)}")
         self.executor = executor
+        #: Whether ``start`` also starts ``airflow triggerer`` (deferred tasks, ``on_overlap="wait"``).
+        self.triggerer = triggerer
         #: The statsd packets the deployment's processes and tasks sent (``statsd.count(metric)``).
         self.statsd = StatsdListener()
         self.template = template
@@ -375,6 +377,8 @@ class Deployment:
         self._start("api-server", "api-server")
         self._start("scheduler", "scheduler")
         self._start("dag-processor", "dag-processor")
+        if self.triggerer:
+            self._start("triggerer", "triggerer")
         if self.executor == "celery":
             for name in CELERY_WORKERS:
                 self.start_worker(name)

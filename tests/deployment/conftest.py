@@ -27,9 +27,9 @@ def metadata_template(pg_dsn: str) -> Iterator[MetadataTemplate]:
 
 @contextmanager
 def deployment_for(template: MetadataTemplate, dag_files: list[Path], dag_ids: set[str],
-                   extra_env: dict[str, str] | None = None) -> Iterator[Deployment]:
+                   extra_env: dict[str, str] | None = None, *, triggerer: bool = False) -> Iterator[Deployment]:
     """A started deployment with ``dag_files``, every DAG in ``dag_ids`` parsed; stopped afterwards."""
-    deployment = Deployment(template, dag_files, extra_env=extra_env)
+    deployment = Deployment(template, dag_files, extra_env=extra_env, triggerer=triggerer)
     try:
         deployment.start(dag_ids)
         yield deployment

@@ -37,13 +37,14 @@ SCHEMA = "airflow_lease"
 def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     files = [E2E_DAGS / "lease_e2e.py", E2E_DAGS / "_util.py", TIER_DAGS / "retry_e2e.py",
              TIER_DAGS / "marked_failed.py", TIER_DAGS / "held_connection.py",
-             TIER_DAGS / "default_args_ttl.py"]
+             TIER_DAGS / "default_args_ttl.py", TIER_DAGS / "wait_overlap.py"]
     # Every task here keeps its store connection (the other tiers run the default: one per operation).
     env = {"LEASE_TEST_MARKERS": str(MARKERS), "LEASE_TEST_HOLD_SECONDS": "240", "AIRFLOW__LEASE__SCHEMA": SCHEMA,
            "AIRFLOW__LEASE__HOLD_CONNECTION": "true"}
     dag_ids = {"overlap", "zombie", "retry_after_crash", "mapped_and_bash", "marked_failed", "held_connection",
-               "default_args_ttl"}
-    with deployment_for(metadata_template, files, dag_ids, env) as deployment:
+               "default_args_ttl", "wait_overlap"}
+    # With a triggerer: on_overlap="wait" defers, and the triggerer is what resumes the task.
+    with deployment_for(metadata_template, files, dag_ids, env, triggerer=True) as deployment:
         for dag_id in dag_ids:
             deployment.api.unpause(dag_id)
         yield deployment
@@ -260,3 +261,33 @@ def test_the_events_of_a_run_carry_its_columns_and_are_found_by_them_through_res
     assert (newest["dag_id"], newest["run_id"], newest["task_id"], newest["map_index"]) == (
         "mapped_and_bash", run, "shard", 1
     ), newest
+
+
+def test_a_waiting_run_defers_and_runs_after_the_holder_releases_never_alongside_it(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """on_overlap="wait" through the real scheduler and triggerer: the second run's task defers (no worker
+    slot held), the triggerer resumes it once the first released the lease, and it runs with the next
+    token, after the first finished: both runs succeed, nothing was skipped or failed."""
+    api = airflow.api
+    first = api.trigger("wait_overlap")
+    started_first, token_first = marker(f"wait-started-{first}").split()
+    second = api.trigger("wait_overlap")
+    wait(lambda: api.task_states("wait_overlap", second).get("work"), lambda state: state == "deferred", 120,
+         "the second run's task to defer")
+    assert not (MARKERS / f"wait-started-{second}").exists()  # it never ran alongside the holder
+    waiting = store.events.query(key="wait-overlap-key", kind=EventKind.WAITING)
+    assert waiting and all(e.detail.get("holder_token") in (None, int(token_first)) for e in waiting), waiting
+
+    (MARKERS / f"wait-let-go-{first}").write_text("go")
+    assert api.wait_for_run("wait_overlap", first) == "success"
+    finished_first = float(marker(f"wait-finished-{first}"))
+    started_second, token_second = marker(f"wait-started-{second}", timeout=180).split()
+    assert float(started_second) > finished_first, "the waiter ran while the holder still held the lease"
+    assert int(token_second) > int(token_first)
+    (MARKERS / f"wait-let-go-{second}").write_text("go")
+    assert api.wait_for_run("wait_overlap", second) == "success", api.task_states("wait_overlap", second)
+    assert api.task_states("wait_overlap", second) == {"work": "success"}
+    assert api.xcom("wait_overlap", second, "work", "return_value") == int(token_second)
+    assert store.holder("wait-overlap-key") is None  # released on success
+    assert store.events.query(key="wait-overlap-key", kind=EventKind.SKIPPED_OVERLAP) == []
