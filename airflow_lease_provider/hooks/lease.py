@@ -159,27 +159,34 @@ def _get_connection(conn_id: str) -> Any:
     return Connection.get_connection_from_secrets(conn_id)
 
 
-def _unreadable(conn_id: str, exc: BaseException) -> LeaseConnectionInvalid:
+#: How errors name a lease store's connection (a fence's says what it is instead).
+LEASE_ROLE = "lease connection"
+
+
+def _unreadable(conn_id: str, exc: BaseException, role: str = LEASE_ROLE) -> LeaseConnectionInvalid:
     # Airflow's message is left out on purpose: a URI with an unencoded / @ : ? in its password is
     # split there, and the message would quote a piece of the password (as the port, say).
     return LeaseConnectionInvalid(
-        f"lease connection {conn_id!r} could not be read ({type(exc).__name__}): if it is a URI, "
+        f"{role} {conn_id!r} could not be read ({type(exc).__name__}): if it is a URI, "
         "percent-encode / @ : ? # and % in its user and password (e.g. / as %2F)"
     )
 
 
-def resolve(conn_id: str | None, schema: str | None = None) -> StoreLocation:
-    """Find the store for ``conn_id`` (default ``[lease] conn_id``), falling back to the embedded one."""
+def resolve(conn_id: str | None, schema: str | None = None, role: str = LEASE_ROLE) -> StoreLocation:
+    """Find the store for ``conn_id`` (default ``[lease] conn_id``), falling back to the embedded one.
+
+    ``role`` names the connection in errors ("lease connection", or the fence's target database).
+    """
     conn_id = conn_id or settings.conn_id()
     try:
         conn = _get_connection(conn_id)
-        location = _location(conn, conn_id, schema)
+        location = _location(conn, conn_id, schema, role)
     except AirflowNotFoundException:
-        location = _location(None, conn_id, schema)
+        location = _location(None, conn_id, schema, role)
     except LeaseStoreUnavailable:
         raise
     except Exception as exc:
-        raise _unreadable(conn_id, exc) from None
+        raise _unreadable(conn_id, exc, role) from None
     return location
 
 
@@ -209,19 +216,19 @@ def _why_not_embedded() -> str:
     )
 
 
-def _location(conn: Any, conn_id: str, schema: str | None) -> StoreLocation:
+def _location(conn: Any, conn_id: str, schema: str | None, role: str = LEASE_ROLE) -> StoreLocation:
     configured = settings.conn_id()
     if conn is None and os.environ.get(f"AIRFLOW_CONN_{conn_id.upper()}", "").strip():
         # Airflow reports a connection it cannot parse as missing; it is there, and must not be
         # replaced by the embedded store without a word.
         raise LeaseConnectionInvalid(
-            f"lease connection {conn_id!r} is set (AIRFLOW_CONN_{conn_id.upper()}) but Airflow could not "
+            f"{role} {conn_id!r} is set (AIRFLOW_CONN_{conn_id.upper()}) but Airflow could not "
             "read it: if it is a URI, percent-encode / @ : ? # and % in its user and password (e.g. / as %2F)"
         )
     if conn is None:
         if conn_id != configured:
             raise LeaseConnectionMissing(
-                f"lease connection {conn_id!r} is not defined: define it (AIRFLOW_CONN_{conn_id.upper()}"
+                f"{role} {conn_id!r} is not defined: define it (AIRFLOW_CONN_{conn_id.upper()}"
                 "='postgresql://user:password@host:5432/dbname', or in the UI), or leave the connection "
                 "id unset to use [lease] conn_id"
             ) from None
@@ -258,6 +265,8 @@ class _StoreHook(BaseHook):
     """A core store behind a connection; the store is created once per hook."""
 
     conn_name_attr = "lease_conn_id"
+    #: What the connection is, in errors about it.
+    role = LEASE_ROLE
     default_conn_name = DEFAULT_CONN_ID
     conn_type = CONN_TYPE
     hook_name = HOOK_NAME
@@ -274,7 +283,7 @@ class _StoreHook(BaseHook):
     @property
     def location(self) -> StoreLocation:
         if self._location is None:
-            self._location = resolve(self.conn_id, self.schema)
+            self._location = resolve(self.conn_id, self.schema, self.role)
         return self._location
 
     def _make_store(self, location: StoreLocation) -> Any:
@@ -337,6 +346,7 @@ class FenceHook(_StoreHook):
     """
 
     conn_name_attr = "fence_conn_id"
+    role = "fence connection (the database the fence is kept in)"
     hook_name = "Lease fence (PostgreSQL)"
 
     def __init__(self, fence_conn_id: str | None = None, *, schema: str | None = None) -> None:

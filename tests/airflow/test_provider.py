@@ -46,6 +46,18 @@ def test_an_explicit_connection_id_that_is_missing_is_an_error(monkeypatch) -> N
         LeaseHook("no_such_conn").get_store()
 
 
+def test_a_missing_fence_connection_is_named_as_the_fence_s_not_as_a_lease_connection(monkeypatch) -> None:
+    # lease.fenced_transaction("x", conn_id="no_such_db") reaches the target database through FenceHook.
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+    with pytest.raises(LeaseConnectionMissing) as info:
+        FenceHook("no_such_db").get_store()
+    assert str(info.value).startswith("fence connection (the database the fence is kept in) 'no_such_db' is not defined")
+    monkeypatch.setenv("AIRFLOW_CONN_BROKEN_DB", "postgresql://u:a/b@h/db")  # an unencoded / in the password
+    with pytest.raises(Exception, match=r"^fence connection .* 'broken_db' ") as unreadable:
+        FenceHook("broken_db").get_store()
+    assert "a/b" not in str(unreadable.value)
+
+
 def test_a_postgres_uri_connection_becomes_a_dsn_with_its_extras(monkeypatch) -> None:
     monkeypatch.setenv(
         "AIRFLOW_CONN_MY_PG", "postgresql://u:p%40ss@db.internal:6543/airflow?sslmode=require&lease_schema=leases"
