@@ -11,18 +11,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import pytest
-
 from demo.deployment import Deployment, MetadataTemplate
-
-
-@pytest.fixture(scope="session")
-def metadata_template(pg_dsn: str) -> Iterator[MetadataTemplate]:
-    template = MetadataTemplate(pg_dsn)
-    try:
-        yield template
-    finally:
-        template.drop()
 
 
 @contextmanager

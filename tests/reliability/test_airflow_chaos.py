@@ -55,8 +55,10 @@ def finish(proc: subprocess.Popen[str], out: Path, timeout: float) -> tuple[int,
 
 
 @pytest.fixture(scope="module")
-def runs(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, dict[str, Any], str]]]:
-    template = MetadataTemplate(pg_dsn)
+def runs(
+    pg_dsn: str, metadata_template: MetadataTemplate, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[dict[str, tuple[int, dict[str, Any], str]]]:
+    template = metadata_template
     procs: dict[str, subprocess.Popen[str]] = {}
     try:
         outs = {"correct": tmp_path_factory.mktemp("af-correct"), "lease-off": tmp_path_factory.mktemp("af-lease-off")}
@@ -70,7 +72,6 @@ def runs(pg_dsn: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict
             if proc.poll() is None:
                 proc.send_signal(signal.SIGTERM)
                 proc.wait(timeout=90)
-        template.drop()
 
 
 def test_the_ci_profile_has_zero_violations_under_every_kind_of_fault(runs: dict[str, Any]) -> None:

@@ -78,8 +78,8 @@ with create_session() as session:
 
 
 @pytest.fixture(scope="module")
-def airflow(pg_dsn: str) -> Iterator[Deployment]:
-    template = MetadataTemplate(pg_dsn)
+def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
+    template = metadata_template
     source = scratch_dir("capped-moves-") / "capped_moves.py"
     source.write_text(textwrap.dedent(DAG_FILE))
     deployment = Deployment(
@@ -93,7 +93,6 @@ def airflow(pg_dsn: str) -> Iterator[Deployment]:
         raise
     finally:
         deployment.stop()
-        template.drop()
 
 
 def _scheduler_alive(deployment: Deployment) -> bool:
