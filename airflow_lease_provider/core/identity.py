@@ -22,7 +22,10 @@ from typing import Any
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.errors import InvalidArgument
 
-_TASK_PART = re.compile(r"(?P<task_id>[^/\[\]]+?)(?:\[(?P<map_index>\d+)\])?")
+# ASCII digits only: ``\d`` and ``str.isdigit`` also take other scripts' digits and ``'²'``, which ``int``
+# refuses (a ValueError for every reader of that lease), and owners are written with ASCII digits.
+_MAP_INDEX = re.compile(r"[0-9]+")
+_TASK_PART = re.compile(r"(?P<task_id>[^/\[\]]+?)(?:\[(?P<map_index>[0-9]+)\])?")
 
 
 @dataclass(frozen=True)
@@ -83,7 +86,7 @@ class RunRef:
         if len(parts) != 3 or not all(parts):
             return None
         dag_id, run_id, task = parts
-        if task.isdigit():  # written before owners carried the task id: dag_id/run_id/map_index
+        if _MAP_INDEX.fullmatch(task):  # written before owners carried the task id: dag_id/run_id/map_index
             return cls(dag_id, run_id, int(task))
         match = _TASK_PART.fullmatch(task)
         if match is None:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import html
 import logging
+import re
 import threading
 from datetime import datetime, timedelta
 from importlib import resources
@@ -268,7 +269,8 @@ def get_task_instance(
     if not scope.admin and not authz.may_read_dag(_auth_manager(), user, dag_id):
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"you may not read DAG {dag_id!r}")
     # The UI substitutes {MAP_INDEX} only for mapped instances; anything else means "not mapped".
-    index = int(map_index) if map_index and map_index.lstrip("-").isdigit() else -1
+    # ASCII digits only ("²".isdigit() is true and int("²") a ValueError: a 500).
+    index = int(map_index) if map_index and re.fullmatch(r"-?[0-9]+", map_index) else -1
     since, until = run_window(session, dag_id, run_id)
     return reading.task_instance_events(store, dag_id, run_id, task_id, index, since=since, until=until)
 

@@ -3,6 +3,7 @@ only admins force-release (checked through Airflow's auth manager), and a force-
 
 from __future__ import annotations
 
+from datetime import timedelta
 from urllib.parse import quote
 
 import pytest
@@ -307,3 +308,32 @@ def test_admin_force_release_bumps_the_token_and_is_recorded(world: World) -> No
     # and a viewer sees it in the ledger
     events = server.request("GET", "/lease/api/events", "viewer", params={"kind": "force_released"}).json()
     assert any(e["key"] == API_KEY and "force-released by admin" in e["summary"] for e in events["events"])
+
+
+def test_an_owner_whose_task_id_is_a_unicode_digit_is_read_everywhere(world: World) -> None:
+    """Airflow accepts ``task_id='²'``; ``int('²')`` in the owner's parse was a 500 on every route that
+    shows the lease or its events (for everyone who could see it), and ``map_index=²`` on the task tab."""
+    server, store = world.server, world.store
+    key, owner = "unicode-digit-key", f"{DAG_ID}/manual__2026-12-01/²"
+    assert store.acquire(key, owner, timedelta(minutes=5)) is not None
+    try:
+        task = {"dag_id": DAG_ID, "run_id": "manual__2026-12-01", "task_id": "²"}
+        for path, params in (
+            ("/lease/api/leases", {}),
+            ("/lease/api/lease", {"key": key}),
+            ("/lease/api/events", {}),
+            ("/lease/api/timeline", {"key": key}),
+            ("/lease/api/dag", {"dag_id": DAG_ID}),
+            ("/lease/api/task-instance", task),
+            ("/lease/api/task-instance", {**task, "map_index": "²"}),
+        ):
+            for user in ("admin", "viewer"):
+                response = server.request("GET", path, user, params=params)
+                assert response.status_code == 200, (path, params, user, response.text)
+        row = server.request("GET", "/lease/api/lease", "viewer", params={"key": key}).json()["lease"]
+        assert row["holder_run"]["run_id"] == "manual__2026-12-01" and row["holder_run"]["map_index"] == -1
+        tab = server.request("GET", "/lease/api/task-instance", "viewer", params={**task, "map_index": "²"}).json()
+        assert tab["map_index"] == -1
+    finally:
+        execute(store.db.dsn, q("DELETE FROM {schema}.lease WHERE key = %s", store.schema), (key,))
+        execute(store.db.dsn, q("DELETE FROM {schema}.event WHERE key = %s", store.schema), (key,))
