@@ -34,25 +34,38 @@ def schema() -> str:
     return _get("schema") or DEFAULTS["schema"]
 
 
+#: The smallest ``[lease] renew_fraction``: 100 renewals per TTL. A smaller one (1e-300, say) made the
+#: renewal interval 0 (an error naming ``renew_every``, an option nobody set) or a busy loop on the store.
+MIN_RENEW_FRACTION = 0.01
+
+
 def renew_fraction() -> float:
     raw = _get("renew_fraction")
+    problem = f"[lease] renew_fraction={raw!r}: must be a number from {MIN_RENEW_FRACTION} to below 1"
     try:
         value = float(raw)
     except ValueError:
-        raise ValueError(f"[lease] renew_fraction={raw!r}: must be a number between 0 and 1") from None
-    if not 0 < value < 1:
-        raise ValueError(f"[lease] renew_fraction={raw!r}: must be between 0 and 1 (exclusive)")
+        raise ValueError(problem) from None
+    if not MIN_RENEW_FRACTION <= value < 1:  # nan and inf fail it too
+        raise ValueError(problem)
     return value
+
+
+#: The longest ``[lease] event_retention_days``: 100 years. Far more overflowed ``timedelta`` (an
+#: OverflowError naming no option), or put the prune's cutoff before PostgreSQL's earliest timestamp
+#: (a "timestamp out of range" warning at every prune, and nothing ever pruned).
+MAX_RETENTION_DAYS = 36500
 
 
 def event_retention() -> timedelta:
     raw = _get("event_retention_days")
+    problem = f"[lease] event_retention_days={raw!r}: must be a whole number of days from 1 to {MAX_RETENTION_DAYS}"
     try:
         days = int(raw)
     except ValueError:
-        raise ValueError(f"[lease] event_retention_days={raw!r}: must be a whole number of days") from None
-    if days < 1:
-        raise ValueError(f"[lease] event_retention_days={raw!r}: must be at least 1")
+        raise ValueError(problem) from None
+    if not 1 <= days <= MAX_RETENTION_DAYS:
+        raise ValueError(problem)
     return timedelta(days=days)
 
 

@@ -323,6 +323,43 @@ def test_a_bad_clock_skew_warning_names_the_option_and_releases_the_lease(
     assert store.holder("etl-load") is None
 
 
+@pytest.mark.parametrize("value", ["1e-300", "0.001", "0", "1", "nan", "inf", "abc"])
+def test_a_bad_renew_fraction_names_the_option_and_releases_the_lease(
+    lease_env, monkeypatch, store: LeaseStore, dag, value: str
+) -> None:
+    """1e-300 made the renewal interval 0: an InvalidArgument naming ``renew_every``, which nobody set."""
+    monkeypatch.setenv("AIRFLOW__LEASE__RENEW_FRACTION", value)
+    with pytest.raises(ValueError, match=r"\[lease\] renew_fraction=.*from 0.01 to below 1"):
+        run_task(leased("load", lambda: None, lease_key="etl-load"), TaskInstance("etl", RUN, "load"))
+    assert store.holder("etl-load") is None
+
+
+@pytest.mark.parametrize("value", ["1000000000", "999999999", "36501", "0", "-3", "abc", "1e3", "²"])
+def test_a_bad_event_retention_names_the_option_and_takes_no_lease(
+    lease_env, monkeypatch, store: LeaseStore, dag, value: str
+) -> None:
+    """Read when the task's store is built: 1000000000 was an OverflowError naming no option, and 999999999
+    or 36501 were accepted (the prune's cutoff then fell before PostgreSQL's earliest timestamp)."""
+    monkeypatch.setenv("AIRFLOW__LEASE__EVENT_RETENTION_DAYS", value)
+    with pytest.raises(ValueError, match=r"\[lease\] event_retention_days=.*from 1 to 36500"):
+        run_task(leased("load", lambda: None, lease_key="etl-load"), TaskInstance("etl", RUN, "load"))
+    assert store.holder("etl-load") is None
+
+
+def test_the_longest_event_retention_is_taken(lease_env, monkeypatch, store: LeaseStore, dag) -> None:
+    monkeypatch.setenv("AIRFLOW__LEASE__EVENT_RETENTION_DAYS", "36500")
+    run_task(leased("load", lambda: None, lease_key="etl-load"), TaskInstance("etl", RUN, "load"))
+    (released,) = store.events.query(key="etl-load", kind=EventKind.RELEASED)
+    assert released.owner.startswith("etl/")
+    from airflow_lease_provider import settings
+
+    longest = LeaseStore(store.db.dsn, schema=store.schema, event_retention=settings.event_retention())
+    try:
+        assert longest.events.prune() == 1  # the cutoff is a timestamp PostgreSQL can compute
+    finally:
+        longest.close()
+
+
 def test_a_run_lease_whose_acquire_task_fails_before_it_is_done_is_released(lease_env, store: LeaseStore) -> None:
     acquire = AcquireRunLeaseOperator(task_id="acquire_run_lease", lease_ttl=TTL)
     with pytest.raises(RuntimeError):
