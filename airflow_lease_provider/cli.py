@@ -546,12 +546,14 @@ def _epoch_row(epoch: Any) -> dict[str, Any]:
 
 
 def cmd_failover(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
-    before = store.token_epoch()
     if args.show:
-        data = {"epoch": _epoch_row(before)}
+        data = {"epoch": _epoch_row(store.token_epoch())}
     else:
         reason = args.reason or f"airflow-lease failover by {getpass.getuser()}@{socket.gethostname()}"
-        data = {"previous": _epoch_row(before), "epoch": _epoch_row(store.bump_epoch(reason))}
+        # "previous" is read in the bump's transaction, under its row lock: two concurrent runs print
+        # 0 -> 1 and 1 -> 2, not 0 -> 1 and 0 -> 2.
+        before, after = store.bump_epoch_from(reason)
+        data = {"previous": _epoch_row(before), "epoch": _epoch_row(after)}
     if args.json:
         return _json(data, out)
     now = data["epoch"]

@@ -395,8 +395,23 @@ class LeaseStore(Store):
 
         :param reason: why, recorded with the epoch.
         """
+        return self.bump_epoch_from(reason)[1]
+
+    def bump_epoch_from(self, reason: str) -> tuple[TokenEpoch, TokenEpoch]:
+        """:meth:`bump_epoch`, returning ``(previous, new)``: the epoch it moved from, and the new one.
+
+        Read and changed in one transaction, with the epoch's row locked first: of two concurrent bumps
+        one waits for the other, so they report ``0 -> 1`` and ``1 -> 2`` (reading ``previous`` apart
+        from the bump made both say they moved from 0). Like every acquire, the store first moves to a
+        new epoch when it runs on another server history; ``previous`` is the epoch after that move.
+        """
         validation.name("reason", reason)
-        row = self._ready().run("token_epoch_bump", {"reason": reason}, durable=True)[0]
-        epoch = TokenEpoch(*row)
-        log.warning("token epoch bumped to %d (%s)", epoch.epoch, reason)
-        return epoch
+        db = self._ready()
+        with db.transaction() as cur:
+            cur.execute(db.query_text("token_floor", cur.connection))
+            cur.execute(db.query_text("token_epoch_locked", cur.connection))
+            previous = TokenEpoch(*cur.fetchone())
+            cur.execute(db.query_text("token_epoch_bump", cur.connection), {"reason": reason})
+            epoch = TokenEpoch(*cur.fetchone())
+        log.warning("token epoch bumped from %d to %d (%s)", previous.epoch, epoch.epoch, reason)
+        return previous, epoch

@@ -9,7 +9,7 @@ from datetime import timedelta
 from airflow_lease_provider import cli
 from airflow_lease_provider.core import LeaseStore
 from airflow_lease_provider.core.types import EPOCH_SHIFT
-from tests.pg import execute
+from tests.pg import execute, q
 
 
 def _run(pg_dsn: str, schema: str, *args: str) -> tuple[int, str]:
@@ -64,3 +64,50 @@ def test_force_release_after_a_failover_reports_the_token_the_lease_really_has(
     reported = json.loads(text)["new_token"]
     row = store.lease("daily-article")
     assert row is not None and reported == row.token == (1 << EPOCH_SHIFT) + 1  # not the old token + 1
+
+
+def test_concurrent_failovers_each_report_the_epoch_they_moved_from(
+    pg_dsn: str, schema: str, store: LeaseStore
+) -> None:
+    """Two ``airflow-lease failover`` console scripts at once. "previous" was read before the bump took
+    the row lock, so both printed ``0 -> ...`` (``0 -> 1`` and ``0 -> 2``): one of them lied."""
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    import psycopg2
+
+    store.ensure_schema()
+    blocker = psycopg2.connect(pg_dsn)  # holds the epoch's row until both runs wait for it
+    try:
+        with blocker.cursor() as cur:
+            cur.execute(q("SELECT epoch FROM {schema}.lease_epoch FOR UPDATE", schema))
+        script = str(Path(sys.executable).parent / "airflow-lease")
+        runs = [
+            subprocess.Popen(
+                [script, "--dsn", pg_dsn, "--schema", schema, "failover", "--reason", f"run {i}", "--json"],
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            for i in (1, 2)
+        ]
+        deadline = time.monotonic() + 60
+        while True:  # both are waiting for the row lock (the old code had read "previous" by then)
+            waiting = execute(
+                pg_dsn,
+                "SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND query LIKE %s",
+                ("%lease_epoch%",),
+            )[0][0]
+            if waiting == 2:
+                break
+            assert time.monotonic() < deadline, "the two failovers never both waited for the epoch's row"
+            assert all(run.poll() is None for run in runs), [run.communicate() for run in runs]
+            time.sleep(0.1)
+        blocker.rollback()
+        results = [run.communicate(timeout=120) for run in runs]
+    finally:
+        blocker.close()
+    assert [run.returncode for run in runs] == [0, 0], results
+    moves = sorted((json.loads(out)["previous"]["epoch"], json.loads(out)["epoch"]["epoch"]) for out, _ in results)
+    assert moves == [(0, 1), (1, 2)], moves
+    assert store.token_epoch().epoch == 2

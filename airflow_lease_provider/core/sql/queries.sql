@@ -136,6 +136,11 @@ SELECT {schema}.lease_token_floor();
 -- name: token_epoch
 SELECT e.epoch, e.system_identifier, e.timeline, e.changed_at, e.reason FROM {schema}.lease_epoch e;
 
+-- name: token_epoch_locked
+-- The epoch as it is, its row locked until the transaction ends: read before a bump in the same
+-- transaction, it is the epoch that bump moved from (a concurrent bump waits for it, and then reads ours).
+SELECT e.epoch, e.system_identifier, e.timeline, e.changed_at, e.reason FROM {schema}.lease_epoch e FOR UPDATE;
+
 -- name: token_epoch_bump
 SELECT * FROM {schema}.lease_epoch_bump(%(reason)s);
 
