@@ -57,7 +57,18 @@ def validate_lease_args(
     if lease_poll_interval is not None:
         validation.positive_timedelta("lease_poll_interval", lease_poll_interval)
     if lease_ttl is None and lease_scope == "run":
-        return None  # a run-scoped task renews the run's lease with that lease's own TTL
+        # A run-scoped task renews the run's lease, whose TTL is only known when the task runs (it is
+        # checked against it then); an interval no TTL could make work is refused now.
+        if lease_renew_every is not None:
+            interval = validation.positive_timedelta("lease_renew_every", lease_renew_every)
+            longest = validation.MAX_TTL - validation.default_safety_margin(validation.MAX_TTL)
+            if interval >= longest:
+                raise InvalidArgument(
+                    "lease_renew_every", lease_renew_every,
+                    f"must be shorter than the run lease's TTL minus the keeper's safety margin, and no "
+                    f"lease lives longer than {validation.MAX_TTL.days} days: it must be below {longest}",
+                )
+        return None
     if lease_ttl is None:
         if isinstance(execution_timeout, timedelta):
             try:

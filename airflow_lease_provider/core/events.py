@@ -160,9 +160,9 @@ class EventLedger:
         """
         kind_value = event_kind(kind)
         columns = run_columns(run)
-        validation.name("key", key)
+        key = validation.lookup_name("key", key)
         if owner is not None:
-            validation.name("owner", owner)
+            validation.owner("owner", owner)
         if token is not None:
             validation.token("token", token)
         if detail is not None and not isinstance(detail, dict):
@@ -218,7 +218,7 @@ class EventLedger:
         if kind is not None:
             kind = event_kind(kind)
         if key is not None:
-            validation.name("key", key)
+            key = validation.lookup_name("key", key)
         for name, value in (("since", since), ("until", until)):
             if value is not None and not (isinstance(value, datetime) and value.tzinfo is not None):
                 raise InvalidArgument(name, value, "must be a timezone-aware datetime or None")

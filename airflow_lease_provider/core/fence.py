@@ -79,13 +79,13 @@ class FenceStore(Store):
     def _params(
         resource: str, key: str, token: int, owner: str | None, idempotency_key: str | None
     ) -> dict[str, Any]:
-        validation.name("resource", resource)
-        validation.name("key", key)
+        resource = validation.name("resource", resource)
+        key = validation.lookup_name("key", key)
         validation.token("token", token)
         if owner is not None:
-            validation.name("owner", owner)
+            validation.owner("owner", owner)
         if idempotency_key is not None:
-            validation.name("idempotency_key", idempotency_key)
+            idempotency_key = validation.name("idempotency_key", idempotency_key)
         return {
             "resource": resource, "key": key, "token": token, "owner": owner, "idempotency_key": idempotency_key,
         }
@@ -170,14 +170,14 @@ class FenceStore(Store):
 
     def current(self, resource: str, *, key: str) -> int | None:
         """The token a publish of lease ``key`` to ``resource`` must exceed (the largest accepted), or ``None``."""
-        validation.name("resource", resource)
-        validation.name("key", key)
+        resource = validation.lookup_name("resource", resource)
+        key = validation.lookup_name("key", key)
         rows = self._ready().run("fence_current", {"resource": resource, "key": key})
         return int(rows[0][0]) if rows and rows[0][0] is not None else None
 
     def tokens(self, resource: str) -> dict[str, int]:
         """Every lease key's largest accepted token at ``resource`` (for status pages)."""
-        validation.name("resource", resource)
+        resource = validation.lookup_name("resource", resource)
         return {row[0]: int(row[1]) for row in self._ready().run("fence_tokens", {"resource": resource})}
 
     @contextmanager

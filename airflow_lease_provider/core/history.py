@@ -96,7 +96,7 @@ class LeaseHistory:
 
         :param dag_ids: only the events of these DAGs (the detail's ``dag_id``, else the owner's DAG).
         """
-        validation.name("key", key)
+        key = validation.lookup_name("key", key)
         _range(since, until)
         params = {"key": key, "since": since, "until": until, "dag_ids": _dags(dag_ids),
                   "limit": _limit(limit, 100_000)}
@@ -105,7 +105,7 @@ class LeaseHistory:
     def open_holding(self, key: str, since: datetime) -> list[Event]:
         """The last acquisition of ``key`` before ``since`` and the events that ended it before ``since``
         (empty when the key was never acquired before): the holding that may still run at ``since``."""
-        validation.name("key", key)
+        key = validation.lookup_name("key", key)
         if not (isinstance(since, datetime) and since.tzinfo is not None):
             raise InvalidArgument("since", since, "must be a timezone-aware datetime")
         return self._events("timeline_open_holding", {"key": key, "since": since})
@@ -138,24 +138,24 @@ class LeaseHistory:
     ) -> list[TrendRow]:
         """Acquisitions, skips, failures, catch-up slots, losses and force-releases of ``key`` per
         ``unit`` (UTC) and for the whole range (rows with ``bucket`` None)."""
-        validation.name("key", key)
+        key = validation.lookup_name("key", key)
         params = {"key": key, "since": since, "until": until, "unit": unit, "dag_ids": _dags(dag_ids)}
         return self._trend("trend_key", params)
 
     def dag_trend(self, dag_id: str, since: datetime, until: datetime, *, unit: str = "day") -> list[TrendRow]:
         """:meth:`key_trend` for the events of one DAG (every key its runs used)."""
-        validation.name("dag_id", dag_id)
+        validation.identifier("dag_id", dag_id)
         return self._trend("trend_dag", {"dag_id": dag_id, "since": since, "until": until, "unit": unit})
 
     def dag_keys(self, dag_id: str, since: datetime, until: datetime, *, limit: int = 100) -> list[KeyUse]:
         """The lease keys the runs of ``dag_id`` used in ``[since, until)``, most recently used first."""
-        validation.name("dag_id", dag_id)
+        validation.identifier("dag_id", dag_id)
         _range(since, until)
         params = {"dag_id": dag_id, "since": since, "until": until, "limit": _limit(limit, 10_000)}
         return [KeyUse(r[0], int(r[1]), r[2]) for r in self._run("dag_keys", params)]
 
     def dag_leases(self, dag_id: str, *, limit: int = 1000) -> list[Lease]:
         """The lease rows whose holder (or last holder) is a run of ``dag_id``, in key order."""
-        validation.name("dag_id", dag_id)
+        validation.identifier("dag_id", dag_id)
         params = {"owner_prefix": dag_id + "/", "limit": _limit(limit, 100_000)}
         return [lease_from_row(r) for r in self._run("dag_leases", params)]

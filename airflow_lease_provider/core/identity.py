@@ -124,10 +124,10 @@ def run_columns(run: RunRef | None) -> dict[str, Any]:
         return dict(NO_RUN)
     if not isinstance(run, RunRef):
         raise InvalidArgument("run", run, f"must be a RunRef or None, not {type(run).__name__}")
-    validation.name("run.dag_id", run.dag_id)
-    validation.name("run.run_id", run.run_id)
+    validation.identifier("run.dag_id", run.dag_id)
+    validation.identifier("run.run_id", run.run_id)
     if run.task_id is not None:
-        validation.name("run.task_id", run.task_id)
+        validation.identifier("run.task_id", run.task_id)
     if isinstance(run.map_index, bool) or not isinstance(run.map_index, int) or not -1 <= run.map_index < 2**31:
         raise InvalidArgument("run.map_index", run.map_index, "must be an integer from -1 to 2**31-1")
     return run.columns()

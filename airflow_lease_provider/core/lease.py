@@ -80,8 +80,8 @@ class LeaseStore(Store):
 
         :returns: the new lease, or the current holder when someone else holds it.
         """
-        validation.name("key", key)
-        validation.name("owner", owner)
+        key = validation.name("key", key)
+        owner = validation.owner("owner", owner)
         validation.ttl("ttl", ttl)
         columns = run_columns(run)  # checked before anything is sent
         # Retrying after a lost connection is safe: if the first attempt did commit, the retry is the
@@ -147,7 +147,7 @@ class LeaseStore(Store):
 
     def holder(self, key: str) -> Lease | None:
         """The current valid lease on ``key``, or ``None`` when it is free."""
-        validation.name("key", key)
+        key = validation.lookup_name("key", key)
         db = self._ready()
         sent_at = time.monotonic()
         rows = db.run("holder", {"key": key})
@@ -158,7 +158,8 @@ class LeaseStore(Store):
 
         The answer carries the current holder either way, to say who holds it instead.
         """
-        validation.name("owner", owner)
+        owner = validation.owner("owner", owner)
+        key = validation.lookup_name("key", key)
         if token is not None:
             validation.token("token", token)
         return Holding(key, owner, token, self.holder(key))
@@ -197,7 +198,7 @@ class LeaseStore(Store):
 
         One index lookup, whatever the number of keys (unlike scanning :meth:`leases`).
         """
-        validation.name("key", key)
+        key = validation.lookup_name("key", key)
         rows = self._ready().run("lease_by_key", {"key": key})
         return lease_from_row(rows[0]) if rows else None
 
@@ -231,8 +232,8 @@ class LeaseStore(Store):
             ``previous.token + 1``, or the token epoch's floor + 1 after a failover. ``None`` when the key
             was never acquired.
         """
-        validation.name("key", key)
-        validation.name("by", by)
+        key = validation.lookup_name("key", key)
+        by = validation.owner("by", by)
         if not isinstance(reason, str) or "\x00" in reason or len(reason) > validation.MAX_NAME_LENGTH:
             raise InvalidArgument(
                 "reason", reason, f"must be a string of at most {validation.MAX_NAME_LENGTH} characters without NUL"
@@ -276,7 +277,7 @@ class LeaseStore(Store):
         """
         positive_limit(limit)
         if after is not None:
-            validation.name("after", after)
+            validation.identifier("after", after)  # a stored key, as stored (keyset pagination)
         params = {"limit": limit, "after": after, "held_only": bool(held_only), "dag_ids": _dag_list(dag_ids)}
         db = self._ready()
         sent_at = time.monotonic()
@@ -301,7 +302,7 @@ class LeaseStore(Store):
         if kind is not None:
             kind = event_kind(kind)
         if key is not None:
-            validation.name("key", key)
+            key = validation.lookup_name("key", key)
         _aware("since", since)
         _aware("until", until)
         before_at, before_id = None, None
@@ -335,8 +336,8 @@ class LeaseStore(Store):
         """The events of one DAG run, newest first, selected in SQL by their run columns (migration 0007:
         the run the Airflow layer passed when it wrote them; events from before are filled in from their
         detail or owner)."""
-        validation.name("dag_id", dag_id)
-        validation.name("run_id", run_id)
+        validation.identifier("dag_id", dag_id)
+        validation.identifier("run_id", run_id)
         _aware("since", since)
         _aware("until", until)
         positive_limit(limit, maximum=100_000)
@@ -405,7 +406,7 @@ class LeaseStore(Store):
         from the bump made both say they moved from 0). Like every acquire, the store first moves to a
         new epoch when it runs on another server history; ``previous`` is the epoch after that move.
         """
-        validation.name("reason", reason)
+        validation.identifier("reason", reason)
         db = self._ready()
         with db.transaction() as cur:
             cur.execute(db.query_text("token_floor", cur.connection))

@@ -109,8 +109,8 @@ def checked(lease: object, parameter: str = "lease") -> Lease:
     """A :class:`Lease` whose identifying fields are valid (renew and release trust nothing else)."""
     if not isinstance(lease, Lease):
         raise InvalidArgument(parameter, lease, f"must be a Lease, not {type(lease).__name__}")
-    validation.name("key", lease.key)
-    validation.name("owner", lease.owner)
+    validation.identifier("key", lease.key)  # as stored: renew and release match it exactly
+    validation.owner("owner", lease.owner)
     validation.token("token", lease.token)
     return lease
 

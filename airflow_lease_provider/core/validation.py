@@ -3,15 +3,23 @@
 from __future__ import annotations
 
 import re
+import unicodedata
 from datetime import timedelta
 
 from airflow_lease_provider.core.errors import InvalidArgument
 
-#: Keys, owners, resources and idempotency keys are stored verbatim up to this many characters...
+#: Keys, resources and idempotency keys are stored up to this many characters...
 MAX_NAME_LENGTH = 512
-#: ...and this many bytes of UTF-8 (a PostgreSQL btree entry holds at most ~2.7 kB, and the publish
-#: index holds a resource and an idempotency key together).
+#: ...and this many bytes of UTF-8 (a PostgreSQL btree entry holds at most ~2.7 kB, and the fence's
+#: primary key holds a resource and a lease key together, the publish index a resource and an
+#: idempotency key).
 MAX_NAME_BYTES = 1024
+#: Owners are stored verbatim up to this many characters and bytes: an Airflow task instance's owner
+#: ``dag_id/run_id/task_id[map_index]`` is up to 3 x 250 + 2 + 12 = 764 characters (Airflow's ids are up
+#: to 250 characters each), of up to 4 bytes each. No index holds a whole owner; the ledger's DAG index
+#: holds its part before the first ``/``, which is held to :data:`MAX_NAME_BYTES`.
+MAX_OWNER_LENGTH = 1024
+MAX_OWNER_BYTES = 4 * MAX_OWNER_LENGTH
 #: The shortest lease we grant. Shorter ones cannot be renewed in time over a network.
 MIN_TTL = timedelta(seconds=1)
 #: The longest lease we grant. Longer ones mean a crash blocks the job for more than a week.
@@ -22,23 +30,91 @@ MAX_TOKEN = 2**63 - 1
 _SCHEMA_RE = re.compile(r"^[a-z_][a-z0-9_]{0,62}$")
 
 
-def name(parameter: str, value: object) -> str:
-    """A key, owner, resource or idempotency key: a non-empty string up to :data:`MAX_NAME_LENGTH`."""
+#: Unicode categories refused in a name: controls, format characters (zero-width spaces and joiners,
+#: bidirectional overrides and isolates, the BOM), surrogates, line and paragraph separators. They are
+#: invisible or change how the text around them is shown, so two names that look the same would be
+#: two leases.
+REFUSED_CATEGORIES = {
+    "Cc": "a control character",
+    "Cf": "a format character (invisible, or it reorders the text around it)",
+    "Cs": "a surrogate",
+    "Zl": "a line separator",
+    "Zp": "a paragraph separator",
+}
+
+
+def _text(parameter: str, value: object, max_length: int, max_bytes: int) -> str:
+    """A non-empty str without NUL, of valid Unicode, within ``max_length`` characters and ``max_bytes``."""
     if not isinstance(value, str):
         raise InvalidArgument(parameter, value, f"must be a str, not {type(value).__name__}")
     if not value.strip():
         raise InvalidArgument(parameter, value, "must be a non-empty string")
-    if len(value) > MAX_NAME_LENGTH:
-        raise InvalidArgument(parameter, value, f"is {len(value)} characters long; the limit is {MAX_NAME_LENGTH}")
+    if len(value) > max_length:
+        raise InvalidArgument(parameter, value, f"is {len(value)} characters long; the limit is {max_length}")
     if "\x00" in value:
         raise InvalidArgument(parameter, value, "must not contain NUL characters (PostgreSQL text cannot store them)")
     try:
         size = len(value.encode("utf-8"))
     except UnicodeEncodeError:
         raise InvalidArgument(parameter, value, "must be valid Unicode (it contains a lone surrogate)") from None
-    if size > MAX_NAME_BYTES:
-        raise InvalidArgument(parameter, value, f"is {size} bytes as UTF-8; the limit is {MAX_NAME_BYTES}")
+    if size > max_bytes:
+        raise InvalidArgument(parameter, value, f"is {size} bytes as UTF-8; the limit is {max_bytes}")
     return value
+
+
+def lookup_name(parameter: str, value: object) -> str:
+    """A key (or resource) to look up or act on as stored: NFC-normalised, as :func:`name` stores it.
+
+    It does not refuse the characters :func:`name` refuses, so rows written before names were checked
+    for them (version 0.x, see docs/deploy.md) can still be read, released and force-released.
+    """
+    return unicodedata.normalize("NFC", _text(parameter, value, MAX_NAME_LENGTH, MAX_NAME_BYTES))
+
+
+def name(parameter: str, value: object) -> str:
+    """A key, resource or idempotency key, normalised to NFC (the value to use from then on).
+
+    One name is one text: the NFD and NFC forms of ``é`` are the same name (normalised), and a name
+    with an invisible or reordering character (categories :data:`REFUSED_CATEGORIES`: a zero-width
+    space, a bidirectional override, a control character) or with whitespace at either end is refused,
+    so a name that looks like another is never a second lease beside it. At most
+    :data:`MAX_NAME_LENGTH` characters and :data:`MAX_NAME_BYTES` bytes of UTF-8, after normalising.
+    """
+    text = _text(parameter, value, MAX_NAME_LENGTH * 4, MAX_NAME_BYTES * 4)
+    if text != text.strip():
+        raise InvalidArgument(
+            parameter, value,
+            "must not begin or end with whitespace (it would be a different name from the one without)",
+        )
+    for position, char in enumerate(text):
+        what = REFUSED_CATEGORIES.get(unicodedata.category(char))
+        if what is not None:
+            label = unicodedata.name(char, "")
+            raise InvalidArgument(
+                parameter, value,
+                f"contains U+{ord(char):04X}{' ' + label if label else ''} at position {position}, {what}: "
+                "such characters are refused, so that a name never looks like another one",
+            )
+    return _text(parameter, unicodedata.normalize("NFC", text), MAX_NAME_LENGTH, MAX_NAME_BYTES)
+
+
+def owner(parameter: str, value: object) -> str:
+    """A lease owner (or who force-released a lease): stored verbatim, never normalised (two owners are
+    two holders), up to :data:`MAX_OWNER_LENGTH` characters and :data:`MAX_OWNER_BYTES` bytes."""
+    text = _text(parameter, value, MAX_OWNER_LENGTH, MAX_OWNER_BYTES)
+    head = text.split("/", 1)[0]
+    if "/" in text and len(head.encode("utf-8")) > MAX_NAME_BYTES:
+        raise InvalidArgument(
+            parameter, value,
+            f"its part before the first '/' (the DAG id, indexed in the ledger) is more than {MAX_NAME_BYTES} bytes",
+        )
+    return text
+
+
+def identifier(parameter: str, value: object) -> str:
+    """An Airflow id (DAG, run or task id): verbatim, at most :data:`MAX_NAME_LENGTH` characters and
+    :data:`MAX_NAME_BYTES` bytes (Airflow allows 250 characters)."""
+    return _text(parameter, value, MAX_NAME_LENGTH, MAX_NAME_BYTES)
 
 
 def ttl(parameter: str, value: object) -> timedelta:

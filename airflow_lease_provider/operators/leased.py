@@ -345,10 +345,10 @@ class LeasedOperator(BaseOperator):
                 self.log.exception("on_kill after the lease was lost failed")
             raise
         except BaseException:
-            released = keeper.stop(release=release)
+            released = self._stop_keeper(keeper, release=release)
             raise
         else:
-            released = keeper.stop(release=release)
+            released = self._stop_keeper(keeper, release=release)
         finally:
             keeper.stop()
             metrics.timing("lease.held", timedelta(seconds=time.monotonic() - started), tags)
@@ -360,6 +360,24 @@ class LeasedOperator(BaseOperator):
             elif release:
                 self.log.info("lease: %r token %s not released", key, lease.token)
         return result
+
+    def _stop_keeper(self, keeper: LeaseKeeper, *, release: bool) -> bool:
+        """After the body: stop renewing and, with ``release``, free the lease; whether it was freed.
+
+        A release that fails (the store unreachable, the row locked past the statement timeout) is logged
+        and the lease left to expire with its TTL: the body's result, or the body's own exception, is what
+        the task reports. Failing a task whose body succeeded would make Airflow retry it and run the body
+        again; an error raised here would replace the body's.
+        """
+        try:
+            return keeper.stop(release=release)
+        except Exception:
+            lease = keeper.lease
+            self.log.exception(
+                "lease: could not release %r token %s; it is left to expire with its TTL (at %s at the latest)",
+                lease.key, lease.token, lease.expires_at.isoformat(),
+            )
+            return False
 
     def _give_back(
         self, store: LeaseStore, lease: Lease, keeper: LeaseKeeper | None, *, release: bool, run: RunRef | None = None

@@ -13,10 +13,12 @@ import time
 from datetime import timedelta
 from pathlib import Path
 
+import psycopg2
 import pytest
 
 from airflow_lease_provider.core import EventKind, LeaseStore
 from tests.airflow.harness import EXAMPLES
+from tests.pg import q
 
 pytestmark = pytest.mark.airflow
 
@@ -144,3 +146,43 @@ def test_bad_dag_arguments_fail_at_parse_time_naming_the_parameter(airflow_home)
     assert "on_overlap='later'" in errors["bad_mapped_unknown_policy.py"]
     # A sensor that would give its lease back between pokes.
     assert "mode='reschedule'" in errors["bad_reschedule_sensor.py"]
+    # A run-scoped task has no TTL of its own, but an interval that can never work is refused all the same.
+    assert "lease_renew_every=datetime.timedelta(days=-1, seconds=86395)" in errors["bad_run_scope_renew.py"]
+    assert "lease_renew_every=datetime.timedelta(days=8)" in errors["bad_run_scope_renew_operator.py"]
+
+
+@pytest.mark.parametrize("outcome", ["done", "raise"])
+def test_a_release_that_fails_after_the_body_neither_fails_the_task_nor_hides_the_body_s_error(
+    airflow_home, store: LeaseStore, pg_dsn: str, schema: str, tmp_path, outcome: str
+) -> None:
+    """The release waits on the lease row another connection holds FOR UPDATE, until the store's statement
+    timeout (5 s) cuts it off: the task reports the body's result or error, and the lease is left to its TTL."""
+    task_markers = markers(tmp_path, outcome)
+    home = airflow_home(outcome, extra_env={"LEASE_TEST_MARKERS": str(task_markers)})
+    dag_id, key = f"release_blocked_{outcome}", f"release-blocked-{outcome}"
+    running = home.dags_test_background(dag_id)
+    wait_until(lambda: (task_markers / "body-running").exists(), what="the body to start")
+    locker = psycopg2.connect(pg_dsn)
+    try:
+        with locker.cursor() as cur:
+            cur.execute(q("SELECT token FROM {schema}.lease WHERE key = %s FOR UPDATE", schema), (key,))
+            assert cur.fetchone() is not None
+            (task_markers / "row-locked").write_text("")
+            running.wait(timeout=180)
+    finally:
+        locker.rollback()
+        locker.close()
+    log = (home.path / f"{dag_id}.log").read_text()
+    state = home.task_states()[("body", -1)]
+    if outcome == "done":
+        assert state == "success", log[-4000:]
+        assert home.xcom("body", "return_value") == "done"
+        assert not (task_markers / "reported-exception").exists()
+    else:
+        assert state == "failed", log[-4000:]
+        assert (task_markers / "reported-exception").read_text() == "ValueError"
+    assert f"could not release {key!r}" in log, log[-4000:]
+    assert "did not answer in time" in log  # the release's own error is logged, not lost
+    # Not released: the lease is left to expire with its TTL (another run waits at most that long).
+    holder = store.holder(key)
+    assert holder is not None and holder.owner.startswith(f"{dag_id}/")

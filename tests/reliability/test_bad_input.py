@@ -12,28 +12,29 @@ import pytest
 
 from airflow_lease_provider.core import FenceStore, InvalidArgument, LeaseStore
 from airflow_lease_provider.core.events import MAX_DETAIL_BYTES
-from airflow_lease_provider.core.validation import MAX_NAME_LENGTH, MAX_TOKEN
+from airflow_lease_provider.core.validation import MAX_NAME_LENGTH, MAX_OWNER_LENGTH, MAX_TOKEN
 from tests.reliability.dbstate import Rows
 
 TTL = timedelta(seconds=60)
 LONG = "x" * (MAX_NAME_LENGTH + 1)
+LONG_OWNER = "x" * (MAX_OWNER_LENGTH + 1)  # owners hold an Airflow identity of up to 764 characters
 
 CALLS: dict[str, Callable[[LeaseStore, FenceStore], Any]] = {
     "key": lambda s, f: s.acquire(LONG, owner="o", ttl=TTL),
-    "owner": lambda s, f: s.acquire("job", owner=LONG, ttl=TTL),
+    "owner": lambda s, f: s.acquire("job", owner=LONG_OWNER, ttl=TTL),
     "resource": lambda s, f: f.accept(LONG, 1, key="job"),
     "idempotency_key": lambda s, f: f.accept("blog", 1, key="job", idempotency_key=LONG),
-    "by": lambda s, f: s.force_release("job", by=LONG),
+    "by": lambda s, f: s.force_release("job", by=LONG_OWNER),
     "token": lambda s, f: f.accept("blog", MAX_TOKEN + 1, key="job"),
     "ttl": lambda s, f: s.acquire("job", owner="o", ttl=timedelta(days=7, seconds=1)),
     "detail": lambda s, f: s.events.record("acquired", "job", detail={"text": "x" * MAX_DETAIL_BYTES}),
 }
 MESSAGES = {
     "key": f"is {MAX_NAME_LENGTH + 1} characters long; the limit is {MAX_NAME_LENGTH}",
-    "owner": f"is {MAX_NAME_LENGTH + 1} characters long; the limit is {MAX_NAME_LENGTH}",
+    "owner": f"is {MAX_OWNER_LENGTH + 1} characters long; the limit is {MAX_OWNER_LENGTH}",
     "resource": f"is {MAX_NAME_LENGTH + 1} characters long; the limit is {MAX_NAME_LENGTH}",
     "idempotency_key": f"is {MAX_NAME_LENGTH + 1} characters long; the limit is {MAX_NAME_LENGTH}",
-    "by": f"is {MAX_NAME_LENGTH + 1} characters long; the limit is {MAX_NAME_LENGTH}",
+    "by": f"is {MAX_OWNER_LENGTH + 1} characters long; the limit is {MAX_OWNER_LENGTH}",
     "token": "larger than a PostgreSQL bigint",
     "ttl": "must be at most 7 days",
     "detail": f"larger than {MAX_DETAIL_BYTES} bytes",

@@ -8,7 +8,7 @@ from datetime import timedelta
 import pytest
 from psycopg2 import sql
 
-from airflow_lease_provider.core import EventKind, FenceStore, InvalidArgument, LeaseStore
+from airflow_lease_provider.core import EventKind, FenceStore, InvalidArgument, LeaseStore, validation
 from airflow_lease_provider.core.validation import MAX_NAME_LENGTH
 from tests.pg import execute
 from tests.reliability import dbstate
@@ -29,6 +29,37 @@ def test_the_corpus_has_at_least_50_valid_payloads() -> None:
         assert p.strip() and "\x00" not in p and len(p) <= MAX_NAME_LENGTH
 
 
+def is_refused(payload: str) -> bool:
+    """A payload the name rule refuses: whitespace at an end, or an invisible or reordering character."""
+    try:
+        validation.name("name", payload)
+    except InvalidArgument:
+        return True
+    return False
+
+
+def test_payloads_with_invisible_characters_or_edge_whitespace_are_refused_and_write_nothing(
+    store: LeaseStore, fences: FenceStore, pg_dsn: str, schema: str
+) -> None:
+    store.ensure_schema()
+    fences.ensure_schema()
+    before = dbstate.catalog(pg_dsn, schema)
+    refused = [p for p in payloads(schema) if is_refused(p)]
+    assert len(refused) >= 5  # leading/trailing newlines and spaces, U+200B, U+202E, U+2028
+    for p in refused:
+        with pytest.raises(InvalidArgument) as info:
+            store.acquire(p, owner="o", ttl=TTL)
+        assert info.value.parameter == "key"
+        with pytest.raises(InvalidArgument) as info:
+            fences.advance(p, 1, key="job")
+        assert info.value.parameter == "resource"
+        with pytest.raises(InvalidArgument) as info:
+            fences.advance("blog", 1, key="job", idempotency_key=p)
+        assert info.value.parameter == "idempotency_key"
+    assert store.leases() == [] and fences.tokens("blog") == {}
+    assert dbstate.catalog(pg_dsn, schema) == before
+
+
 def test_payloads_are_stored_verbatim_and_the_schema_is_untouched(
     store: LeaseStore, fences: FenceStore, pg_dsn: str, schema: str
 ) -> None:
@@ -36,7 +67,8 @@ def test_payloads_are_stored_verbatim_and_the_schema_is_untouched(
     fences.ensure_schema()
     execute(pg_dsn, sql.SQL("CREATE TABLE {}.published (value text NOT NULL)").format(sql.Identifier(schema)))
     before = dbstate.catalog(pg_dsn, schema)
-    corpus = payloads(schema)
+    corpus = [p for p in payloads(schema) if not is_refused(p)]
+    assert len(corpus) >= 50
     wrong: list[str] = []
 
     def expect(condition: bool, payload: str, what: str) -> None:

@@ -7,6 +7,7 @@ written" is checked on the tables themselves, events included.
 
 from __future__ import annotations
 
+import unicodedata
 import uuid
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -131,7 +132,12 @@ def test_force_release_frees_and_leaves_a_trace_or_refuses_and_writes_nothing(
         refused(exc, "key", "by", "reason")
         assert rows() == before
         return
-    assert previous is not None and previous.key == key
+    if not is_name(key):
+        # A name acquire refuses (an invisible character, whitespace at an end) can still be looked up
+        # and force-released, for rows older versions wrote: there is none here, so nothing happens.
+        assert previous is None and rows() == before
+        return
+    assert previous is not None and previous.key == unicodedata.normalize("NFC", key)
     # An admin action that leaves no record is worse than one refused: the ledger must have it.
     trace = store.events.query(key=key, kind=EventKind.FORCE_RELEASED, limit=1)
     assert trace and trace[0].detail["by"] == by, f"force_release({key!r}, reason={reason!r}) left no event"

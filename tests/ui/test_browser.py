@@ -18,6 +18,7 @@ from urllib.parse import quote
 import pytest
 
 from airflow_lease_provider.core import EventKind
+from tests.pg import execute, q
 from tests.ui.conftest import BROWSER_KEY, World
 from tests.ui.server import DAG_ID, LEASE_KEY, password
 
@@ -230,3 +231,34 @@ def test_the_page_pages_through_more_leases_than_one_page(browser: Any, world: W
     finally:
         page.close()
         execute(store.db.dsn, q("DELETE FROM {schema}.lease WHERE key LIKE 'zz-page-%%'", store.schema))
+
+
+def test_a_key_with_a_bidi_override_from_an_older_version_is_isolated_and_shown_escaped(
+    browser: Any, world: World
+) -> None:
+    """The store refuses such keys now; a row an older version wrote is still listed, and the page shows
+    the override as its code point inside an isolated <bdi dir=auto>, never applying it."""
+    key = "00-nightly\u202eesolc"
+    execute(
+        world.store.db.dsn,
+        q("INSERT INTO {schema}.lease (key, owner, token, ttl, acquired_at, renewed_at, expires_at) "
+          "VALUES (%s, %s, 1, '1 hour', now(), now(), now() + '1 hour') ON CONFLICT (key) DO NOTHING",
+          world.store.schema),
+        (key, "old\u202escript"),
+    )
+    page = login(browser, world, "admin")
+    frame = open_leases_from_nav(page)
+    row = frame.locator("#leases tbody tr[data-key]").filter(has=frame.locator("td.key", has_text="00-nightly"))
+    row.wait_for()
+    shown = row.locator("td.key bdi.name[dir=auto]")
+    assert shown.count() == 1
+    assert shown.locator(".codepoint").inner_text() == "U+202E"
+    assert shown.inner_text() == "00-nightlyU+202Eesolc" and "\u202e" not in row.inner_text()
+    assert row.locator("bdi.name", has_text="old").inner_text() == "oldU+202Escript"  # the owner too
+    # The confirmation sentence isolates the key, so it cannot reorder the words after it.
+    row.locator("button").click()
+    text = frame.locator("#confirm-text")
+    assert text.locator("bdi.name[dir=auto] .codepoint").first.inner_text() == "U+202E"
+    assert "\u202e" not in text.inner_text() and "Force-releasing it frees it now." in text.inner_text()
+    frame.locator("#confirm-cancel").click()
+    page.close()

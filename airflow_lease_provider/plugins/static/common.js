@@ -77,6 +77,47 @@ const Lease = (() => {
     return body;
   }
 
+  // Characters that are invisible or reorder the text around them: controls, format characters (zero-width
+  // spaces and joiners, bidi overrides and isolates, the BOM), line and paragraph separators. The store
+  // refuses them in new keys, but rows written before may have them: they are shown as a visible code
+  // point, never applied. In running text tabs and newlines stay as they are.
+  const HIDDEN = /[\p{Cc}\p{Cf}\p{Zl}\p{Zp}]/u;
+  const HIDDEN_IN_TEXT = /[^\P{Cc}\t\n\r]|[\p{Cf}\p{Zl}\p{Zp}]/u;
+
+  function visible(text, hidden = HIDDEN) {
+    if (!hidden.test(text)) return [document.createTextNode(text)];
+    const nodes = [];
+    let run = "";
+    for (const ch of text) {
+      if (!hidden.test(ch)) { run += ch; continue; }
+      if (run) nodes.push(document.createTextNode(run));
+      run = "";
+      const mark = document.createElement("span");
+      mark.className = "codepoint";
+      mark.title = "an invisible or reordering character, shown by its code point";
+      mark.textContent = `U+${ch.codePointAt(0).toString(16).toUpperCase().padStart(4, "0")}`;
+      nodes.push(mark);
+    }
+    if (run) nodes.push(document.createTextNode(run));
+    return nodes;
+  }
+
+  // ``text`` with its invisible and reordering characters written as their code points (for SVG text
+  // and attributes, which take no markup).
+  function plain(text) {
+    return visible(String(text)).map((node) => node.textContent).join("");
+  }
+
+  // A key, resource or owner inside other text: isolated (its direction is its own, it never reorders
+  // the sentence around it) and with its invisible characters shown.
+  function name(value) {
+    const node = document.createElement("bdi");
+    node.setAttribute("dir", "auto");
+    node.className = "name";
+    node.append(...visible(String(value)));
+    return node;
+  }
+
   // Build DOM nodes without innerHTML: every value from the store is text, never markup.
   function el(tag, attrs = {}, ...children) {
     const node = document.createElement(tag);
@@ -88,7 +129,7 @@ const Lease = (() => {
     }
     for (const child of children.flat(Infinity)) {
       if (child === null || child === undefined || child === false) continue;
-      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+      node.append(...(child instanceof Node ? [child] : visible(String(child), HIDDEN_IN_TEXT)));
     }
     return node;
   }
@@ -161,12 +202,14 @@ const Lease = (() => {
     return el("span", { class: `badge ${kind}` }, text || kind.replace(/_/g, " "));
   }
 
+  // ``message``: text, or a list of text and nodes (e.g. a key as ``name(key)``).
   function flash(message, isError = false) {
     const box = document.getElementById("flash");
     if (!box) return;
-    box.textContent = message;
+    const parts = [message].flat(Infinity).filter((part) => part !== null && part !== undefined && part !== "");
+    box.replaceChildren(...parts.flatMap((part) => (part instanceof Node ? [part] : visible(String(part), HIDDEN_IN_TEXT))));
     box.className = isError ? "flash error" : "flash";
-    box.hidden = !message;
+    box.hidden = !parts.length;
   }
 
   function fill(tbody, rows, emptyText, columns) {
@@ -175,5 +218,5 @@ const Lease = (() => {
     ]));
   }
 
-  return { api, el, cell, airflowLink, runLink, runBlock, time, duration, badge, flash, fill, applyTheme, AIRFLOW_BASE };
+  return { api, el, name, plain, cell, airflowLink, runLink, runBlock, time, duration, badge, flash, fill, applyTheme, AIRFLOW_BASE };
 })();

@@ -4,7 +4,7 @@
 "use strict";
 
 (() => {
-  const { api, el, airflowLink, runBlock, time, duration, badge, flash } = Lease;
+  const { api, el, name, airflowLink, runBlock, time, duration, badge, flash } = Lease;
   const $ = (id) => document.getElementById(id);
   const params = new URLSearchParams(window.location.search);
   const dagId = params.get("dag_id") || "";
@@ -14,18 +14,18 @@
   function holderLine(lease) {
     if (!lease) return el("p", { class: "holder-line muted" }, "Not acquired yet, or held by a DAG you may not read.");
     if (lease.held) {
-      return el("p", { class: "holder-line" }, badge("held"), " by ", lease.holder_run ? runBlock(lease.holder_run) : el("span", { class: "mono" }, lease.owner),
+      return el("p", { class: "holder-line" }, badge("held"), " by ", lease.holder_run ? runBlock(lease.holder_run) : el("span", { class: "mono" }, name(lease.owner)),
         ` · token ${lease.token} · expires in ${duration(lease.expires_in_seconds)} · acquired `, time(lease.acquired_at));
     }
     return el("p", { class: "holder-line" }, badge("free"), " last held by ",
-      lease.holder_run ? runBlock(lease.holder_run) : el("span", { class: "mono" }, lease.owner), ` · token ${lease.token}`);
+      lease.holder_run ? runBlock(lease.holder_run) : el("span", { class: "mono" }, name(lease.owner)), ` · token ${lease.token}`);
   }
 
   // The legend once (on the first key); catch-up gaps are the DAG's, shown once above.
   function keyCard(item, index) {
     const data = item.timeline;
     return el("section", { class: "key-card", "data-key": item.key },
-      el("h3", { class: "key-title" }, item.key),
+      el("h3", { class: "key-title" }, name(item.key)),
       holderLine(data.lease),
       LeaseTimeline.block(data, item.trend, { legend: index === 0, gaps: false }));
   }

@@ -2,7 +2,7 @@
 "use strict";
 
 (() => {
-  const { api, el, cell, runBlock, time, duration, badge, flash, fill } = Lease;
+  const { api, el, name, cell, runBlock, time, duration, badge, flash, fill } = Lease;
   const $ = (id) => document.getElementById(id);
   const RANGES = { "1h": 3600, "24h": 86400, "7d": 7 * 86400, "30d": 30 * 86400 };
   const REFRESH_MS = 15000;
@@ -61,9 +61,9 @@
         ? el("button", { type: "button", class: "danger-outline", onclick: () => openConfirm(l) }, "Force release…")
         : null;
       return el("tr", { class: l.held ? "held" : "free", "data-key": l.key },
-        cellKey(el("a", { href: "#events", onclick: () => filterKey(l.key) }, l.key)),
+        cellKey(el("a", { href: "#events", onclick: () => filterKey(l.key) }, name(l.key))),
         cell("State", badge(l.held ? "held" : "free", l.held ? "held" : "free")),
-        cell("Holder", l.holder_run ? runBlock(l.holder_run) : el("span", { class: "mono" }, l.owner),
+        cell("Holder", l.holder_run ? runBlock(l.holder_run) : el("span", { class: "mono" }, name(l.owner)),
           l.held ? null : el("span", { class: "small" }, "last holder")),
         cell("Token", el("span", { class: "mono" }, l.token)),
         cell("Acquired", time(l.acquired_at)),
@@ -86,8 +86,8 @@
     return data.events.map((e) => el("tr", { "data-kind": e.kind },
       cell("When", time(e.at)),
       cell("Kind", badge(e.kind)),
-      cellKey(el("a", { href: "#events", onclick: () => filterKey(e.key) }, e.key)),
-      cell("Run / task", e.run ? runBlock(e.run, e.task) : el("span", { class: "mono" }, e.owner || "—")),
+      cellKey(el("a", { href: "#events", onclick: () => filterKey(e.key) }, name(e.key))),
+      cell("Run / task", e.run ? runBlock(e.run, e.task) : (e.owner ? el("span", { class: "mono" }, name(e.owner)) : el("span", { class: "mono" }, "—"))),
       cell("What happened", el("span", { class: "wrap" }, e.summary),
         e.blocked_by ? el("span", { class: "small" }, "blocked by run ", runBlock(e.blocked_by)) : null),
     ));
@@ -102,7 +102,7 @@
 
   function renderAdvice(data) {
     const rows = data.advice.map((a) => el("tr", { "data-verdict": a.verdict },
-      cellKey(a.key),
+      cellKey(name(a.key)),
       cell("Verdict", badge(a.verdict, a.verdict.replace("_", " "))),
       cell("TTL", duration(a.ttl_seconds)),
       cell("Worst hold", duration(a.worst_hold_seconds)),
@@ -119,7 +119,7 @@
     const head = $("counts").tHead.rows[0];
     head.replaceChildren(el("th", {}, "Key"), ...used.map((k) => el("th", {}, badge(k))));
     const rows = data.counts.map((c) => el("tr", {},
-      cellKey(c.key),
+      cellKey(name(c.key)),
       ...used.map((k) => {
         const n = c.kinds[k] || { last_24h: 0, last_7d: 0 };
         return el("td", { "data-label": k.replace(/_/g, " "), class: "counts-cell" }, el("div", { class: "v" },
@@ -274,9 +274,9 @@
   function openConfirm(lease) {
     pending = lease;
     const holder = lease.holder_run ? `run ${lease.holder_run.run_id} of DAG ${lease.holder_run.dag_id}` : lease.owner;
-    $("confirm-text").textContent =
-      `Lease "${lease.key}" is held by ${holder} with token ${lease.token}. Force-releasing it frees it now.`;
-    $("confirm-key").textContent = lease.key;
+    $("confirm-text").replaceChildren(
+      "Lease ", name(lease.key), " is held by ", name(holder), ` with token ${lease.token}. Force-releasing it frees it now.`);
+    $("confirm-key").replaceChildren(name(lease.key));
     $("confirm-typed").value = "";
     $("confirm-reason").value = "";
     $("confirm-error").hidden = true;
@@ -302,7 +302,7 @@
       });
       dialog.close();
       pending = null;
-      flash(`Lease "${result.key}" force-released by ${result.by}; its token is now ${result.new_token}.`);
+      flash(["Lease ", name(result.key), " force-released by ", name(result.by), `; its token is now ${result.new_token}.`]);
       await load();
     } catch (error) {
       $("confirm-error").textContent = error.message;

@@ -2,7 +2,7 @@
 "use strict";
 
 (() => {
-  const { api, el, cell, runBlock, time, badge, flash, fill, airflowLink } = Lease;
+  const { api, el, name, cell, runBlock, time, badge, flash, fill, airflowLink } = Lease;
   const params = new URLSearchParams(window.location.search);
   const query = new URLSearchParams();
   for (const name of ["dag_id", "run_id", "task_id", "map_index"]) {
@@ -18,9 +18,9 @@
       box.className = "explain skipped";
       // The first line is the skip reason itself, as the operator recorded it.
       const verb = skip.kind === "skipped_overlap" ? "Skipped" : "Failed (on_overlap=fail)";
-      const reason = data.skip_reason || skip.detail.reason || `lease "${skip.key}" was held by another run`;
-      parts.push(el("h2", { class: "wrap", id: "skip-reason" }, `${verb}: ${reason}`));
-      parts.push(el("p", {}, skip.blocked_by ? ["Holder: ", runBlock(skip.blocked_by)] : `Holder: ${skip.detail.holder_owner || "unknown"}`,
+      const reason = data.skip_reason || skip.detail.reason || ["lease ", name(skip.key), " was held by another run"];
+      parts.push(el("h2", { class: "wrap", id: "skip-reason" }, `${verb}: `, reason));
+      parts.push(el("p", {}, skip.blocked_by ? ["Holder: ", runBlock(skip.blocked_by)] : ["Holder: ", skip.detail.holder_owner ? name(skip.detail.holder_owner) : "unknown"],
         skip.detail.holder_token ? ` with token ${skip.detail.holder_token}` : "",
         skip.detail.holder_expires_at ? [" until ", time(skip.detail.holder_expires_at)] : ""));
       parts.push(el("p", { class: "muted" }, "A skip is not a failure: the two runs never overlapped, and no failure alert fired."));
@@ -43,7 +43,7 @@
     const rows = data.events.map((e) => el("tr", {},
       cell("When", time(e.at)),
       cell("Kind", badge(e.kind)),
-      cell("Key", e.key),
+      cell("Key", name(e.key)),
       cell("Token", e.token === null ? "—" : e.token),
       cell("What happened", el("span", { class: "wrap" }, e.summary)),
     ));

@@ -3,7 +3,7 @@
 "use strict";
 
 const LeaseTimeline = (() => {
-  const { el, airflowLink, time, duration, badge } = Lease;
+  const { el, name, plain, airflowLink, time, duration, badge } = Lease;
   const SVG = "http://www.w3.org/2000/svg";
   const HOUR = 3600e3, DAY = 24 * HOUR;
   const OUTCOME_TEXT = {
@@ -29,7 +29,7 @@ const LeaseTimeline = (() => {
     }
     for (const child of children.flat()) {
       if (child === null || child === undefined) continue;
-      node.append(child instanceof Node ? child : document.createTextNode(String(child)));
+      node.append(child instanceof Node ? child : document.createTextNode(plain(child)));
     }
     return node;
   }
@@ -72,7 +72,7 @@ const LeaseTimeline = (() => {
         h.outcome === "held" ? "now" : time(h.end), ` (${duration(h.held_seconds)}`,
         h.end_estimated ? (h.latest_end ? ["; renewed until ", time(h.latest_end), " at the latest"] : "; estimated") : "", ")"));
       parts.push(el("p", {}, "Run: ", h.run ? [el("span", { class: "mono" }, h.run.dag_id), " / ", airflowLink(h.run.path, h.run.run_id)]
-        : el("span", { class: "mono" }, h.owner || "unknown")));
+        : el("span", { class: "mono" }, h.owner ? name(h.owner) : "unknown")));
     } else {
       const m = item.marker;
       parts.push(el("p", { class: "detail-head" }, badge(m.kind), " ", time(m.at),
@@ -98,7 +98,7 @@ const LeaseTimeline = (() => {
     const height = lanesY + LANES.length * laneH + 4;
     const root = svg("svg", {
       class: "timeline", width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
-      "aria-label": `Lease timeline of ${data.key}: ${data.holdings.length} holding(s), ${data.markers.length} marker(s)`,
+      "aria-label": `Lease timeline of ${plain(data.key)}: ${data.holdings.length} holding(s), ${data.markers.length} marker(s)`,
     });
     // Axis: tick lines through every lane, labels on top.
     for (const tick of ticks(since, until, width)) {

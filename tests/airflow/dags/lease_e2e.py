@@ -100,3 +100,26 @@ with DAG("run_scoped", schedule=None, start_date=START):
     acquire >> step.override(task_id="one")(1) >> step.override(task_id="two")(2) >> step.override(
         task_id="three"
     )(3) >> release
+
+
+def _report_exception(context):
+    """What the task runner reports as the task's error: its type, as a marker for the test."""
+    mark("reported-exception", type(context["exception"]).__name__)
+
+
+for _outcome in ("done", "raise"):
+    with DAG(f"release_blocked_{_outcome}", schedule=None, start_date=START):
+
+        @task.leased(
+            lease_key=f"release-blocked-{_outcome}", lease_ttl=timedelta(seconds=60),
+            on_failure_callback=_report_exception,
+        )
+        def body(outcome=_outcome):
+            mark("body-running")
+            wait_for("row-locked")  # the test holds the lease row FOR UPDATE now: the release cannot finish
+            if outcome == "raise":
+                raise ValueError("the body's own error")
+            mark("body-returned")
+            return "done"
+
+        body()
