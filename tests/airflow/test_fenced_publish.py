@@ -22,11 +22,19 @@ from airflow_lease_provider.core import DuplicatePublish, EventKind, FenceStore,
 from airflow_lease_provider.core.schema import drop_schema
 from airflow_lease_provider.operators import AcquireRunLeaseOperator, FencedSQLOperator
 from tests.airflow.harness import VENV_BIN
-from tests.airflow.test_semantics import RUN, TaskInstance, lease_env, leased, run_task  # noqa: F401
+from tests.airflow.test_semantics import RUN, TaskInstance, leased, run_task
 from tests.pg import drop_schema as drop_pg_schema
 from tests.pg import execute, new_schema_name, q
 
 TTL = timedelta(seconds=60)
+
+
+@pytest.fixture
+def lease_env(monkeypatch: pytest.MonkeyPatch, pg_dsn: str, schema: str) -> None:
+    """The lease store of the task process: the test's own schema."""
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_DEFAULT", pg_dsn)
+    monkeypatch.setenv("AIRFLOW__LEASE__SCHEMA", schema)
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
 
 
 def _rejections(store: LeaseStore) -> list[Any]:
