@@ -261,6 +261,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--show", action="store_true",
         help="only show the epoch (a store on a new timeline moves to its new epoch first, as an acquire would)",
     )
+    failover.add_argument(
+        "--above", type=_token, default=None,
+        help="also make every token from now on larger than this one (the token a fence kept elsewhere "
+        "accepted from this store before it was recreated: the fence's refusal names it; docs/deploy.md)",
+    )
 
     advise = commands.add_parser("advise-ttl", parents=sub, help="TTL vs 1.5-2x the worst observed hold")
     advise.add_argument("--key", type=_checked(validation.name), help="only this key")
@@ -552,7 +557,7 @@ def cmd_failover(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> in
         reason = args.reason or f"airflow-lease failover by {getpass.getuser()}@{socket.gethostname()}"
         # "previous" is read in the bump's transaction, under its row lock: two concurrent runs print
         # 0 -> 1 and 1 -> 2, not 0 -> 1 and 0 -> 2.
-        before, after = store.bump_epoch_from(reason)
+        before, after = store.bump_epoch_from(reason, above=args.above)
         data = {"previous": _epoch_row(before), "epoch": _epoch_row(after)}
     if args.json:
         return _json(data, out)

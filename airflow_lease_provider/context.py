@@ -7,7 +7,8 @@ parameter named ``lease`` (``def publish(lease=None)``). Publishing goes through
 1. the early safety net, :meth:`LeaseContext.check`: the keeper has not reported a loss, and a fresh
    read of the store shows this owner still holding this token;
 2. the final gate, the fence at the write target, which accepts the token only if it is larger than
-   every token it accepted before (:meth:`LeaseContext.fence`, :meth:`LeaseContext.fenced_transaction`).
+   every token it accepted before, or equal to the largest from this same holder publishing again
+   (:meth:`LeaseContext.fence`, :meth:`LeaseContext.fenced_transaction`).
 """
 
 from __future__ import annotations
@@ -125,12 +126,23 @@ class LeaseContext:
         :attr:`token` so the target can check it too. A crash in between burns the token (safe).
         Raises :class:`StaleFencingToken` (or ``DuplicatePublish``) when the fence refuses.
         ``conn_id``: where the fence lives (default: the lease's own store, :attr:`conn_id`).
+
+        With an ``idempotency_key``, use it as a context manager around the side effect::
+
+            with lease.fence("blog.git", idempotency_key=slot):
+                push_article(body, token=lease.token)
+
+        An exception out of the block gives the key's claim back (the push failed: a retry may publish
+        the slot); a block that completes, or a process killed inside it, keeps it (at most once: docs/core.md).
+        The same holder may call this again for the same resource: an equal token from the same owner is
+        accepted (docs/core.md, "The fence").
         """
         self.check()
         fences = self._fences(conn_id)
         try:
             return fences.guard(
-                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key, run=self.run
+                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key, run=self.run,
+                store_id=self.store.store_id,
             )
         except StaleFencingToken as refused:
             self._rejected(resource, refused)
@@ -149,7 +161,8 @@ class LeaseContext:
         fences = self._fences(conn_id)
         try:
             with fences.transaction(
-                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key, run=self.run
+                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key, run=self.run,
+                store_id=self.store.store_id,
             ) as cur:
                 yield cur
         except StaleFencingToken as refused:
@@ -159,7 +172,7 @@ class LeaseContext:
     def _fences(self, conn_id: str | None) -> Any:
         from airflow_lease_provider.hooks import FenceHook
 
-        return FenceHook(self.conn_id if conn_id is None else conn_id).get_store()
+        return FenceHook(self.conn_id if conn_id is None else conn_id, lease_store=self.store).get_store()
 
     def _rejected(self, resource: str, refused: StaleFencingToken) -> None:
         report(

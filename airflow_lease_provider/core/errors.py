@@ -44,11 +44,40 @@ class LeaseHeld(LeaseError):
 
 
 class StaleFencingToken(LeaseError):
-    """The write target has already accepted a token at least as large: this writer is out of date."""
+    """The write target refused this writer's token: it is out of date.
 
-    def __init__(self, resource: str, token: int, current: int | None, reason: str = "stale") -> None:
+    :ivar reason: ``stale`` (the fence accepted a larger token, or an equal one of another holder),
+        ``superseded`` (the lease has been granted past this token: the fence is kept in the lease store
+        that issued it), ``other_store`` (the fence's token came from another lease store: the store
+        appears to have been recreated) or ``duplicate``.
+    :ivar newest: the key's newest grant, when the fence could see it (``superseded``).
+    """
+
+    def __init__(
+        self,
+        resource: str,
+        token: int,
+        current: int | None,
+        reason: str = "stale",
+        *,
+        newest: int | None = None,
+        key: str | None = None,
+    ) -> None:
+        of_key = f" of lease key {key!r}" if key is not None else ""
         if reason == "duplicate":
             message = f"fence {resource!r}: this publish (token {token}) was already done once"
+        elif reason == "superseded":
+            message = (
+                f"fence {resource!r} rejected token {token}{of_key}: the lease has been granted again since "
+                f"(token {newest}), so this holder no longer holds it"
+            )
+        elif reason == "other_store":
+            message = (
+                f"fence {resource!r} rejected token {token}{of_key}: it has already accepted token {current} "
+                "issued by another lease store. If the lease store was recreated (or restored without its "
+                f"tokens), raise its token floor above {current}: `airflow-lease failover --above {current} "
+                '--reason "store recreated"` (LeaseStore.bump_epoch(reason, above=...)); see docs/deploy.md'
+            )
         else:
             message = f"fence {resource!r} rejected token {token}: it has already accepted token {current}"
         super().__init__(message)
@@ -56,6 +85,7 @@ class StaleFencingToken(LeaseError):
         self.token = token
         self.current = current
         self.reason = reason
+        self.newest = newest
 
 
 class DuplicatePublish(StaleFencingToken):

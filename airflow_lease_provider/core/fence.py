@@ -2,7 +2,8 @@
 
 The runner's own "do I still hold the lease?" check is only an early safety net; this is the final
 gate. A zombie that wakes up late carries a smaller token than the run that replaced it and is turned
-away here, whatever it believes about its lease.
+away here, whatever it believes about its lease. The holder of the largest token may publish again
+(an equal token from the same owner of the same lease store is the same grant: docs/core.md, "The fence").
 
 A fence is kept per (resource, lease key): tokens are counted per lease key, so a token is only ever
 compared with tokens of the same key. Holders of different keys were never mutually exclusive, so their
@@ -12,10 +13,12 @@ token order says nothing about which of them is stale (docs/core.md, "The fence"
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterator
+import uuid
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
+from types import TracebackType
 from typing import Any
 
 import psycopg2
@@ -23,9 +26,15 @@ from psycopg2 import sql
 
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.db import translate
-from airflow_lease_provider.core.errors import DuplicatePublish, StaleFencingToken
-from airflow_lease_provider.core.events import EventKind
+from airflow_lease_provider.core.errors import (
+    DuplicatePublish,
+    InvalidArgument,
+    LeaseError,
+    StaleFencingToken,
+)
+from airflow_lease_provider.core.events import EventKind, EventLedger
 from airflow_lease_provider.core.identity import RunRef
+from airflow_lease_provider.core.schema import check_fence_schema, ensure_fence_schema
 from airflow_lease_provider.core.store import Store
 
 log = logging.getLogger(__name__)
@@ -33,9 +42,17 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FenceDecision:
-    """What the fence said. ``outcome`` is ``accepted``, ``stale`` or ``duplicate``.
+    """What the fence said. ``outcome`` is ``accepted``, ``stale``, ``superseded`` or ``duplicate``.
 
     :ivar current_token: the largest token the resource has accepted for this lease key, after this decision.
+    :ivar store_id: the lease store the publish said its token came from (``None``: not said).
+    :ivar current_store: the lease store the fence's current token came from (``None``: unknown).
+    :ivar newest_grant: the key's newest grant, where the fence is kept in the lease store that issued the
+        token (``superseded``: the token is below it).
+
+    Also a context manager for a side effect outside the database, with an idempotency key: the claim of
+    the key is given back when the block raises, so a failed side effect can be retried (see
+    :meth:`FenceStore.guard`). A block that completes, or a process that dies inside it, keeps the claim.
     """
 
     resource: str
@@ -44,17 +61,63 @@ class FenceDecision:
     current_token: int | None
     idempotency_key: str | None = None
     key: str | None = None
+    store_id: str | None = None
+    current_store: str | None = None
+    newest_grant: int | None = None
+    _release: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
 
     @property
     def accepted(self) -> bool:
         return self.outcome == "accepted"
+
+    @property
+    def other_store(self) -> bool:
+        """Refused, and the fence's token came from another lease store than this publish's."""
+        return (
+            self.outcome == "stale" and self.store_id is not None and self.current_store is not None
+            and self.store_id != self.current_store
+        )
+
+    @property
+    def reason(self) -> str:
+        """Why it was refused: ``stale``, ``superseded``, ``other_store``, ``duplicate`` (``accepted`` if not)."""
+        return "other_store" if self.other_store else self.outcome
 
     def raise_if_rejected(self) -> None:
         if self.outcome == "duplicate":
             assert self.idempotency_key is not None
             raise DuplicatePublish(self.resource, self.token, self.idempotency_key, self.current_token)
         if self.outcome != "accepted":
-            raise StaleFencingToken(self.resource, self.token, self.current_token)
+            raise StaleFencingToken(
+                self.resource, self.token, self.current_token, self.reason, newest=self.newest_grant, key=self.key
+            )
+
+    def release(self) -> bool:
+        """Give back this publish's idempotency claim (its side effect did not happen). True if one was given
+        back; False without an idempotency key, or when the claim could not be given back (logged)."""
+        return self._release() if self._release is not None else False
+
+    def __enter__(self) -> FenceDecision:
+        return self
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if exc is not None:
+            self.release()
+
+
+def _store_id(value: object) -> str | None:
+    if value is None:
+        return None
+    try:
+        return str(uuid.UUID(str(value))) if isinstance(value, str | uuid.UUID) else _bad_store_id(value)
+    except ValueError:
+        return _bad_store_id(value)
+
+
+def _bad_store_id(value: object) -> str:
+    raise InvalidArgument("store_id", value, "must be a lease store's id (LeaseStore.store_id), a UUID")
 
 
 class _CallerError(Exception):
@@ -71,13 +134,56 @@ class FenceStore(Store):
     a transaction. One fence per (resource, lease key): pass the lease's key as ``key``.
 
     Takes :class:`~airflow_lease_provider.core.store.Store`'s arguments; ``record_events`` writes fence
-    rejections to this database's event ledger. Every publish takes ``run=``: the
-    :class:`~airflow_lease_provider.core.identity.RunRef` publishing, stored with a rejection's event.
+    rejections to the event ledger. Every publish takes ``run=``: the
+    :class:`~airflow_lease_provider.core.identity.RunRef` publishing, stored with a rejection's event,
+    and ``store_id=``: the id of the lease store that issued the token (:attr:`LeaseStore.store_id`), so
+    a refusal can tell a recreated store, and a fence in that store can refuse a token below the key's
+    newest grant.
+
+    :param fence_only: for a write target that holds no lease store: where there is no store schema yet,
+        create only what the fence needs (its two tables and two functions, no lease, ledger or epoch).
+        A schema that holds a whole store already (an older version made one) is used, and migrated, as
+        it is. Rejections then go to ``ledger`` (nothing else is written there).
+    :param ledger: the event ledger that records rejections (the lease store's ``events``); default this
+        database's own (none with ``fence_only``: rejections are then only logged).
     """
+
+    def __init__(
+        self, dsn: str, *, fence_only: bool = False, ledger: EventLedger | None = None, **kwargs: Any
+    ) -> None:
+        super().__init__(dsn, **kwargs)
+        self.fence_only = fence_only
+        self._own_ledger = ledger is None and not fence_only
+        if ledger is not None:
+            self.events = ledger
+
+    def _ready(self) -> Any:
+        if not self.fence_only:
+            return super()._ready()
+        if not self._schema_ready:
+            if self.read_only:
+                check_fence_schema(self.db)
+            else:
+                ensure_fence_schema(self.db)
+            self._schema_ready = True
+        return self.db
+
+    def ensure_schema(self) -> int:
+        """Create or migrate the schema now (with ``fence_only``, only the fence where no store is)."""
+        if not self.fence_only:
+            return super().ensure_schema()
+        version = ensure_fence_schema(self.db)
+        self._schema_ready = True
+        return version
+
+    @property
+    def _records(self) -> bool:
+        return self.record_events and (self._own_ledger or self.events.db is not self.db)
 
     @staticmethod
     def _params(
-        resource: str, key: str, token: int, owner: str | None, idempotency_key: str | None
+        resource: str, key: str, token: int, owner: str | None, idempotency_key: str | None,
+        store_id: str | None = None,
     ) -> dict[str, Any]:
         resource = validation.name("resource", resource)
         key = validation.lookup_name("key", key)
@@ -88,32 +194,66 @@ class FenceStore(Store):
             idempotency_key = validation.name("idempotency_key", idempotency_key)
         return {
             "resource": resource, "key": key, "token": token, "owner": owner, "idempotency_key": idempotency_key,
+            "store_id": _store_id(store_id),
         }
 
-    @staticmethod
-    def _decision(params: dict[str, Any], row: tuple[Any, ...]) -> FenceDecision:
+    def _decision(self, params: dict[str, Any], row: tuple[Any, ...]) -> FenceDecision:
+        release = None
+        if row[0] == "accepted" and params["idempotency_key"] is not None:
+
+            def release() -> bool:
+                return self._give_back(params)
+
         return FenceDecision(
             params["resource"], params["token"], row[0], int(row[1]) if row[1] is not None else None,
-            params["idempotency_key"], params["key"],
+            params["idempotency_key"], params["key"], params["store_id"],
+            str(row[2]) if len(row) > 2 and row[2] is not None else None,
+            int(row[3]) if len(row) > 3 and row[3] is not None else None,
+            release,
         )
+
+    def _give_back(self, params: dict[str, Any]) -> bool:
+        """Delete this publish's idempotency claim (its own: same resource, key, token and owner)."""
+        try:
+            rows = self._ready().run("fence_claim_release", params, durable=True, retry=False)
+        except LeaseError as exc:
+            log.warning(
+                "fence %r: could not give back the claim of idempotency key %r (%s); it stays claimed: the "
+                "slot counts as published until the claim is deleted",
+                params["resource"], params["idempotency_key"], exc,
+            )
+            return False
+        given_back = bool(rows)
+        if given_back:
+            log.info(
+                "fence %r: the side effect failed; idempotency key %r is free again",
+                params["resource"], params["idempotency_key"],
+            )
+        return given_back
 
     def _decided(self, params: dict[str, Any], row: tuple[Any, ...], run: RunRef | None) -> FenceDecision:
         decision = self._decision(params, row)
         if not decision.accepted:
             log.warning(
                 "fence %r (lease key %r) rejected token %s (%s); it has accepted token %s",
-                decision.resource, decision.key, decision.token, decision.outcome, decision.current_token,
+                decision.resource, decision.key, decision.token, decision.reason, decision.current_token,
             )
-            if self.record_events:
+            if self._records:
+                detail: dict[str, Any] = {
+                    "outcome": decision.outcome,
+                    "lease_key": decision.key,
+                    "current_token": decision.current_token,
+                    "idempotency_key": decision.idempotency_key,
+                }
+                if decision.reason != decision.outcome:
+                    detail["reason"] = decision.reason
+                if decision.newest_grant is not None:
+                    detail["newest_grant"] = decision.newest_grant
+                if self.events.db is not self.db:
+                    detail["fence_at"] = f"{self.db.where} schema {self.schema}"
                 self.events.record(
                     EventKind.FENCE_REJECTED, decision.resource, owner=params["owner"], token=decision.token,
-                    detail={
-                        "outcome": decision.outcome,
-                        "lease_key": decision.key,
-                        "current_token": decision.current_token,
-                        "idempotency_key": decision.idempotency_key,
-                    },
-                    run=run,
+                    detail=detail, run=run,
                 )
         return decision
 
@@ -126,16 +266,23 @@ class FenceStore(Store):
         owner: str | None = None,
         idempotency_key: str | None = None,
         run: RunRef | None = None,
+        store_id: str | None = None,
     ) -> FenceDecision:
         """Advance the fence of ``resource`` for lease ``key`` to ``token`` if it is larger than every token
-        of that key accepted so far. Tokens of other lease keys are never compared with it.
+        of that key accepted so far, or equal to the largest and published by its ``owner`` again (the
+        same grant: a second task of a run-scoped lease, a mapped instance, a second publish of one task;
+        not without an ``owner``, and not from another lease store). Tokens of other lease keys are never
+        compared with it.
 
         With ``idempotency_key``, the publish is also recorded under that key (per resource, whatever the
-        lease key), atomically, and a key already published is refused whatever the token. One statement,
-        no read-then-write window. Never retried automatically: a resend after a lost reply would refuse its
-        own first success.
+        lease key), atomically, and a key already published is refused whatever the token. With
+        ``store_id`` (the issuing :attr:`LeaseStore.store_id`) the fence records where its token came
+        from, and, kept in that very store, also refuses a token below the key's newest grant
+        (``superseded``: after a force-release, before a later token has published here). One statement,
+        no read-then-write window. Never retried automatically: a resend after a lost reply would refuse
+        its own first success.
         """
-        params = self._params(resource, key, token, owner, idempotency_key)
+        params = self._params(resource, key, token, owner, idempotency_key, store_id)
         rows = self._ready().run("fence_advance", params, durable=True, retry=False)
         return self._decided(params, rows[0], run)
 
@@ -148,10 +295,12 @@ class FenceStore(Store):
         owner: str | None = None,
         idempotency_key: str | None = None,
         run: RunRef | None = None,
+        store_id: str | None = None,
     ) -> bool:
-        """True iff ``token`` is larger than every token of lease ``key`` accepted so far (and the
-        idempotency key is unused)."""
-        return self.advance(resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run).accepted
+        """True iff the fence accepted ``token`` (see :meth:`advance`) and the idempotency key was unused."""
+        return self.advance(
+            resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run, store_id=store_id
+        ).accepted
 
     def guard(
         self,
@@ -162,14 +311,30 @@ class FenceStore(Store):
         owner: str | None = None,
         idempotency_key: str | None = None,
         run: RunRef | None = None,
+        store_id: str | None = None,
     ) -> FenceDecision:
-        """Like :meth:`advance`, but raise :class:`StaleFencingToken` (or :class:`DuplicatePublish`)."""
-        decision = self.advance(resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run)
+        """Like :meth:`advance`, but raise :class:`StaleFencingToken` (or :class:`DuplicatePublish`).
+
+        For a side effect outside this database, use the decision as a context manager around it::
+
+            with fences.guard("git:site", token, key=key, owner=owner, idempotency_key=slot):
+                push(token)
+
+        The idempotency key is claimed before the block; an exception out of the block gives the claim back
+        (the side effect did not happen), so a retry can publish the slot. A block that completes keeps it,
+        and so does a process that dies inside the block: at most once, failing toward "not published again"
+        (docs/core.md, "At most once outside the database"). The fence's token stays advanced either way,
+        which the same holder may publish with again.
+        """
+        decision = self.advance(
+            resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run, store_id=store_id
+        )
         decision.raise_if_rejected()
         return decision
 
     def current(self, resource: str, *, key: str) -> int | None:
-        """The token a publish of lease ``key`` to ``resource`` must exceed (the largest accepted), or ``None``."""
+        """The largest token of lease ``key`` accepted at ``resource`` (or ``None``): a publish must exceed
+        it, or equal it from the same owner (the same grant)."""
         resource = validation.lookup_name("resource", resource)
         key = validation.lookup_name("key", key)
         rows = self._ready().run("fence_current", {"resource": resource, "key": key})
@@ -191,6 +356,7 @@ class FenceStore(Store):
         idempotency_key: str | None = None,
         timeout: timedelta | None = None,
         run: RunRef | None = None,
+        store_id: str | None = None,
     ) -> Iterator[Any]:
         """Advance the fence and write in one transaction: exactly once when the target is this database.
 
@@ -208,7 +374,7 @@ class FenceStore(Store):
         rolled back (the fence did not advance); the store's errors stay :class:`LeaseStoreUnavailable` /
         :class:`~airflow_lease_provider.core.db.LeaseStoreError`.
         """
-        params = self._params(resource, key, token, owner, idempotency_key)
+        params = self._params(resource, key, token, owner, idempotency_key, store_id)
         if timeout is not None:
             validation.positive_timedelta("timeout", timeout)
         db = self._ready()
@@ -216,7 +382,7 @@ class FenceStore(Store):
         try:
             with db.transaction() as cur:
                 cur.execute(db.query_text("fence_advance", cur.connection), params)
-                decision = self._decision(params, cur.fetchone())
+                decision = replace(self._decision(params, cur.fetchone()), _release=None)
                 if decision.accepted:
                     cur.execute(db.statement_timeout_sql(timeout))
                     try:
@@ -229,7 +395,7 @@ class FenceStore(Store):
             raise wrapped.error from None
         if rejected is not None:
             # Recorded after the (empty) transaction ended, on the autocommit connection.
-            self._decided(params, (rejected.outcome, rejected.current_token), run)
+            self._decided(params, _row(rejected), run)
             rejected.raise_if_rejected()
 
     def advance_in(
@@ -242,24 +408,29 @@ class FenceStore(Store):
         owner: str | None = None,
         idempotency_key: str | None = None,
         run: RunRef | None = None,
+        store_id: str | None = None,
     ) -> FenceDecision:
         """Advance the fence inside the caller's own transaction (a psycopg2 cursor on this database).
 
         Raises :class:`StaleFencingToken` when refused; the caller's transaction should then roll back.
         The schema must already exist in that database (any store operation or ``ensure_schema`` makes it).
         """
-        params = self._params(resource, key, token, owner, idempotency_key)
+        params = self._params(resource, key, token, owner, idempotency_key, store_id)
         query = sql.SQL(
-            "SELECT outcome, current_token FROM {schema}.fence_advance("
-            "%(resource)s, %(key)s, %(token)s, %(owner)s, %(idempotency_key)s)"
+            "SELECT outcome, current_token, current_store, newest_grant FROM {schema}.fence_advance("
+            "%(resource)s, %(key)s, %(token)s, %(owner)s, %(idempotency_key)s, %(store_id)s::uuid)"
         ).format(schema=sql.Identifier(self.db.schema))
         try:
             cursor.execute(query, params)
             row = cursor.fetchone()
         except psycopg2.Error as exc:
             raise translate(exc, self.db.where) from exc
-        decision = self._decision(params, row)
+        decision = replace(self._decision(params, row), _release=None)
         if not decision.accepted:
-            self._decided(params, (decision.outcome, decision.current_token), run)
+            self._decided(params, _row(decision), run)
         decision.raise_if_rejected()
         return decision
+
+
+def _row(decision: FenceDecision) -> tuple[Any, ...]:
+    return (decision.outcome, decision.current_token, decision.current_store, decision.newest_grant)

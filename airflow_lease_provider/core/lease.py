@@ -26,6 +26,10 @@ __all__ = ["Acquisition", "Holding", "Lease", "LeaseStore", "TokenEpoch", "check
 log = logging.getLogger(__name__)
 
 
+#: Token epochs are below this (the CHECK of lease_epoch.epoch, migrations/0006).
+MAX_EPOCH = 8_388_608
+
+
 def positive_limit(value: object, parameter: str = "limit", maximum: int = 100_000) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
         raise InvalidArgument(parameter, value, f"must be an integer from 1 to {maximum}")
@@ -72,6 +76,9 @@ class LeaseStore(Store):
     the event is about, stored in the event's run columns (the Airflow layer passes the task instance;
     without it the columns are NULL).
     """
+
+    # Read once per store object (store_id).
+    _store_id: str | None = None
 
     # -- the lease operations ----------------------------------------------------------------------
 
@@ -388,17 +395,20 @@ class LeaseStore(Store):
         db.run("token_floor", {}, durable=True)
         return TokenEpoch(*db.run("token_epoch", {})[0])
 
-    def bump_epoch(self, reason: str) -> TokenEpoch:
+    def bump_epoch(self, reason: str, *, above: int | None = None) -> TokenEpoch:
         """Start a new token epoch: every token issued from now on is larger than any issued before.
 
         The operator's step after a failover or restore the store cannot detect by itself (a schema
         restored from a dump into the same cluster). Harmless when not needed: tokens only jump up.
 
         :param reason: why, recorded with the epoch.
+        :param above: also make every token from now on larger than this one: a token a fence kept in
+            another database accepted from this store before it was recreated (the fence's refusal names
+            it; docs/deploy.md, "Restoring or recreating the lease store").
         """
-        return self.bump_epoch_from(reason)[1]
+        return self.bump_epoch_from(reason, above=above)[1]
 
-    def bump_epoch_from(self, reason: str) -> tuple[TokenEpoch, TokenEpoch]:
+    def bump_epoch_from(self, reason: str, *, above: int | None = None) -> tuple[TokenEpoch, TokenEpoch]:
         """:meth:`bump_epoch`, returning ``(previous, new)``: the epoch it moved from, and the new one.
 
         Read and changed in one transaction, with the epoch's row locked first: of two concurrent bumps
@@ -407,12 +417,28 @@ class LeaseStore(Store):
         new epoch when it runs on another server history; ``previous`` is the epoch after that move.
         """
         validation.identifier("reason", reason)
+        if above is not None:
+            validation.token("above", above)
+            if above >= (MAX_EPOCH - 1) << 40:
+                raise InvalidArgument("above", above, f"must be below {(MAX_EPOCH - 1) << 40} (the last token epoch)")
         db = self._ready()
         with db.transaction() as cur:
             cur.execute(db.query_text("token_floor", cur.connection))
             cur.execute(db.query_text("token_epoch_locked", cur.connection))
             previous = TokenEpoch(*cur.fetchone())
-            cur.execute(db.query_text("token_epoch_bump", cur.connection), {"reason": reason})
+            if above is None:
+                cur.execute(db.query_text("token_epoch_bump", cur.connection), {"reason": reason})
+            else:
+                cur.execute(db.query_text("token_epoch_raise", cur.connection), {"reason": reason, "above": above})
             epoch = TokenEpoch(*cur.fetchone())
         log.warning("token epoch bumped from %d to %d (%s)", previous.epoch, epoch.epoch, reason)
         return previous, epoch
+
+    @property
+    def store_id(self) -> str:
+        """This lease store's identity (a UUID made once with the store, kept by a dump and restore, new
+        for a store created again). Fenced publishes pass it (``store_id=``) so a fence records where its
+        tokens came from. Read once per store object."""
+        if self._store_id is None:
+            self._store_id = str(self._ready().run("store_id", {})[0][0])
+        return self._store_id

@@ -6,6 +6,7 @@ import re
 from dataclasses import dataclass
 from functools import cache
 from importlib import resources
+from typing import Any
 
 import psycopg2
 import psycopg2.errors
@@ -51,6 +52,79 @@ def current_schema_sql() -> str:
     return resources.files("airflow_lease_provider.core.sql").joinpath("schema.sql").read_text()
 
 
+#: The version of the fence-only layout (``fence_schema.sql``): the store version whose fence it matches.
+FENCE_ONLY_VERSION = 10
+
+
+def fence_schema_sql() -> str:
+    """``fence_schema.sql``: what a fence needs in a database without a lease store."""
+    return resources.files("airflow_lease_provider.core.sql").joinpath("fence_schema.sql").read_text()
+
+
+def _fence_only_version(cur: Any, schema: str) -> int:
+    """The fence-only layout's version in ``schema`` (0: none), read inside the migration lock."""
+    cur.execute("SELECT to_regclass(quote_ident(%s) || '.fence_schema_version') IS NOT NULL", (schema,))
+    if not cur.fetchone()[0]:
+        return 0
+    query = sql.SQL("SELECT coalesce(max(version), 0) FROM {}.fence_schema_version")
+    cur.execute(query.format(sql.Identifier(schema)))
+    return int(cur.fetchone()[0])
+
+
+def _fence_only_error(db: Database) -> SchemaError:
+    return SchemaError(
+        f"schema {db.schema!r} at {db.where} holds only fences (made for fenced publishing into this "
+        "database), not a lease store: give the lease store a schema of its own (the connection's extra "
+        "lease_schema, or [lease] schema), or drop this one if nothing publishes here"
+    )
+
+
+def ensure_fence_schema(db: Database) -> int:
+    """In a write target: create only what a fence needs, where no store schema is.
+
+    A schema that holds a whole store already (made by an older version, or the lease store itself) is
+    migrated as :func:`ensure_schema` does and used as it is: nothing there is dropped. Returns the
+    version of what is there (the store's, or :data:`FENCE_ONLY_VERSION`).
+    """
+    version = installed_version(db)
+    if version:
+        return ensure_schema(db)
+    schema = sql.Identifier(db.schema)
+    with db.transaction() as cur:
+        cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_MIGRATION_LOCK_CLASS, db.schema))
+        cur.execute("SELECT to_regclass(quote_ident(%s) || '.schema_version') IS NOT NULL", (db.schema,))
+        whole = bool(cur.fetchone()[0])
+        if not whole:
+            found = _fence_only_version(cur, db.schema)
+            if found > FENCE_ONLY_VERSION:
+                raise SchemaError(
+                    f"the fence in schema {db.schema!r} is at version {found}, newer than this library knows "
+                    f"({FENCE_ONLY_VERSION}): upgrade airflow-lease-provider"
+                )
+            if found == 0:
+                cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
+                cur.execute(sql.SQL("SET LOCAL search_path TO {}").format(schema))
+                cur.execute(fence_schema_sql())
+                cur.execute(
+                    "INSERT INTO fence_schema_version (version, name) VALUES (%s, 'fence_only')",
+                    (FENCE_ONLY_VERSION,),
+                )
+            return FENCE_ONLY_VERSION
+    # A whole store appeared meanwhile (another process made it): migrate it as every user does.
+    return ensure_schema(db)
+
+
+def check_fence_schema(db: Database) -> int:
+    """The read-only counterpart of :func:`ensure_fence_schema`."""
+    if installed_version(db):
+        return check_schema(db)
+    with db.transaction() as cur:
+        found = _fence_only_version(cur, db.schema)
+    if found == 0:
+        raise SchemaMissing(f"no fence in schema {db.schema!r} at {db.where}: nothing was created there")
+    return found
+
+
 def installed_version(db: Database) -> int:
     """The schema version in the database; 0 when the schema or its version table does not exist."""
     try:
@@ -77,6 +151,9 @@ def check_schema(db: Database) -> int:
     """
     version = installed_version(db)
     if version == 0:
+        with db.transaction() as cur:
+            if _fence_only_version(cur, db.schema):
+                raise SchemaMissing(str(_fence_only_error(db)))
         raise SchemaMissing(
             f"no lease store in schema {db.schema!r} at {db.where}: nothing was created there. Check the "
             "connection and the schema; a leased task (or LeaseStore.ensure_schema()) creates the store"
@@ -104,6 +181,8 @@ def ensure_schema(db: Database) -> int:
     schema = sql.Identifier(db.schema)
     with db.transaction() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_MIGRATION_LOCK_CLASS, db.schema))
+        if _fence_only_version(cur, db.schema):
+            raise _fence_only_error(db)
         cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
         cur.execute(sql.SQL("SET LOCAL search_path TO {}").format(schema))
         cur.execute(

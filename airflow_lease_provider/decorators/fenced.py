@@ -14,7 +14,8 @@ Under a run-scoped lease (or inside a leased task) the function runs only after 
 store shows this run still holding the lease and (b) the fence accepted its token. ``target="postgres"``
 (default) runs the function inside the fence's transaction (``fence.cursor``), so the write commits with
 the fence advance or not at all. ``target="external"`` advances the fence first, then calls the function,
-which carries ``fence.token`` to the side effect.
+which carries ``fence.token`` to the side effect; if the function raises, the ``idempotency_key``'s claim
+is given back so a retry can publish the slot (a task killed inside it keeps the claim: at most once).
 """
 
 from __future__ import annotations
@@ -94,8 +95,9 @@ class _FencedPublishDecoratedOperator(DecoratedOperator, PythonOperator):
                     self.resource, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key
                 ) as cur:
                     return self._call(lease, cur)
-            lease.fence(self.resource, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key)
-            return self._call(lease, None)
+            # The function is the side effect: if it raises, the idempotency key's claim is given back.
+            with lease.fence(self.resource, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key):
+                return self._call(lease, None)
 
     def _call(self, lease: Any, cursor: Any) -> Any:
         fence = FencedPublish(self.resource, lease.token, lease.owner, self.idempotency_key, cursor)

@@ -343,22 +343,35 @@ class FenceHook(_StoreHook):
 
     :param fence_conn_id: the target database's connection (default ``[lease] conn_id``).
     :param schema: the PostgreSQL schema of the fence tables in that database.
+    :param lease_store: the lease store whose tokens are published (a leased task's): where the fence is
+        kept somewhere else (another database or schema), only the fence's tables are created there, and
+        its rejections are recorded in this store's ledger (docs/airflow.md, "Fenced publishing").
     """
 
     conn_name_attr = "fence_conn_id"
     role = "fence connection (the database the fence is kept in)"
     hook_name = "Lease fence (PostgreSQL)"
 
-    def __init__(self, fence_conn_id: str | None = None, *, schema: str | None = None) -> None:
+    def __init__(
+        self, fence_conn_id: str | None = None, *, schema: str | None = None, lease_store: LeaseStore | None = None
+    ) -> None:
         super().__init__(fence_conn_id, schema=schema)
+        self.lease_store = lease_store
 
     def _make_store(self, location: StoreLocation) -> FenceStore:
+        lease_store = self.lease_store
+        elsewhere = lease_store is not None and (location.dsn, location.schema) != (
+            lease_store.db.dsn, lease_store.schema,
+        )
         return FenceStore(
             location.dsn,
             schema=location.schema,
             event_retention=settings.event_retention(),
             idle_close=_idle(),
             prepare=settings.prepare_statements(),
+            fence_only=elsewhere,
+            ledger=lease_store.events if elsewhere and lease_store is not None else None,
+            record_events=lease_store.record_events if lease_store is not None else True,
         )
 
     def get_store(self) -> FenceStore:

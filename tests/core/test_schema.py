@@ -30,7 +30,7 @@ CATALOG_QUERIES = {
     "functions": """
         SELECT p.proname, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid), p.prosrc,
                p.proconfig, p.provolatile
-          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s ORDER BY 1""",
+          FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s ORDER BY 1, 2""",
 }
 
 #: The functions every lease and fence call runs: no SET clause (migrations/0009), every name qualified.

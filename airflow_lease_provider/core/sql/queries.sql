@@ -82,9 +82,27 @@ SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at
  LIMIT %(limit)s;
 
 -- name: fence_advance [prepared]
--- A fence per (resource, lease key): the token is compared only with tokens of the same lease key.
-SELECT outcome, current_token
-  FROM {schema}.fence_advance(%(resource)s, %(key)s, %(token)s, %(owner)s, %(idempotency_key)s);
+-- A fence per (resource, lease key): the token is compared only with tokens of the same lease key. A larger
+-- token is accepted, or an equal one from the same owner of the same lease store (%(store_id)s: the
+-- issuer's lease_epoch.store_id, or NULL); in the issuing store's own schema a token below the key's
+-- newest grant is 'superseded' (migrations/0010).
+SELECT outcome, current_token, current_store, newest_grant
+  FROM {schema}.fence_advance(%(resource)s, %(key)s, %(token)s, %(owner)s, %(idempotency_key)s,
+                              %(store_id)s::uuid);
+
+-- name: fence_claim_release
+-- Gives back the idempotency claim of an external publish whose side effect failed: only that publish's
+-- own claim (the same token and owner), never a later one's.
+DELETE FROM {schema}.fence_publish
+ WHERE resource = %(resource)s AND idempotency_key = %(idempotency_key)s AND token = %(token)s
+   AND owner IS NOT DISTINCT FROM %(owner)s
+RETURNING token;
+
+-- name: store_id
+SELECT e.store_id::text FROM {schema}.lease_epoch e;
+
+-- name: token_epoch_raise
+SELECT * FROM {schema}.lease_epoch_raise(%(reason)s, %(above)s);
 
 -- name: fence_current [prepared]
 SELECT {schema}.fence_token(%(resource)s, %(key)s);

@@ -19,6 +19,9 @@ CREATE TABLE fence (
     owner        text,
     accepted_at  timestamptz NOT NULL,
     key          text        NOT NULL,
+    -- The lease store the accepted token came from (lease_epoch.store_id; migrations/0010), NULL when
+    -- unknown (accepted before version 10, or by a caller that passed none).
+    store_id     uuid,
     PRIMARY KEY (resource, key)
 ) WITH (fillfactor = 50);
 
@@ -67,7 +70,10 @@ CREATE TABLE lease_epoch (
     system_identifier  bigint      NOT NULL,
     timeline           integer     NOT NULL,
     changed_at         timestamptz NOT NULL,
-    reason             text        NOT NULL
+    reason             text        NOT NULL,
+    -- This store's identity (migrations/0010): made once, kept by a dump and restore, new for a store
+    -- created again; fences record it with the tokens they accept.
+    store_id           uuid        NOT NULL DEFAULT (md5(random()::text || clock_timestamp()::text)::uuid)
 );
 
 -- The timeline WAL is written on now: the first 8 hex digits of the current WAL file's name.
@@ -89,6 +95,20 @@ SET search_path FROM CURRENT
 AS $$
     UPDATE lease_epoch e
        SET epoch = greatest(e.epoch + 1, lease_timeline()), system_identifier = (pg_control_system()).system_identifier,
+           timeline = lease_timeline(), changed_at = clock_timestamp(), reason = p_reason
+    RETURNING e.epoch, e.system_identifier, e.timeline, e.changed_at, e.reason
+$$;
+
+-- A new epoch whose floor is above p_above (migrations/0010): after the store was recreated while a fence
+-- kept elsewhere has its old tokens.
+CREATE FUNCTION lease_epoch_raise(p_reason text, p_above bigint)
+RETURNS TABLE (epoch integer, system_identifier bigint, timeline integer, changed_at timestamptz, reason text)
+LANGUAGE sql VOLATILE
+SET search_path FROM CURRENT
+AS $$
+    UPDATE lease_epoch e
+       SET epoch = greatest(e.epoch + 1, lease_timeline(), (p_above >> 40)::integer + 1),
+           system_identifier = (pg_control_system()).system_identifier,
            timeline = lease_timeline(), changed_at = clock_timestamp(), reason = p_reason
     RETURNING e.epoch, e.system_identifier, e.timeline, e.changed_at, e.reason
 $$;
@@ -330,45 +350,82 @@ $def$, s, format($body$
      ORDER BY f.key = '' LIMIT 1
 $body$, s));
 
-    -- fence advance (migrations/0003): the idempotency claim, the conditional upsert, the claim given back
-    -- when the token is stale.
+    -- fence advance (migrations/0003, 0010): the idempotency claim, the newest-grant check where the fence
+    -- is kept in the lease store that issued the token, the conditional upsert (a larger token, or an equal
+    -- one from the same owner of the same store), the claim given back when refused.
     EXECUTE format($def$
 CREATE OR REPLACE FUNCTION %1$I.fence_advance(p_resource text, p_key text, p_token bigint, p_owner text,
-                                              p_idempotency_key text)
-RETURNS TABLE (outcome text, current_token bigint)
+                                              p_idempotency_key text, p_store uuid)
+RETURNS TABLE (outcome text, current_token bigint, current_store uuid, newest_grant bigint)
 LANGUAGE plpgsql
 AS %2$L
 $def$, s, format($body$
 DECLARE
     v_token bigint;
+    v_store pg_catalog.uuid;
+    v_newest bigint;
+    v_outcome pg_catalog.text;
 BEGIN
     IF p_idempotency_key IS NOT NULL THEN
         INSERT INTO %1$I.fence_publish (resource, idempotency_key, token, owner)
         VALUES (p_resource, p_idempotency_key, p_token, p_owner)
         ON CONFLICT DO NOTHING;
         IF NOT FOUND THEN
-            RETURN QUERY SELECT 'duplicate'::pg_catalog.text, %1$I.fence_token(p_resource, p_key);
-            RETURN;
+            v_outcome := 'duplicate';
         END IF;
     END IF;
-    -- The key's own row, or (first publish of this key) a new row above the pre-version-3 floor, if any.
-    INSERT INTO %1$I.fence AS f (resource, key, token, owner, accepted_at)
-    SELECT p_resource, p_key, p_token, p_owner, pg_catalog.clock_timestamp()
-     WHERE p_token > coalesce((SELECT l.token FROM %1$I.fence l WHERE l.resource = p_resource AND l.key = ''), 0)
-    ON CONFLICT (resource, key) DO UPDATE
-        SET token = EXCLUDED.token, owner = EXCLUDED.owner, accepted_at = EXCLUDED.accepted_at
-        WHERE f.token < EXCLUDED.token
-    RETURNING f.token INTO v_token;
-    IF FOUND THEN
-        RETURN QUERY SELECT 'accepted'::pg_catalog.text, v_token;
-        RETURN;
+    IF v_outcome IS NULL AND p_store IS NOT NULL THEN
+        -- Kept in the lease store that issued the token: a token below the key's newest grant belongs to
+        -- a holder the lease has moved past (granted again, or force-released), refused before any later
+        -- token has published here.
+        SELECT l.token INTO v_newest FROM %1$I.lease l
+         WHERE l.key = p_key AND EXISTS (SELECT 1 FROM %1$I.lease_epoch e WHERE e.store_id = p_store);
+        IF p_token < v_newest THEN
+            v_outcome := 'superseded';
+        END IF;
     END IF;
-    IF p_idempotency_key IS NOT NULL THEN
+    IF v_outcome IS NULL THEN
+        -- The key's own row, or (first publish of this key) a new row above the pre-version-3 floor, if any.
+        -- A larger token is accepted; an equal one only from the same owner of the same lease store: the
+        -- grant that token was issued for, publishing again.
+        INSERT INTO %1$I.fence AS f (resource, key, token, owner, accepted_at, store_id)
+        SELECT p_resource, p_key, p_token, p_owner, pg_catalog.clock_timestamp(), p_store
+         WHERE p_token > coalesce((SELECT l.token FROM %1$I.fence l WHERE l.resource = p_resource AND l.key = ''), 0)
+        ON CONFLICT (resource, key) DO UPDATE
+            SET token = EXCLUDED.token, owner = EXCLUDED.owner, accepted_at = EXCLUDED.accepted_at,
+                store_id = CASE WHEN f.token < EXCLUDED.token THEN EXCLUDED.store_id
+                                ELSE coalesce(f.store_id, EXCLUDED.store_id) END
+            WHERE f.token < EXCLUDED.token
+               OR (f.token = EXCLUDED.token AND f.owner = EXCLUDED.owner
+                   AND (f.store_id IS NULL OR EXCLUDED.store_id IS NULL OR f.store_id = EXCLUDED.store_id))
+        RETURNING f.token, f.store_id INTO v_token, v_store;
+        IF FOUND THEN
+            RETURN QUERY SELECT 'accepted'::pg_catalog.text, v_token, v_store, v_newest;
+            RETURN;
+        END IF;
+        v_outcome := 'stale';
+    END IF;
+    IF p_idempotency_key IS NOT NULL AND v_outcome <> 'duplicate' THEN
         -- A refused publish never uses up its idempotency key.
         DELETE FROM %1$I.fence_publish WHERE resource = p_resource AND idempotency_key = p_idempotency_key;
     END IF;
-    RETURN QUERY SELECT 'stale'::pg_catalog.text, %1$I.fence_token(p_resource, p_key);
+    SELECT c.token, c.store_id INTO v_token, v_store FROM %1$I.fence c
+     WHERE c.resource = p_resource AND c.key IN (p_key, '')
+     ORDER BY c.key = '' LIMIT 1;
+    RETURN QUERY SELECT v_outcome, v_token, v_store, v_newest;
 END;
+$body$, s));
+
+    -- The five-argument call of version 9 (migrations/0010), for processes still running its code.
+    EXECUTE format($def$
+CREATE OR REPLACE FUNCTION %1$I.fence_advance(p_resource text, p_key text, p_token bigint, p_owner text,
+                                              p_idempotency_key text)
+RETURNS TABLE (outcome text, current_token bigint)
+LANGUAGE sql
+AS %2$L
+$def$, s, format($body$
+    SELECT a.outcome, a.current_token
+      FROM %1$I.fence_advance(p_resource, p_key, p_token, p_owner, p_idempotency_key, NULL::pg_catalog.uuid) a
 $body$, s));
 END;
 $migration$;
