@@ -115,12 +115,49 @@ def embedded() -> str:
     return raw
 
 
-def metadata_on_sqlite() -> bool:
-    """Whether Airflow's metadata database is SQLite: a file on one host, so no second host can exist."""
-    from airflow_lease_provider.version_compat import metadata_database_url
+#: Where an Airflow component records, at its start, whether its metadata database is SQLite, for the
+#: processes it starts (set by :func:`record_metadata_database`, read by :func:`metadata_database`).
+METADATA_RECORD_ENV = "_AIRFLOW_LEASE_METADATA_DATABASE"
 
-    # Read as configured also in a task process, where Airflow hides it (version_compat says how).
-    return metadata_database_url().lower().startswith("sqlite")
+
+def record_metadata_database() -> None:
+    """Record in this process's environment whether Airflow's metadata database is SQLite.
+
+    Called by the plugin's listener when an Airflow component starts (``on_starting``: the scheduler,
+    the triggerer and the dag-processor, before they start any executor, trigger runner or parser).
+    Every process they start inherits the environment (fork or exec alike), so the task processes of a
+    ``LocalExecutor``, where Airflow hides ``[database] sql_alchemy_conn``, learn the fact from the
+    component that started them: never stale (a restarted component records its own configuration over
+    what it inherited) and no secret (``sqlite`` or ``other``, never the URL). Where Airflow hides the
+    URL from this process (the task runner's own ``on_starting``), what the component recorded stays.
+    """
+    from airflow_lease_provider.version_compat import metadata_database_scheme
+
+    scheme = metadata_database_scheme()
+    if scheme is not None:
+        os.environ[METADATA_RECORD_ENV] = "sqlite" if scheme == "sqlite" else "other"
+
+
+def metadata_database() -> str:
+    """``sqlite``, ``other``, or ``unknown``: what this process may know of Airflow's metadata database.
+
+    Read from the configuration where this process may read it (a scheduler, an api-server, the CLI,
+    ``airflow dags test``); in a process where Airflow hides it (a task process), as the component that
+    started it recorded it (:func:`record_metadata_database`); ``unknown`` where none did.
+    """
+    from airflow_lease_provider.version_compat import metadata_database_scheme
+
+    scheme = metadata_database_scheme()
+    if scheme is not None:
+        return "sqlite" if scheme == "sqlite" else "other"
+    recorded = os.environ.get(METADATA_RECORD_ENV, "")
+    return recorded if recorded in ("sqlite", "other") else "unknown"
+
+
+def metadata_on_sqlite() -> bool:
+    """Whether Airflow's metadata database is known to be SQLite: a file on one host, so no second host
+    can exist. Unknown is not SQLite (the safe answer: no embedded store)."""
+    return metadata_database() == "sqlite"
 
 
 def embedded_allowed() -> bool:

@@ -19,10 +19,8 @@ is built, and the scheduler-side names only where a timetable or a task needs th
 
 from __future__ import annotations
 
-import configparser
 import importlib
 import sys
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from airflow import __version__ as AIRFLOW_VERSION  # noqa: N812 - the official providers' spelling
@@ -56,9 +54,11 @@ if TYPE_CHECKING:
     from airflow.api_fastapi.common.db.common import SessionDep as SessionDep
     from airflow.api_fastapi.core_api.security import GetUserDep as GetUserDep
     from airflow.api_fastapi.core_api.security import requires_authenticated as requires_authenticated
+    from airflow.listeners import hookimpl as hookimpl
     from airflow.models.connection import Connection as Connection
     from airflow.models.dag import DagModel as DagModel
     from airflow.models.dagrun import DagRun as DagRun
+    from airflow.models.serialized_dag import SerializedDagModel as SerializedDagModel
     from airflow.sdk.bases.decorator import DecoratedOperator as DecoratedOperator
     from airflow.sdk.bases.decorator import TaskDecorator as TaskDecorator
     from airflow.sdk.bases.decorator import _TaskDecorator as TaskDecoratorBase  # noqa: F401
@@ -132,6 +132,8 @@ _LOCATIONS: dict[str, tuple[tuple[str, str], ...]] = {
     # Metadata-database models: the run a Leases page row links to, the DAG a timetable serves.
     "DagRun": (("airflow.models.dagrun", "DagRun"),),
     "DagModel": (("airflow.models.dag", "DagModel"),),
+    # The serialized DAG the scheduler reads before it asks a timetable for the run after a stored one.
+    "SerializedDagModel": (("airflow.models.serialized_dag", "SerializedDagModel"),),
     # The API server's FastAPI dependencies, for the plugin's routes (authentication, a DB session).
     "SessionDep": (("airflow.api_fastapi.common.db.common", "SessionDep"),),
     "GetUserDep": (("airflow.api_fastapi.core_api.security", "GetUserDep"),),
@@ -143,6 +145,9 @@ _LOCATIONS: dict[str, tuple[tuple[str, str], ...]] = {
     "DagDetails": (("airflow.api_fastapi.auth.managers.models.resource_details", "DagDetails"),),
     # [core] hostname_callable as Airflow resolves it (recorded with each lease a worker acquires).
     "get_hostname": (("airflow.sdk.api.client", "get_hostname"), ("airflow.utils.net", "get_hostname")),
+    # The listener marker (airflow.listeners on 3.1, the Task SDK's shared listeners from 3.2): the
+    # plugin's listener records, when an Airflow component starts, what its task processes may not read.
+    "hookimpl": ((_COMMON_COMPAT, "hookimpl"), ("airflow.listeners", "hookimpl")),
     "SimpleAuthManagerRole": (
         ("airflow.api_fastapi.auth.managers.simple.simple_auth_manager", "SimpleAuthManagerRole"),
     ),
@@ -214,102 +219,41 @@ def in_task_process() -> bool:
     return getattr(runner, "SUPERVISOR_COMMS", None) is not None
 
 
-def _scheduler_session(dag_model: Any) -> Any:
-    """The session that loaded ``dag_model`` (the scheduler's, inside its transaction), or None."""
-    if not hasattr(dag_model, "_sa_instance_state"):
+def scheduler_session(orm_object: Any) -> Any:
+    """The SQLAlchemy session that loaded ``orm_object`` (the scheduler's, inside its transaction), or None
+    (detached, or not an ORM object). Airflow hands a timetable its ``DagModel`` row, not the session."""
+    if not hasattr(orm_object, "_sa_instance_state"):
         return None  # not an ORM object (a plain object in a test)
     from sqlalchemy.orm import object_session
 
-    return object_session(dag_model)
+    return object_session(orm_object)
 
 
-def dag_time_restriction(dag_model: Any) -> TimeRestriction | None:
-    """The time restriction of ``dag_model``'s DAG (``start_date``, ``end_date``, ``catchup``), or None.
-
-    ``Timetable.next_run_info_from_dag_model`` (3.2+) receives only the ``dag`` row, which has no
-    ``end_date`` or ``catchup``. The scheduler deserializes the DAG from ``serialized_dag`` right before it
-    calls that method; this reads it the same way (``SerializedDagModel.get``) and returns the restriction
-    Airflow's own ``next_dagrun_info`` applies (``SerializedDAG._time_restriction``: private, no public
-    equivalent). None when ``dag_model`` is not attached to a session (the ``airflow dags next-execution``
-    CLI closes its session first) or the DAG is not serialized.
-    """
-    session = _scheduler_session(dag_model)
-    if session is None:
-        return None
-    from airflow.models.serialized_dag import SerializedDagModel
-
-    serialized = SerializedDagModel.get(dag_id=dag_model.dag_id, session=session)
-    if serialized is None:
-        return None
-    # Private on 3.2 and 3.3: a later Airflow without it leaves the cap as before (no end_date known)
-    # instead of failing the scheduler's loop.
-    restriction: TimeRestriction | None = getattr(serialized.dag, "_time_restriction", None)
+def time_restriction_of(serialized_dag: Any) -> TimeRestriction | None:
+    """A deserialized DAG's time restriction (``SerializedDAG._time_restriction``: private on 3.1-3.3, no
+    public equivalent); None on an Airflow without it, which leaves the cap as if no end_date were set
+    instead of failing the scheduler's loop."""
+    restriction: TimeRestriction | None = getattr(serialized_dag, "_time_restriction", None)
     return restriction
 
 
-def taken_logical_dates(dag_model: Any, since: datetime.datetime) -> set[datetime.datetime] | None:
-    """Logical dates from ``since`` on that runs of ``dag_model``'s DAG already have, or None if unknown.
-
-    The scheduler checks only the stored next run for an existing run, then creates whatever
-    ``next_run_info_from_dag_model`` returns; a logical date already taken (a manual run with a logical
-    date, a backfill) fails that insert on ``dag_run_dag_id_logical_date_key`` and leaves the scheduler's
-    session unusable. Read through the scheduler's session; None when ``dag_model`` has none.
-    """
-    session = _scheduler_session(dag_model)
-    if session is None:
-        return None
-    from airflow.models.dagrun import DagRun
-    from sqlalchemy import select
-
-    taken = session.scalars(
-        select(DagRun.logical_date).where(DagRun.dag_id == dag_model.dag_id, DagRun.logical_date >= since)
-    ).all()
-    return {value for value in taken if value is not None}
+#: What Airflow's supervisor writes over ``[database] sql_alchemy_conn`` in the processes it forks to run
+#: user code (``block_orm_access`` in ``airflow/sdk/execution_time/supervisor.py``, 3.1 to 3.3: task
+#: processes, the triggerer's trigger runner, DAG file processors): they may not reach the metadata
+#: database, so they cannot read where it is either.
+_HIDDEN_METADATA = "airflow-db-not-allowed:"
 
 
-#: What Airflow's supervisor writes over ``[database] sql_alchemy_conn`` in a task process
-#: (``block_orm_access`` in ``airflow/sdk/execution_time/supervisor.py``, 3.0 to 3.3): tasks may not
-#: reach the metadata database, so they cannot read where it is either.
-_BLOCKED_METADATA = "airflow-db-not-allowed:"
-_METADATA_ENV = "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"
+def metadata_database_scheme() -> str | None:
+    """The scheme of ``[database] sql_alchemy_conn`` (``sqlite``, ``postgresql``, ...), or None where
+    Airflow hides it from this process (see ``_HIDDEN_METADATA``).
 
-
-def metadata_database_url() -> str:
-    """``[database] sql_alchemy_conn`` as the deployment configured it, also inside a task process.
-
-    In a task process Airflow has replaced it (environment and config) after the fork; the value the
-    deployment set is then read from the environment this process was started with (``/proc/self/environ``:
-    what the scheduler or worker was run with, a fork changes no exec environment) or, where that does not
-    set it, from the config file, as Airflow itself would have. ``""`` when it cannot be known (no
-    ``/proc``, or a ``_cmd``/``_secret`` source): callers must then assume a metadata database that is not
-    SQLite, the safe answer.
+    Only the scheme leaves this function: the rest of the URL may carry the database's password.
     """
     value = str(__getattr__("conf").get("database", "sql_alchemy_conn", fallback="")).strip()
-    if not value.startswith(_BLOCKED_METADATA):
-        return value
-    try:
-        raw = Path("/proc/self/environ").read_bytes()
-    except OSError:
-        return ""
-    started_with = dict(
-        item.split("=", 1) for item in raw.decode("utf-8", "replace").split("\0") if "=" in item
-    )
-    if _METADATA_ENV in started_with:
-        return started_with[_METADATA_ENV].strip()
-    if any(f"{_METADATA_ENV}_{kind}" in started_with for kind in ("CMD", "SECRET")):
-        return ""
-    home = started_with.get("AIRFLOW_HOME") or str(Path.home() / "airflow")
-    config_file = started_with.get("AIRFLOW_CONFIG") or str(Path(home) / "airflow.cfg")
-    parser = configparser.ConfigParser(interpolation=None)
-    try:
-        parser.read(config_file, encoding="utf-8")
-    except (OSError, configparser.Error):
-        return ""
-    if parser.has_option("database", "sql_alchemy_conn_cmd") or parser.has_option("database", "sql_alchemy_conn_secret"):
-        return ""
-    if parser.has_option("database", "sql_alchemy_conn"):
-        return parser.get("database", "sql_alchemy_conn").strip()
-    return f"sqlite:///{home}/airflow.db"  # Airflow's default ([database] sql_alchemy_conn in its config.yml)
+    if value.startswith(_HIDDEN_METADATA):
+        return None
+    return value.partition(":")[0].partition("+")[0].lower()
 
 
 __all__ = [
@@ -321,8 +265,8 @@ __all__ = [
     "get_base_airflow_version_tuple",
     "in_task_process",
     "make_aware",
-    "metadata_database_url",
-    "dag_time_restriction",
-    "taken_logical_dates",
+    "metadata_database_scheme",
+    "scheduler_session",
+    "time_restriction_of",
     *_LOCATIONS,
 ]

@@ -14,7 +14,6 @@ import json
 import os
 import platform
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -40,6 +39,7 @@ from bench.cells import (
 from bench.figures import summarize
 from bench.pgbench import run_pgbench
 from bench.pool import CellSpec, ClientPool
+from bench.provenance import provenance as provenance_of_checkout
 from bench.report import earlier_targets, render, targets
 from bench.server import Server, WalAttributor
 
@@ -202,23 +202,6 @@ class _Progress:
         _log(f"[{done}/{self.total} {elapsed:.0f}s, ~{eta:.0f}s left] {_cell_line(cell)}")
 
 
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10, check=False
-        )
-    except OSError:
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def _provenance() -> dict[str, Any]:
-    """The code that was measured: HEAD and any uncommitted change to the package, read at the start
-    (the checkout is shared, so both can move while the benchmark runs)."""
-    dirty = _git("status", "--porcelain", "--", "airflow_lease_provider")
-    return {"git_head": _git("rev-parse", "HEAD"), "uncommitted_package_changes": (dirty or "").splitlines()}
-
-
 def _catchup(profile: Profile) -> dict[str, Any]:
     try:
         from bench.catchup import run_catchup
@@ -324,7 +307,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         root.chmod(0o755)  # the embedded server runs as its own system user when we are root
         embedded = EmbeddedPostgres(root / "data", keep=False)
         dsn = embedded.start()
-    provenance = _provenance()
+    provenance = provenance_of_checkout()
     started_at = datetime.datetime.now(datetime.timezone.utc)
     started = time.monotonic()
     load_start = os.getloadavg()

@@ -43,6 +43,7 @@ import psycopg2
 
 from airflow_lease_provider.core import LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.embedded import EmbeddedPostgres
+from bench.provenance import provenance as provenance_of_checkout
 
 REPO = Path(__file__).resolve().parent.parent
 TTL = datetime.timedelta(seconds=30)
@@ -276,9 +277,7 @@ def main(argv: list[str]) -> int:
     root = Path(tempfile.mkdtemp(prefix="lease-scale-pg-", dir="/tmp"))
     root.chmod(0o755)  # the embedded server runs as its own system user when we are root
     embedded = EmbeddedPostgres(root / "data", keep=False)
-    from bench.run import _provenance
-
-    provenance = _provenance()
+    provenance = provenance_of_checkout()
     started_at = datetime.datetime.now(datetime.timezone.utc)
     load_start = os.getloadavg()
     try:

@@ -309,3 +309,116 @@ def test_the_provider_info_and_its_table_import_without_airflow() -> None:
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT)
     assert result.returncode == 0, result.stderr[-3000:]
     assert result.stdout.strip().endswith("'schema'] []"), result.stdout
+
+
+# -- import cycles ------------------------------------------------------------------------------------
+
+
+def _module_files(root: Path, *packages: str) -> dict[str, tuple[Path, bool]]:
+    """Dotted module name -> (file, is a package) for every module of ``packages`` under ``root``."""
+    found: dict[str, tuple[Path, bool]] = {}
+    for package in packages:
+        for path in sorted((root / package).rglob("*.py")):
+            parts = list(path.relative_to(root).with_suffix("").parts)
+            is_package = parts[-1] == "__init__"
+            found[".".join(parts[:-1] if is_package else parts)] = (path, is_package)
+    return found
+
+
+def _import_graph(modules: dict[str, tuple[Path, bool]]) -> dict[str, set[str]]:
+    """Module -> the modules of ``modules`` it imports, anywhere in its file.
+
+    Every import counts: at module level, inside a function (a deferred import still needs the other
+    module, and hides the circle until that function runs) and under ``if TYPE_CHECKING:`` (a circle of
+    types is a circle of concerns). ``from X import n`` is an edge to the module ``X.n`` when that is a
+    module, else to ``X``; ``import X.Y`` to ``X.Y``. The parent packages Python also imports on the way
+    are not edges: a package's ``__init__`` that imported its own submodules would otherwise be a circle.
+    """
+    graph: dict[str, set[str]] = {}
+    for name, (path, is_package) in modules.items():
+        package = name.split(".") if is_package else name.split(".")[:-1]
+        targets: set[str] = set()
+        for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+            wanted: list[str] = []
+            if isinstance(node, ast.Import):
+                wanted = [alias.name for alias in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = node.module or ""
+                if node.level:
+                    parent = package[: len(package) - node.level + 1]
+                    base = ".".join([*parent, base] if base else parent)
+                wanted = [f"{base}.{a.name}" if f"{base}.{a.name}" in modules else base for a in node.names]
+            for target in wanted:
+                while target and target not in modules:
+                    target = target.rpartition(".")[0]  # a name inside a module: the module
+                if target and target != name:
+                    targets.add(target)
+        graph[name] = targets
+    return graph
+
+
+def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The strongly connected components of more than one module (Tarjan's algorithm, iterative)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+    for root in sorted(graph):
+        if root in index:
+            continue
+        work = [(root, iter(sorted(graph[root])))]
+        index[root] = low[root] = len(index)
+        stack.append(root)
+        on_stack.add(root)
+        while work:
+            node, children = work[-1]
+            child = next(children, None)
+            if child is not None:
+                if child not in index:
+                    index[child] = low[child] = len(index)
+                    stack.append(child)
+                    on_stack.add(child)
+                    work.append((child, iter(sorted(graph[child]))))
+                elif child in on_stack:
+                    low[node] = min(low[node], index[child])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[node])
+            if low[node] == index[node]:
+                component = []
+                while True:
+                    member = stack.pop()
+                    on_stack.discard(member)
+                    component.append(member)
+                    if member == node:
+                        break
+                if len(component) > 1:
+                    found.append(sorted(component))
+    return sorted(found)
+
+
+def test_no_import_cycle_in_the_package_or_the_bench() -> None:
+    graph = _import_graph(_module_files(ROOT, "airflow_lease_provider", "bench"))
+    assert len(graph) > 50 and graph["airflow_lease_provider.hooks.lease"]  # the graph was read
+    assert _cycles(graph) == [], "modules that import each other (directly or through others)"
+
+
+def test_the_cycle_check_sees_deferred_relative_and_indirect_imports(tmp_path: Path) -> None:
+    files = {
+        "pkg/__init__.py": "from pkg import a\n",  # a package importing its submodule: no circle
+        "pkg/a.py": "def f():\n    from pkg import b\n",  # deferred, inside a function
+        "pkg/b.py": "from .c import name\n",  # relative, a name from a module
+        "pkg/c.py": "from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    import pkg.a\n",
+        "pkg/d.py": "import pkg.c\n",  # into the circle, not part of it
+        "pkg/sub/__init__.py": "",
+        "pkg/sub/e.py": "from .. import d\nfrom . import f\n",
+        "pkg/sub/f.py": "from pkg.sub.e import x\n",
+    }
+    for name, text in files.items():
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).write_text(text)
+    graph = _import_graph(_module_files(tmp_path, "pkg"))
+    assert graph["pkg.sub.e"] == {"pkg.d", "pkg.sub.f"}
+    assert _cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"], ["pkg.sub.e", "pkg.sub.f"]]

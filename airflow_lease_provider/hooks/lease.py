@@ -210,6 +210,12 @@ def _why_not_embedded() -> str:
         return "[lease] embedded = false"
     if not settings.single_host():
         return f"the executor ({', '.join(settings.executors())}) runs tasks on several hosts"
+    if settings.metadata_database() == "unknown":
+        return (
+            "it is not known whether Airflow's metadata database is SQLite (Airflow hides it from task "
+            "processes, and no scheduler or triggerer that started this one recorded it), so more than "
+            "one host may run Airflow"
+        )
     return (
         "Airflow's metadata database is not SQLite, so more than one host may run Airflow "
         "(HA schedulers, a triggerer of its own)"

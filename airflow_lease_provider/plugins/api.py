@@ -10,10 +10,8 @@ the store never stalls the api-server's event loop. Endpoints are documented in 
 
 from __future__ import annotations
 
-import html
 import logging
 import re
-import threading
 from datetime import datetime, timedelta
 from importlib import resources
 from typing import Annotated, Any
@@ -36,14 +34,14 @@ from airflow_lease_provider.core.db import redact
 from airflow_lease_provider.core.lease import LeaseChanged
 from airflow_lease_provider.core.schema import SchemaMissing
 from airflow_lease_provider.identity import RunRef
-from airflow_lease_provider.plugins import authz
-from airflow_lease_provider.plugins.authz import Scope, may_force_release
+from airflow_lease_provider.plugins import authz, deps, timeline_api
+from airflow_lease_provider.plugins.authz import may_force_release
+from airflow_lease_provider.plugins.deps import ScopeDep, StoreDep
 from airflow_lease_provider.ttl_advice import ttl_advice
 from airflow_lease_provider.version_compat import GetUserDep, SessionDep, requires_authenticated
 
 log = logging.getLogger(__name__)
 
-URL_PREFIX = "/lease"
 #: Assets the page loads, served by an authenticated route like everything else.
 _ASSETS = {
     "lease.css": "text/css; charset=utf-8",
@@ -58,68 +56,7 @@ MAX_EVENTS = 1000
 MAX_LEASES = reading.MAX_PAGE
 
 
-# -- the store --------------------------------------------------------------------------------------
-
-_store_lock = threading.Lock()
-_store: LeaseStore | None = None
-_store_info: dict[str, Any] = {}
-#: How the store's messages name it (user@host:port/dbname): kept out of every response.
-_store_where: list[str] = []
-
-
-def get_store() -> LeaseStore:
-    """The lease store, resolved once per api-server process like the hooks resolve it."""
-    global _store
-    with _store_lock:
-        if _store is None:
-            from airflow_lease_provider.hooks import LeaseHook
-
-            # Read-only: the page never creates a store where its connection points (a typo in it says
-            # "no lease store there"); the tasks create it.
-            hook = LeaseHook(read_only=True)
-            location = hook.location
-            store = hook.get_store()
-            # Only what a viewer may know: never the host, user or password of the store.
-            _store_info.update(schema=location.schema, embedded=location.embedded)
-            _store_where[:] = sorted({location.where, store.db.where}, key=len, reverse=True)
-            _store = store
-        return _store
-
-
-StoreDep = Annotated[LeaseStore, Depends(get_store)]
-
-
-def _user_name(user: Any) -> str:
-    return str(user.get_name() or user.get_id())
-
-
-def _auth_manager() -> Any:
-    from airflow_lease_provider.version_compat import get_auth_manager
-
-    return get_auth_manager()
-
-
-def get_scope(user: GetUserDep) -> Scope:
-    """What this user may see: every lease (admins) or those of the DAGs they may read."""
-    return authz.scope(_auth_manager(), user)
-
-
-ScopeDep = Annotated[Scope, Depends(get_scope)]
-
-
 # -- errors -----------------------------------------------------------------------------------------
-
-
-def public_message(exc: BaseException) -> str:
-    """An error's message as every user may read it: no password, nor the store's user and host.
-
-    The page hides where the store is from viewers, so its errors do too (for everyone: the api-server
-    log has the full message). Passwords are already redacted by the core's ``translate``.
-    """
-    message = redact(str(exc))
-    for where in _store_where:
-        message = message.replace(where, "the configured database")
-    return message
 
 
 def _lease_error(request: Request, exc: Exception) -> Response:
@@ -131,7 +68,7 @@ def _lease_error(request: Request, exc: Exception) -> Response:
     else:
         code = status.HTTP_500_INTERNAL_SERVER_ERROR
         log.warning("lease plugin: %s", redact(str(exc)))
-    return JSONResponse({"detail": public_message(exc)}, status_code=code)
+    return JSONResponse({"detail": deps.public_message(exc)}, status_code=code)
 
 
 def _http_error(request: Request, exc: Exception) -> Response:
@@ -139,9 +76,9 @@ def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
     wants_page = request.url.path.rstrip("/").endswith(("/ui", "/ui/task", "/ui/dag"))
     if exc.status_code == status.HTTP_401_UNAUTHORIZED and wants_page and request.method == "GET":
-        base = _ui_base(request)
+        base = deps.ui_base(request)
         try:
-            login = _auth_manager().get_url_login(next_url=f"{base}plugin/leases")
+            login = deps.auth_manager().get_url_login(next_url=f"{base}plugin/leases")
         except Exception:  # no login page to offer: fall back to the plain 401
             login = None
         if login:
@@ -152,28 +89,12 @@ def _http_error(request: Request, exc: Exception) -> Response:
 # -- the page ---------------------------------------------------------------------------------------
 
 
-def _ui_base(request: Request) -> str:
-    """The Airflow UI's base path (``/`` or ``[api] base_url``'s path), from where this app is mounted."""
-    root = str(request.scope.get("root_path") or "")
-    return root.removesuffix(URL_PREFIX).rstrip("/") + "/"
-
-
-def _page(request: Request, name: str) -> HTMLResponse:
-    text = resources.files("airflow_lease_provider.plugins").joinpath("static", name).read_text()
-    plugin_base = str(request.scope.get("root_path") or "").rstrip("/") + "/"
-    text = text.replace("{{AIRFLOW_BASE}}", html.escape(_ui_base(request), quote=True))
-    text = text.replace("{{PLUGIN_BASE}}", html.escape(plugin_base, quote=True))
-    # Airflow frames the page; no one else may (and the page never caches stale lease state).
-    headers = {"Cache-Control": "no-store", "Content-Security-Policy": "frame-ancestors 'self'"}
-    return HTMLResponse(text, headers=headers)
-
-
 def leases_page(request: Request) -> HTMLResponse:
-    return _page(request, "leases.html")
+    return deps.page(request, "leases.html")
 
 
 def task_page(request: Request) -> HTMLResponse:
-    return _page(request, "task.html")
+    return deps.page(request, "task.html")
 
 
 def asset(name: str) -> Response:
@@ -188,7 +109,7 @@ def asset(name: str) -> Response:
 
 
 def me(user: GetUserDep) -> dict[str, Any]:
-    return {"user": _user_name(user), "can_force_release": may_force_release(_auth_manager(), user)}
+    return {"user": deps.user_name(user), "can_force_release": may_force_release(deps.auth_manager(), user)}
 
 
 def get_leases(
@@ -199,7 +120,7 @@ def get_leases(
     cursor: str | None = None,
 ) -> dict[str, Any]:
     page = reading.leases(store, held_only=held_only, limit=limit, cursor=cursor or None, dag_ids=scope.dag_ids)
-    return {**page, "store": dict(_store_info)}
+    return {**page, "store": deps.store_info()}
 
 
 def get_lease(
@@ -208,7 +129,7 @@ def get_lease(
     row = reading.lease(store, key, dag_ids=scope.dag_ids)
     if row is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no lease {key!r} in the store")
-    return {"lease": row, "store": dict(_store_info)}
+    return {"lease": row, "store": deps.store_info()}
 
 
 def get_events(
@@ -266,7 +187,7 @@ def get_task_instance(
     task_id: str,
     map_index: str | None = None,
 ) -> dict[str, Any]:
-    if not scope.admin and not authz.may_read_dag(_auth_manager(), user, dag_id):
+    if not scope.admin and not authz.may_read_dag(deps.auth_manager(), user, dag_id):
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"you may not read DAG {dag_id!r}")
     # The UI substitutes {MAP_INDEX} only for mapped instances; anything else means "not mapped".
     # ASCII digits only ("²".isdigit() is true and int("²") a ValueError: a 500).
@@ -288,7 +209,7 @@ class ForceReleaseBody(BaseModel):
 
 async def force_release(request: Request, user: GetUserDep, store: StoreDep) -> dict[str, Any]:
     """Admins only, checked before the body is even read (a non-admin's malformed body gets 403)."""
-    auth_manager = _auth_manager()
+    auth_manager = deps.auth_manager()
     if not await run_in_threadpool(may_force_release, auth_manager, user):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "force-release is for admins only")
     # A JSON body forces a CORS preflight on cross-site requests, on top of the SameSite cookie.
@@ -315,7 +236,7 @@ def _force_release(auth_manager: Any, user: Any, store: LeaseStore, body: ForceR
         )
     # The lease whose DAG was checked is the one released: compared and released in one statement.
     expected = body.expected_token if body.expected_token is not None else current.token
-    by = _user_name(user)
+    by = deps.user_name(user)
     try:
         if expected != current.token:
             raise LeaseChanged(body.key, expected, current)
@@ -369,7 +290,5 @@ def create_app() -> FastAPI:
     app.add_api_route("/api/ttl-advice", get_ttl_advice, methods=["GET"])
     app.add_api_route("/api/task-instance", get_task_instance, methods=["GET"])
     app.add_api_route("/api/force-release", force_release, methods=["POST"])
-    from airflow_lease_provider.plugins import timeline_api
-
-    timeline_api.add_routes(app)
+    app.include_router(timeline_api.router)
     return app

@@ -1,7 +1,7 @@
 """The timeline's routes of the plugin's FastAPI app: a key's timeline and trend, a DAG's tab.
 
-Added to the app by :func:`airflow_lease_provider.plugins.api.create_app`, so they carry its app-wide
-``requires_authenticated()`` like every route. What a user sees is scoped like the rest of the page
+A router (:data:`router`) that :func:`airflow_lease_provider.plugins.api.create_app` includes, so its
+routes carry the app-wide ``requires_authenticated()`` like every route. What a user sees is scoped like the rest of the page
 (:mod:`airflow_lease_provider.plugins.authz`): a viewer's timeline shows only the events of the DAGs
 they may read, and a DAG's tab needs read access to that DAG. Endpoints are documented in docs/ui.md.
 """
@@ -11,11 +11,11 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from fastapi import FastAPI, HTTPException, Query, Request, status
+from fastapi import APIRouter, HTTPException, Query, Request, status
 from fastapi.responses import HTMLResponse
 
-from airflow_lease_provider.plugins import authz, timeline
-from airflow_lease_provider.plugins.api import ScopeDep, StoreDep, _auth_manager, _page, _user_name
+from airflow_lease_provider.plugins import authz, deps, timeline
+from airflow_lease_provider.plugins.deps import ScopeDep, StoreDep
 from airflow_lease_provider.version_compat import GetUserDep
 
 KeyParam = Annotated[str, Query(min_length=1, max_length=512)]
@@ -38,18 +38,19 @@ def get_dag(
     range_name: RangeParam = "7d",
 ) -> dict[str, Any]:
     """A DAG's tab: its trend, its keys with their holders, timelines and trends."""
-    if not scope.admin and not authz.may_read_dag(_auth_manager(), user, dag_id):
+    if not scope.admin and not authz.may_read_dag(deps.auth_manager(), user, dag_id):
         raise HTTPException(status.HTTP_403_FORBIDDEN, f"you may not read DAG {dag_id!r}")
     data = timeline.dag_view(store, dag_id, range_name=range_name, dag_ids=scope.dag_ids)
-    data["me"] = {"user": _user_name(user), "can_force_release": scope.admin}
+    data["me"] = {"user": deps.user_name(user), "can_force_release": scope.admin}
     return data
 
 
 def dag_page(request: Request) -> HTMLResponse:
-    return _page(request, "dag.html")
+    return deps.page(request, "dag.html")
 
 
-def add_routes(app: FastAPI) -> None:
-    app.add_api_route("/ui/dag", dag_page, methods=["GET"], response_class=HTMLResponse)
-    app.add_api_route("/api/timeline", get_timeline, methods=["GET"])
-    app.add_api_route("/api/dag", get_dag, methods=["GET"])
+#: Included by :func:`airflow_lease_provider.plugins.api.create_app`, under the app-wide authentication.
+router = APIRouter()
+router.add_api_route("/ui/dag", dag_page, methods=["GET"], response_class=HTMLResponse)
+router.add_api_route("/api/timeline", get_timeline, methods=["GET"])
+router.add_api_route("/api/dag", get_dag, methods=["GET"])

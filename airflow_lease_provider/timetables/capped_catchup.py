@@ -7,7 +7,11 @@ ones never do, and an optional ``catchup_window`` drops slots older than a durat
 
 Rules the implementation keeps (``docs/timetable.md`` explains the choices):
 
-* **Pure.** No database access; the clock is read in one place, :func:`_utcnow`, which tests replace.
+* **Pure, but for one move.** :meth:`next_dagrun_info` and every other method read no database; the
+  clock is read in one place, :func:`_utcnow`, which tests replace. The one exception is
+  :meth:`next_run_info_from_dag_model` when it moves a stale stored run forward: it then reads the DAG's
+  ``end_date`` (``serialized_dag``) and the logical dates its runs already have (``dag_run``) through the
+  scheduler's session, as :mod:`airflow_lease_provider.timetables._scheduler` says; nothing otherwise.
 * **O(max_backfill) steps.** The newest slots are found by stepping *back* from now, never by walking
   the gap forward, so a year-long outage of a per-minute schedule costs a handful of croniter calls.
 * **Backfills are not clipped.** Airflow asks with ``restriction.latest`` set for ``airflow backfill``;
@@ -529,9 +533,9 @@ class CappedCatchupTimetable(Timetable):
             return info
         # Moving the run forward: the scheduler has checked only the stored run for an existing run and
         # hands us no end_date, so read both where it reads them (its session; nothing when detached).
-        from airflow_lease_provider.version_compat import dag_time_restriction, taken_logical_dates
+        from airflow_lease_provider.timetables import _scheduler
 
-        restriction = dag_time_restriction(dag_model)
+        restriction = _scheduler.dag_time_restriction(dag_model)
         latest = restriction.latest if restriction is not None else None
         if latest is not None:
             # The newest slot the end_date allows (Airflow's rule: its logical date is not after it).
@@ -542,7 +546,7 @@ class CappedCatchupTimetable(Timetable):
                 return info
         moved = self._info(grid, slot)
         assert moved.logical_date is not None
-        taken = taken_logical_dates(dag_model, moved.logical_date)
+        taken = _scheduler.taken_logical_dates(dag_model, moved.logical_date)
         while taken and moved.logical_date in taken:
             # A run (manual with a logical date, a backfill) already has this slot: the next one, as the
             # scheduler itself moves past an existing stored run.

@@ -612,13 +612,13 @@ def test_walk_back_in_a_dst_zone_away_from_a_change_is_one_iterator(
 
 
 def _scheduler_knows(monkeypatch: pytest.MonkeyPatch, latest: Any, taken: set[Any]) -> None:
-    """What the compat module reads through the scheduler's session (end_date; logical dates taken)."""
-    from airflow_lease_provider import version_compat
+    """What the timetable reads through the scheduler's session (end_date; logical dates taken)."""
+    from airflow_lease_provider.timetables import _scheduler
 
     monkeypatch.setattr(
-        version_compat, "dag_time_restriction", lambda _model: TimeRestriction(minute(2025, 1, 1), latest, True)
+        _scheduler, "dag_time_restriction", lambda _model: TimeRestriction(minute(2025, 1, 1), latest, True)
     )
-    monkeypatch.setattr(version_compat, "taken_logical_dates", lambda _model, since: {t for t in taken if t >= since})
+    monkeypatch.setattr(_scheduler, "taken_logical_dates", lambda _model, since: {t for t in taken if t >= since})
 
 
 def test_a_moved_run_stays_within_a_passed_end_date(clock: FrozenClock, monkeypatch: pytest.MonkeyPatch) -> None:
