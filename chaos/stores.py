@@ -202,9 +202,10 @@ class CrossKeyFenceStore(FenceStore):
 
     @staticmethod
     def _params(
-        resource: str, key: str, token: int, owner: str | None, idempotency_key: str | None
+        resource: str, key: str, token: int, owner: str | None, idempotency_key: str | None,
+        store_id: str | None = None,
     ) -> dict[str, Any]:
-        return {**FenceStore._params(resource, key, token, owner, idempotency_key), "key": CROSS_KEY}
+        return {**FenceStore._params(resource, key, token, owner, idempotency_key, store_id), "key": CROSS_KEY}
 
 
 class NoFenceStore(FenceStore):

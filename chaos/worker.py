@@ -280,10 +280,11 @@ class Worker:
                 self.rec.op("publish", t0=t0, outcome="stale", current=exc.current, **fields)
             except LeaseStoreUnavailable as exc:
                 self.rec.op("publish", t0=t0, outcome="unknown", error=str(exc), **fields)
-                if attempt == 1:
-                    # The commit may or may not have happened. Resending is safe either way: the fence
-                    # refuses the same token twice (and the idempotency key, when there is one, makes
-                    # it a duplicate); the checker verifies that no token or key was published twice.
+                if attempt == 1 and idem is not None:
+                    # The commit may or may not have happened. Resending is safe with an idempotency key:
+                    # it makes the resend a duplicate if the first went through. Without one the fence
+                    # would accept the resend (the same grant may publish again: docs/core.md, "The
+                    # fence"), so none is sent; the checker verifies that no token or key was published twice.
                     self.nap.wait(self.rng.uniform(0.05, 0.2))
                     continue
             except Exception as exc:  # recorded and reported by the checker

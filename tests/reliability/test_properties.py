@@ -144,19 +144,24 @@ def test_force_release_frees_and_leaves_a_trace_or_refuses_and_writes_nothing(
 
 
 class FenceModel:
-    """What the fence must decide: per (resource, lease key) larger tokens only; each idempotency key once
-    per resource, whatever the lease key."""
+    """What the fence must decide: per (resource, lease key) a larger token, or the largest again from the
+    owner it was accepted from (the same grant, publishing again); each idempotency key once per resource,
+    whatever the lease key."""
 
     def __init__(self) -> None:
         self.top: dict[tuple[str, str], int] = {}
+        self.owner: dict[tuple[str, str], str | None] = {}
         self.used: set[tuple[str, str]] = set()
 
-    def decide(self, resource: str, token: int, idem: str | None, key: str = "job") -> str:
+    def decide(self, resource: str, token: int, idem: str | None, key: str = "job", owner: str | None = None) -> str:
         if idem is not None and (resource, idem) in self.used:
             return "duplicate"
-        if token <= self.top.get((resource, key), 0):
+        top = self.top.get((resource, key), 0)
+        same_grant = token == top and owner is not None and self.owner.get((resource, key)) == owner
+        if token < top or (token == top and not same_grant):
             return "stale"
         self.top[(resource, key)] = token
+        self.owner[(resource, key)] = owner
         if idem is not None:
             self.used.add((resource, idem))
         return "accepted"
@@ -188,7 +193,7 @@ def test_fence_decisions_follow_the_model_and_refusals_write_nothing(
             assert rows() == before
             continue
         assert is_name(resource) and is_name(key) and is_token(token)
-        assert decision.outcome == model.decide(resource, token, idem, key), (resource, token, idem, key)
+        assert decision.outcome == model.decide(resource, token, idem, key, owner), (resource, token, idem, key)
         assert fences.current(resource, key=key) == model.top.get((resource, key))
 
 
