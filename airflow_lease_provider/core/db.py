@@ -250,7 +250,10 @@ class _Statement:
 #: A URI connection string (libpq accepts both schemes).
 _URI_RE = re.compile(r"^\s*postgres(?:ql)?://", re.IGNORECASE)
 #: What libpq may split an unencoded password at, and then echo a part of in its error message.
-_SPLIT_RE = re.compile(r"[/@:?#&=\s]+")
+_SPLIT_RE = re.compile(r"[/@:?#&=%\s]+")
+#: A URI whose scheme is mistyped (``postgresql//``, ``postgresql:/``, ``postgres:``): libpq reads it as
+#: keyword/value pairs and quotes all of it back ('missing "=" after "postgresql//user:pw@..."').
+_URI_LIKE_RE = re.compile(r"^\s*[A-Za-z][A-Za-z0-9+.-]*(?::/{0,3}|/{1,3})", re.IGNORECASE)
 _PASSWORD_KEYWORD_RE = re.compile(r"(?:^|\s)password\s*=\s*('(?:[^'\\]|\\.)*'?|\S+)", re.IGNORECASE)
 _PASSWORD_QUERY_RE = re.compile(r"[?&]password=([^&]*)", re.IGNORECASE)
 #: Passwords of every connection string this process has described or opened: removed from every
@@ -271,12 +274,16 @@ def _secrets_of(dsn: str) -> tuple[set[str], set[str]]:
     whole: set[str] = set()
     try:
         parsed = psycopg2.extensions.parse_dsn(dsn).get("password")
+        readable = True
     except psycopg2.Error:
-        parsed = None
+        parsed, readable = None, False
     if parsed:
         whole.add(parsed)
-    if _URI_RE.match(dsn):
-        rest = _URI_RE.sub("", dsn, count=1)
+    # A URI, or what libpq could not read and looks like one with its scheme mistyped: the password is
+    # what stands between the user's ':' and the last '@', whatever libpq made of it.
+    uri = _URI_RE if _URI_RE.match(dsn) else _URI_LIKE_RE if not readable and _URI_LIKE_RE.match(dsn) else None
+    if uri is not None:
+        rest = uri.sub("", dsn, count=1)
         if "@" in rest:
             userinfo = rest.rsplit("@", 1)[0]
             if ":" in userinfo:
@@ -375,12 +382,45 @@ _BAD_DSN = ("invalid dsn", "for connection option", "invalid connection option",
 _DSN_ADVICE = "percent-encode / @ : ? # and % in a URI's user or password (e.g. / as %2F)"
 
 
+class DriverError(Exception):
+    """What the driver raised, redacted: the cause (``__cause__``) of the error :func:`translate` makes.
+
+    The driver's own exception is not chained: its message echoes the connection string it could not
+    read (``invalid dsn: missing "=" after "postgresql//user:pw@..."``), and a task's logged traceback
+    prints the whole cause chain. This keeps its class, SQLSTATE and every line of its message, redacted.
+
+    :ivar driver_type: the driver exception's class (e.g. ``psycopg2.errors.UndefinedTable``).
+    :ivar pgcode: its SQLSTATE, or None (an error raised before any server answered).
+    """
+
+    def __init__(self, message: str, driver_type: type[BaseException], pgcode: str | None) -> None:
+        super().__init__(message)
+        self.driver_type = driver_type
+        self.pgcode = pgcode
+
+
+def _driver_error(exc: BaseException) -> DriverError:
+    kind = f"{type(exc).__module__}.{type(exc).__qualname__}"
+    code = getattr(exc, "pgcode", None)
+    message = f"{kind}{f' (SQLSTATE {code})' if code else ''}: {redact(str(exc).strip())}"
+    return DriverError(message, type(exc), code)
+
+
 def translate(exc: BaseException, where: str) -> LeaseError:
     """Turn a driver error into the library's own. The single place where this happens.
 
     Every message is redacted here: no password (nor a piece of one) of any connection string this
-    process knows reaches an exception, a log line, the CLI or the UI.
+    process knows reaches an exception, a log line, the CLI or the UI. The error's ``__cause__`` is a
+    redacted :class:`DriverError`: raise it with ``raise error from error.__cause__``, or outside the
+    ``except`` block, never ``from exc`` (the driver's exception would carry its message into tracebacks).
     """
+    error = _translate(exc, where)
+    error.__cause__ = _driver_error(exc)
+    error.__suppress_context__ = True
+    return error
+
+
+def _translate(exc: BaseException, where: str) -> LeaseError:
     text = redact(_first_line(exc))
     if isinstance(exc, psycopg2.errors.QueryCanceled):
         return LeaseStoreUnavailable(f"lease store at {where} did not answer in time: {text}")
@@ -464,10 +504,17 @@ class Database:
     # -- connections -------------------------------------------------------------------------------
 
     def _connect(self) -> Any:
+        error: LeaseError | None
         try:
             conn = psycopg2.connect(self.dsn, **self._connect_options())
         except psycopg2.Error as exc:
-            raise translate(exc, self.where) from exc
+            error = translate(exc, self.where)
+        else:
+            error = None
+        if error is not None:
+            # Raised here, out of the except block: not even as __context__ does the driver's exception,
+            # which quotes the connection string it could not read, come along.
+            raise error
         conn.autocommit = True
         return conn
 
@@ -496,7 +543,8 @@ class Database:
             value = given[name]
             if name != "application_name":
                 minimum = 0 if name == "keepalives" else 1
-                if not value.strip().isdigit() or int(value) < minimum:
+                # ASCII digits: '²'.isdigit() is true and int('²') a ValueError naming nothing.
+                if not re.fullmatch(r"\s*[0-9]+\s*", value) or int(value) < minimum:
                     raise InvalidArgument(
                         name, value, f"in the connection string must be a whole number of at least {minimum}"
                         + (" (0 would wait forever: the store fails closed instead)" if name == "connect_timeout" else "")
@@ -646,9 +694,11 @@ class Database:
                     if dead and retry and not fresh and attempt == 1:
                         log.info("lease store connection to %s was lost; reconnecting once", self.where)
                         continue
-                    raise translate(exc, self.where) from exc
+                    error = translate(exc, self.where)
+                    raise error from error.__cause__
                 except psycopg2.Error as exc:
-                    raise translate(exc, self.where) from exc
+                    error = translate(exc, self.where)
+                    raise error from error.__cause__
             raise AssertionError("unreachable")  # pragma: no cover
 
     def _execute(self, conn: Any, text: str, params: Mapping[str, Any], cursor_factory: Any) -> list[tuple[Any, ...]]:
@@ -739,7 +789,8 @@ class Database:
                 if not fresh and attempt == 1 and not self._cut_off:
                     log.info("lease store connection to %s was lost; reconnecting once", self.where)
                     continue
-                raise translate(exc, self.where) from exc
+                error = translate(exc, self.where)
+                raise error from error.__cause__
         raise AssertionError("unreachable")  # pragma: no cover
 
     @contextmanager
@@ -762,7 +813,8 @@ class Database:
                 except psycopg2.Error:
                     self._drop()
                 if isinstance(exc, psycopg2.Error):
-                    raise translate(exc, self.where) from exc
+                    error = translate(exc, self.where)
+                    raise error from error.__cause__
                 raise
             finally:
                 if self._conn is not None and not self._conn.closed:

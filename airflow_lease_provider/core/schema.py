@@ -130,8 +130,9 @@ def installed_version(db: Database) -> int:
     try:
         rows = db.run("schema_version", {})
     except LeaseStoreError as exc:
-        cause = exc.__cause__
-        if isinstance(cause, psycopg2.errors.UndefinedTable | psycopg2.errors.InvalidSchemaName):
+        # The cause is the driver's error, redacted (db.DriverError): its class is kept.
+        cause = getattr(exc.__cause__, "driver_type", None)
+        if cause is not None and issubclass(cause, psycopg2.errors.UndefinedTable | psycopg2.errors.InvalidSchemaName):
             return 0
         raise
     return int(rows[0][0])

@@ -20,7 +20,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from airflow_lease_provider import cli
-from airflow_lease_provider.core import EventKind, LeaseStore
+from airflow_lease_provider.core import EventKind, InvalidArgument, LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.db import describe_dsn
 from tests.pg import execute, new_schema_name, q
 
@@ -339,6 +339,60 @@ def test_console_script_with_a_bad_dsn_prints_no_password() -> None:
         assert fragment not in result.stdout + result.stderr, result.stderr
 
 
+#: Issue 23: the three forms that still showed part of the password (in the message, in the cause chain
+#: a task's logged traceback prints, or in ``airflow-lease --dsn`` output).
+THREE_FORMS = {
+    "URI with its scheme mistyped": "postgresql//lease_user:{pw}@127.0.0.1:9/leases",
+    "unencoded / in the password": "postgresql://lease_user:Wq4z/{pw}@127.0.0.1:9/leases",
+    "unencoded % in the password": "postgresql://lease_user:{pw}%Zt6h@127.0.0.1:9/leases",
+}
+FORM_PASSWORD = "Hk8vRy3mTq"
+
+
+def _form_pieces(dsn: str) -> set[str]:
+    """The password as written in ``dsn`` (between the user's ':' and the '@') and each of its pieces."""
+    written = dsn.split("lease_user:", 1)[1].rsplit("@", 1)[0]
+    return {written, FORM_PASSWORD} | {p for p in re.split(r"[/@:?%]", written) if len(p) >= 3}
+
+
+def _chain_text(exc: BaseException) -> str:
+    """Everything the exception and every exception it links to say (__cause__ and __context__ both)."""
+    import traceback
+
+    texts, todo, seen = [], [exc], set()
+    while todo:
+        e = todo.pop()
+        if e is None or id(e) in seen:
+            continue
+        seen.add(id(e))
+        texts += [str(e), repr(e), repr(getattr(e, "args", ())), repr(vars(e)) if hasattr(e, "__dict__") else ""]
+        todo += [e.__cause__, e.__context__]
+    return "\n".join(texts + traceback.format_exception(exc))
+
+
+@pytest.mark.parametrize("form", sorted(THREE_FORMS))
+def test_the_three_dsn_forms_show_no_piece_of_the_password_anywhere(form: str) -> None:
+    dsn = THREE_FORMS[form].format(pw=FORM_PASSWORD)
+    store = LeaseStore(dsn)
+    with pytest.raises(Exception) as caught:  # noqa: PT011 - the kind is checked below
+        store.ensure_schema()
+    assert isinstance(caught.value, (InvalidArgument, LeaseStoreUnavailable)), caught.value
+    text = _chain_text(caught.value)
+    for piece in _form_pieces(dsn):
+        assert piece not in text, (piece, text)
+    assert "does not parse" in str(caught.value)  # what it says: the string, not the password
+    # The console script: its output, and its --json output.
+    for extra in ((), ("--json",)):
+        result = subprocess.run(
+            [str(VENV_BIN / "airflow-lease"), "--dsn", dsn, "status", *extra],
+            capture_output=True, text=True, timeout=120, check=False,
+        )
+        assert result.returncode == cli.EXIT_USAGE, result.stderr
+        assert "Traceback" not in result.stderr
+        for piece in _form_pieces(dsn):
+            assert piece not in result.stdout + result.stderr, (piece, result.stderr)
+
+
 @pytest.mark.parametrize(
     "args",
     [
@@ -403,7 +457,12 @@ def test_connection_settings_in_the_dsn_are_honoured(pg_dsn: str, schema: str) -
 
 @pytest.mark.parametrize(
     ("setting", "problem"),
-    [("connect_timeout=0", "connect_timeout"), ("keepalives_count=-1", "keepalives_count")],
+    [
+        ("connect_timeout=0", "connect_timeout"),
+        ("keepalives_count=-1", "keepalives_count"),
+        # '²'.isdigit() is true: int('²') was a ValueError naming no setting ("failed: ValueError", exit 1).
+        ("keepalives_idle=%C2%B2", "keepalives_idle"),
+    ],
 )
 def test_connection_settings_that_defeat_failing_closed_are_refused(
     run: Run, pg_dsn: str, setting: str, problem: str
