@@ -14,7 +14,10 @@ Nothing here imports Airflow: a task instance is anything with ``dag_id``, ``run
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
+import unicodedata
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -66,10 +69,34 @@ class RunRef:
         return f"{self.dag_id}/{self.run_id}/{self._task_part}"
 
     def default_key(self) -> str:
-        """The lease key when none is given: ``dag_id`` for a run, ``dag_id.task_id[map_index]`` for a task."""
+        """The lease key when none is given; a different key for every run or task instance of every DAG.
+
+        ======================================  ====================  ===========================
+        DAG id                                  run                   task instance
+        ======================================  ====================  ===========================
+        without a ``.`` (``etl``)               ``etl``               ``etl.daily.load[3]``
+        with a ``.`` (``etl.daily``)            ``etl.daily/``        ``etl.daily/load[3]``
+        ======================================  ====================  ===========================
+
+        Airflow's DAG and task ids are letters, digits, ``_``, ``-`` and ``.``, so ``/``, ``[`` and ``~``
+        never occur in them. A key without ``/`` has a DAG id without ``.``: its first ``.`` (if any)
+        ends the DAG id, so ``etl`` task ``daily.load`` (a task group's) and ``etl.daily`` task ``load``
+        differ (``etl.daily.load`` and ``etl.daily/load``), and the run key of ``etl.load``
+        (``etl.load/``) is not the task key of ``etl`` task ``load``. A key with ``/`` splits at it.
+        Keys of DAG ids without a ``.`` are the ones versions before 0.x gave.
+
+        A key that would not be a valid name as it stands (longer than 512 characters or 1024 bytes,
+        e.g. a 240-character DAG id and task id, or changed by NFC normalisation) is instead its
+        readable start, ``~`` and the SHA-256 of the identity: :func:`hashed_key`.
+        """
+        head = self.dag_id + ("/" if "." in self.dag_id else "")
         if self.task_id is None:
-            return self.dag_id
-        return f"{self.dag_id}.{self._task_part}"
+            readable = head
+        else:
+            readable = head + ("" if head.endswith("/") else ".") + self._task_part
+        if _usable(readable):
+            return readable
+        return hashed_key(self, readable)
 
     def detail(self) -> dict[str, Any]:
         """The identity as ledger event detail (``dag_id``, ``run_id``, ``task_id``, ``map_index``)."""
@@ -112,6 +139,35 @@ class RunRef:
             str(row["dag_id"]), str(row["run_id"]), -1 if map_index is None else int(map_index),
             task_id=None if row.get("task_id") is None else str(row["task_id"]),
         )
+
+
+def _usable(key: str) -> bool:
+    """Whether ``key`` is a valid name stored exactly as it is (the store normalises names to NFC)."""
+    try:
+        return validation.name("key", key) == key
+    except InvalidArgument:
+        return False
+
+
+#: How much of the readable key a hashed default key keeps in front of its digest.
+HASHED_PREFIX = 200
+
+
+def hashed_key(ref: RunRef, readable: str) -> str:
+    """The default key of ``ref`` when its readable form cannot be a key: ``<start>~<sha256>``.
+
+    The digest is of the identity itself (scope, DAG id, task id, map index, as JSON), so two refs get
+    two keys (up to a SHA-256 collision); ``~`` never occurs in a readable default key. The start is
+    the readable key's first letters, digits and ``. _ - / [ ]`` (at most :data:`HASHED_PREFIX`), for
+    people; it is at most 200 x 4 + 65 bytes, within the limits.
+    """
+    identity = ["task" if ref.task_id is not None else "run", ref.dag_id, ref.task_id, ref.map_index]
+    digest = hashlib.sha256(json.dumps(identity, ensure_ascii=True).encode("ascii")).hexdigest()
+    start = "".join(c for c in unicodedata.normalize("NFC", readable) if c.isalnum() or c in "._-/[]")
+    key = f"{start[:HASHED_PREFIX]}~{digest}"
+    if not _usable(key):  # a start NFC would still change (rare): keep its ASCII only
+        key = f"{''.join(c for c in start if c.isascii())[:HASHED_PREFIX]}~{digest}"
+    return key
 
 
 #: What :meth:`RunRef.columns` gives for an event about no run (a core API user's).

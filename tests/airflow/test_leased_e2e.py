@@ -186,3 +186,34 @@ def test_a_release_that_fails_after_the_body_neither_fails_the_task_nor_hides_th
     # Not released: the lease is left to expire with its TTL (another run waits at most that long).
     holder = store.holder(key)
     assert holder is not None and holder.owner.startswith(f"{dag_id}/")
+
+
+def test_default_keys_of_ids_that_read_alike_are_different_leases(airflow_home, store: LeaseStore, tmp_path) -> None:
+    """DAG etl.daily task load, DAG etl task daily.load (a task group's) and task load, and the run lease of
+    DAG etl.load: four identities, four keys (before, three of them were two keys)."""
+    home = airflow_home("alike", extra_env={"LEASE_TEST_MARKERS": str(markers(tmp_path, "k"))})
+    for dag_id in ("etl.daily", "etl", "etl.load"):
+        result = home.dags_test(dag_id)
+        assert "DagRun Finished" in result.stdout + result.stderr, result.stdout[-3000:]
+    states = {t: s for (t, _), s in home.task_states().items()}
+    assert set(states.values()) == {"success"}, states
+    keys = {lease.key: lease.owner.split("/")[0] for lease in store.leases()}
+    assert keys == {
+        "etl.daily/load": "etl.daily",  # a DAG id with a '.' splits at '/'
+        "etl.daily.load": "etl",  # DAG etl, task daily.load: the old key (a DAG id without '.')
+        "etl.load": "etl",  # DAG etl, task load: the old key
+        "etl.load/": "etl.load",  # the run lease of DAG etl.load
+    }, keys
+
+
+def test_the_longest_ids_airflow_takes_run_under_a_lease(airflow_home, store: LeaseStore, tmp_path) -> None:
+    """A 240-character DAG id and task id parse, and the task runs: its owner is 518 characters (the owner
+    limit is 1024), its default key the readable start and a digest (within the key limit)."""
+    home = airflow_home("long", extra_env={"LEASE_TEST_MARKERS": str(markers(tmp_path, "l"))})
+    dag_id, task_id = "d" * 240, "t" * 240
+    result = home.dags_test(dag_id)
+    assert home.task_states()[(task_id, -1)] == "success", (result.stdout + result.stderr)[-4000:]
+    (lease,) = store.leases()
+    assert lease.owner.startswith(f"{dag_id}/") and lease.owner.endswith(f"/{task_id}") and len(lease.owner) == 518
+    assert lease.key.startswith(f"{dag_id}.tttt") and "~" in lease.key and len(lease.key) <= 512
+    assert not lease.held  # released

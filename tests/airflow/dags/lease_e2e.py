@@ -123,3 +123,38 @@ for _outcome in ("done", "raise"):
             return "done"
 
         body()
+
+
+# Default keys of ids that read alike (issue 23): each of these is a lease of its own.
+with DAG("etl.daily", schedule=None, start_date=START):
+
+    @task.leased(lease_ttl=timedelta(seconds=30))
+    def load(lease=None):
+        return lease.key
+
+    load()
+
+with DAG("etl", schedule=None, start_date=START):
+    from airflow.sdk import TaskGroup
+
+    @task.leased(lease_ttl=timedelta(seconds=30))
+    def load(lease=None):  # noqa: F811 - one per DAG, as DAG files do
+        return lease.key
+
+    with TaskGroup("daily"):
+        load()  # task id daily.load
+    load()  # task id load
+
+with DAG("etl.load", schedule=None, start_date=START):
+    _acquire, _release = run_lease(lease_ttl=timedelta(seconds=30))
+    _acquire >> _release
+
+# The longest ids Airflow takes: a 240-character DAG id and task id make a 518-character owner.
+LONG_DAG_ID, LONG_TASK_ID = "d" * 240, "t" * 240
+with DAG(LONG_DAG_ID, schedule=None, start_date=START):
+
+    @task.leased(task_id=LONG_TASK_ID, lease_ttl=timedelta(seconds=30))
+    def long_ids(lease=None):
+        return {"key": lease.key, "owner": lease.owner}
+
+    long_ids()
