@@ -13,10 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import psycopg2.extensions
+import psycopg2.sql
 import pytest
 
 from airflow_lease_provider import cli
-from airflow_lease_provider.core import EventKind, LeaseStore
+from airflow_lease_provider.core import EventKind, InvalidArgument, LeaseStore
 
 HOLDER = "daily_article/scheduled__2026-11-29T10:00:00+00:00"
 SKIPPED = "daily_article/scheduled__2026-11-29T10:10:00+00:00"
@@ -79,13 +80,23 @@ def test_status_names_the_task_instance_that_holds_a_key(
     assert row[:3] == ["shared", "held", owner]
 
 
-def test_tables_escape_control_characters(run: Callable[..., tuple[int, str]], store: LeaseStore) -> None:
+def test_tables_escape_control_characters(
+    run: Callable[..., tuple[int, str]], store: LeaseStore, pg_dsn: str, schema: str
+) -> None:
     """A key templated from a run's conf, an owner or a force-release reason reach the on-call's terminal:
     ESC sequences, newlines and bidi overrides are shown escaped, not obeyed. Before, the events table
     printed ``force-released by mallory<ESC>[31mRED...`` raw (seen with ``release --force --by``)."""
     key = "sync-\x1b]0;pwned\x07\u202eyek"
-    lease = store.acquire(key, "etl/manual__2026-12-01T10:00:00+00:00/load", timedelta(minutes=10))
+    # Such a key is refused now (core/validation.py); a row an older version wrote can still hold one.
+    with pytest.raises(InvalidArgument, match="U\\+001B"):
+        store.acquire(key, "etl/manual__2026-12-01T10:00:00+00:00/load", timedelta(minutes=10))
+    lease = store.acquire("sync-legacy", "etl/manual__2026-12-01T10:00:00+00:00/load", timedelta(minutes=10))
     assert lease is not None
+    conn = psycopg2.connect(pg_dsn)
+    with conn, conn.cursor() as cur:
+        table = psycopg2.sql.Identifier(schema, "lease")
+        cur.execute(psycopg2.sql.SQL("UPDATE {} SET key = %s WHERE key = 'sync-legacy'").format(table), (key,))
+    conn.close()
     store.force_release(key, by="mallory\x1b[31mRED\x1b[0m\nFAKE LINE", reason="r\x1b[2J")
     for command in (("status", "--wide"), ("events", "--wide")):
         code, text = run(*command)
