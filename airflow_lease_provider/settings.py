@@ -120,6 +120,13 @@ def embedded() -> str:
 METADATA_RECORD_ENV = "_AIRFLOW_LEASE_METADATA_DATABASE"
 
 
+def _metadata_kind(scheme: str | None) -> str | None:
+    """``sqlite`` or ``other`` for a metadata database URL's scheme; ``None`` where it is hidden."""
+    if scheme is None:
+        return None
+    return "sqlite" if scheme == "sqlite" else "other"
+
+
 def record_metadata_database() -> None:
     """Record in this process's environment whether Airflow's metadata database is SQLite.
 
@@ -133,9 +140,9 @@ def record_metadata_database() -> None:
     """
     from airflow_lease_provider.version_compat import metadata_database_scheme
 
-    scheme = metadata_database_scheme()
-    if scheme is not None:
-        os.environ[METADATA_RECORD_ENV] = "sqlite" if scheme == "sqlite" else "other"
+    known = _metadata_kind(metadata_database_scheme())
+    if known is not None:
+        os.environ[METADATA_RECORD_ENV] = known
 
 
 def metadata_database() -> str:
@@ -147,9 +154,9 @@ def metadata_database() -> str:
     """
     from airflow_lease_provider.version_compat import metadata_database_scheme
 
-    scheme = metadata_database_scheme()
-    if scheme is not None:
-        return "sqlite" if scheme == "sqlite" else "other"
+    known = _metadata_kind(metadata_database_scheme())
+    if known is not None:
+        return known
     recorded = os.environ.get(METADATA_RECORD_ENV, "")
     return recorded if recorded in ("sqlite", "other") else "unknown"
 
