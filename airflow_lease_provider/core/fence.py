@@ -372,7 +372,9 @@ class FenceStore(Store):
         An error in your own SQL (``SELECT 1/0``, a constraint violation, a timeout you set) reaches you as
         the driver's own exception (e.g. ``psycopg2.errors.DivisionByZero``), after the transaction was
         rolled back (the fence did not advance); the store's errors stay :class:`LeaseStoreUnavailable` /
-        :class:`~airflow_lease_provider.core.db.LeaseStoreError`.
+        :class:`~airflow_lease_provider.core.db.LeaseStoreError`, and so does a connection that dies under
+        one of your statements (the server crashed or was cut off): nothing of the transaction committed,
+        since its commit was never sent.
         """
         params = self._params(resource, key, token, owner, idempotency_key, store_id)
         if timeout is not None:
@@ -388,6 +390,10 @@ class FenceStore(Store):
                     try:
                         yield cur
                     except psycopg2.Error as exc:
+                        if cur.connection.closed:
+                            # The connection died under the caller's statement (the server crashed or
+                            # was cut off): the store is unavailable, whatever the statement was.
+                            raise
                         raise _CallerError(exc) from exc
                 else:
                     rejected = decision

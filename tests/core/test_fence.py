@@ -17,6 +17,7 @@ from airflow_lease_provider.core import (
     FenceStore,
     InvalidArgument,
     LeaseStore,
+    LeaseStoreUnavailable,
     StaleFencingToken,
 )
 from airflow_lease_provider.core.schema import latest_version, migrations
@@ -268,6 +269,21 @@ def test_an_error_in_the_callers_sql_surfaces_as_that_error_and_nothing_advances
         with fences.transaction("reports", 5, key="job", timeout=timedelta(0)):
             pass
     assert info.value.parameter == "timeout"
+
+
+def test_a_connection_that_dies_under_the_callers_statement_is_the_store_unavailable(fences: FenceStore) -> None:
+    """The server ending the connection during one of the caller's statements (a crash, a kill -9, a cut
+    network) is a store outage, not the caller's SQL error: LeaseStoreUnavailable, and nothing advanced.
+    Before, the driver's OperationalError reached the caller raw (the chaos run's short profile saw it
+    as an 'unexpected-error' when a kill -9 landed inside a fenced publish)."""
+    assert fences.accept("reports", 1, key="job")
+    with pytest.raises(LeaseStoreUnavailable):
+        with fences.transaction("reports", 2, key="job") as cur:
+            cur.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+    assert fences.current("reports", key="job") == 1
+    with fences.transaction("reports", 3, key="job") as cur:  # the store reconnects
+        cur.execute("SELECT 1")
+    assert fences.current("reports", key="job") == 3
 
 
 def test_after_a_force_release_the_old_holder_is_refused_where_the_docs_say(
