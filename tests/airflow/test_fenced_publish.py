@@ -56,6 +56,12 @@ def _tables(dsn: str, schema: str) -> list[str]:
     return [r[0] for r in rows]
 
 
+def airflow_lease(dsn: str, schema: str, *args: str) -> subprocess.CompletedProcess[str]:
+    """The console script, as a person runs it, against this test's store."""
+    command = [str(VENV_BIN / "airflow-lease"), "--dsn", dsn, "--schema", schema, *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120, check=False)
+
+
 # -- item 4 -----------------------------------------------------------------------------------------------
 
 
@@ -190,23 +196,7 @@ def test_a_fence_in_another_database_records_its_refusals_in_the_lease_store(
         ("warehouse.sales", f"etl/{RUN}/load", "etl-load", 99)
     ]
     assert events[0].run is not None and events[0].run.task_id == "load"
-    result = subprocess.run(
-        [
-            str(VENV_BIN / "airflow-lease"),
-            "--dsn",
-            pg_dsn,
-            "--schema",
-            schema,
-            "--json",
-            "events",
-            "--kind",
-            "fence_rejected",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = airflow_lease(pg_dsn, schema, "--json", "events", "--kind", "fence_rejected")
     assert result.returncode == 0, result.stderr
     shown = json.loads(result.stdout)
     shown = shown["events"] if isinstance(shown, dict) else shown
@@ -256,24 +246,7 @@ def test_a_recreated_lease_store_is_named_and_the_cli_gives_it_the_floor(
         run_task(leased("load", body, lease_key="etl-load"), TaskInstance("etl", "run-3", "load"))
     message = str(refused.value)
     assert "another lease store" in message and "airflow-lease failover --above 3" in message, message
-    result = subprocess.run(
-        [
-            str(VENV_BIN / "airflow-lease"),
-            "--dsn",
-            pg_dsn,
-            "--schema",
-            schema,
-            "failover",
-            "--above",
-            "3",
-            "--reason",
-            "lease store recreated",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-    )
+    result = airflow_lease(pg_dsn, schema, "failover", "--above", "3", "--reason", "lease store recreated")
     assert result.returncode == 0, result.stderr
     assert run_task(leased("load", body, lease_key="etl-load"), TaskInstance("etl", "run-4", "load")) > 3
 
