@@ -15,7 +15,8 @@ entirely (and Airflow is then not even imported). Tables by default, ``--json`` 
 shapes as the Leases page's JSON endpoints (docs/ui.md).
 
 Exit codes: 0 done, 1 the store failed or the key is unknown, 2 bad usage, 3 ``advise-ttl --check``
-found a TTL to fix, 4 ``release`` was not confirmed.
+found a TTL to fix, 4 ``release`` was not confirmed. With ``--json`` an error is JSON on stdout too,
+``{"error": {"kind": ..., "exit_code": ..., "message": ...}}``, beside its line on stderr.
 """
 
 from __future__ import annotations
@@ -71,7 +72,9 @@ class Parser(argparse.ArgumentParser):
     """
 
     def error(self, message: str) -> NoReturn:
-        self.exit(EXIT_USAGE, f"airflow-lease: error: {redact(' '.join(message.split()))}\n")
+        text = f"error: {redact(' '.join(message.split()))}"
+        _json_error("usage", EXIT_USAGE, text)
+        self.exit(EXIT_USAGE, f"airflow-lease: {text}\n")
 
 
 def _usage_error(problem: str) -> argparse.ArgumentTypeError:
@@ -110,7 +113,9 @@ def _days(value: str) -> float:
     try:
         number = float(value)
     except ValueError:
-        raise _usage_error(f"{value!r}: must be a number of days, more than 0 and at most {MAX_DAYS}") from None
+        raise _usage_error(
+            f"{value!r}: must be a number of days, more than 0 and at most {MAX_DAYS}"
+        ) from None
     if not math.isfinite(number) or not 0 < number <= MAX_DAYS:
         raise _usage_error(f"{value!r}: must be a number of days, more than 0 and at most {MAX_DAYS}")
     return number
@@ -219,11 +224,15 @@ def build_parser() -> argparse.ArgumentParser:
 
     status = commands.add_parser("status", parents=sub, help="current leases: holder, token, expires in")
     status.add_argument("--held", action="store_true", help="only keys held right now")
-    status.add_argument("--key", type=_checked(validation.name), help="only this key (one lookup, however many keys)")
+    status.add_argument(
+        "--key", type=_checked(validation.name), help="only this key (one lookup, however many keys)"
+    )
 
     events = commands.add_parser("events", parents=sub, help="recent events, newest first")
     events.add_argument(
-        "--key", type=_checked(validation.name), help="only this key (for fence rejections: the fence resource)"
+        "--key",
+        type=_checked(validation.name),
+        help="only this key (for fence rejections: the fence resource)",
     )
     events.add_argument("--kind", type=_kind, help="only this kind, e.g. skipped_overlap")
     events.add_argument("--since", type=when, help="30m, 24h, 7d or an ISO timestamp")
@@ -245,7 +254,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     release.add_argument("--reason", type=_reason, default="", help="why, for the event ledger")
     release.add_argument(
-        "--by", type=_checked(validation.name), default=None, help="who, for the event ledger (default: user@host)"
+        "--by",
+        type=_checked(validation.name),
+        default=None,
+        help="who, for the event ledger (default: user@host)",
     )
     release.add_argument(
         "--expected-token", type=_token, default=None, help="release only if the lease still has this token"
@@ -253,16 +265,20 @@ def build_parser() -> argparse.ArgumentParser:
     release.add_argument("--yes", "-y", action="store_true", help="do not ask for confirmation on a terminal")
 
     failover = commands.add_parser(
-        "failover", parents=sub,
+        "failover",
+        parents=sub,
         help="start a new token epoch after a failover or restore the store cannot see (docs/core.md)",
     )
     failover.add_argument("--reason", type=_reason, default="", help="why, recorded with the epoch")
     failover.add_argument(
-        "--show", action="store_true",
+        "--show",
+        action="store_true",
         help="only show the epoch (a store on a new timeline moves to its new epoch first, as an acquire would)",
     )
     failover.add_argument(
-        "--above", type=_token, default=None,
+        "--above",
+        type=_token,
+        default=None,
         help="also make every token from now on larger than this one (the token a fence kept elsewhere "
         "accepted from this store before it was recreated: the fence's refusal names it; docs/deploy.md)",
     )
@@ -270,7 +286,10 @@ def build_parser() -> argparse.ArgumentParser:
     advise = commands.add_parser("advise-ttl", parents=sub, help="TTL vs 1.5-2x the worst observed hold")
     advise.add_argument("--key", type=_checked(validation.name), help="only this key")
     advise.add_argument(
-        "--days", type=_days, default=30.0, help=f"look at holds of the last N days (default 30, at most {MAX_DAYS})"
+        "--days",
+        type=_days,
+        default=30.0,
+        help=f"look at holds of the last N days (default 30, at most {MAX_DAYS})",
     )
     advise.add_argument(
         "--check",
@@ -316,14 +335,19 @@ _UNPRINTABLE = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
 
 
 def _printable(text: str) -> str:
-    return _UNPRINTABLE.sub(lambda m: repr(m.group())[1:-1] if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text)
+    return _UNPRINTABLE.sub(
+        lambda m: repr(m.group())[1:-1] if ord(m.group()) < 0x100 else f"\\u{ord(m.group()):04x}", text
+    )
 
 
 def table(headers: Sequence[str], rows: Sequence[Sequence[Any]], out: TextIO, *, wide: bool = False) -> None:
     """A plain aligned table; empty cells show as ``-``. The last column is never cut: it aligns nothing."""
     last = len(headers) - 1
     cells = [
-        [_clip("-" if v is None or v == "" else _printable(str(v)), wide or i == last) for i, v in enumerate(row)]
+        [
+            _clip("-" if v is None or v == "" else _printable(str(v)), wide or i == last)
+            for i, v in enumerate(row)
+        ]
         for row in rows
     ]
     widths = [max([len(h)] + [len(r[i]) for r in cells]) for i, h in enumerate(headers)]
@@ -355,7 +379,9 @@ def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
     if args.key:
         row = reading.lease(store, args.key)
         if row is None or (args.held and not row["held"]):
-            return _fail(f"no {'held ' if args.held else ''}lease {args.key!r} in the store")
+            return _fail(
+                f"no {'held ' if args.held else ''}lease {args.key!r} in the store", kind="not_found"
+            )
         data: dict[str, Any] = {"observed_at": row["observed_at"], "leases": [row]}
     else:
         data = {"observed_at": None, "leases": []}
@@ -480,14 +506,19 @@ def _force_release(
     for _ in range(3):
         try:
             return store.force_release_with_token(
-                key, by=by, reason=reason, expected_token=current.token if expected is None else expected,
+                key,
+                by=by,
+                reason=reason,
+                expected_token=current.token if expected is None else expected,
                 run=RunRef.parse(current.owner),
             )
         except LeaseChanged as exc:
             if expected is not None:
                 raise
             current = exc.current
-    return store.force_release_with_token(key, by=by, reason=reason)  # changing all the time: release it anyway
+    return store.force_release_with_token(
+        key, by=by, reason=reason
+    )  # changing all the time: release it anyway
 
 
 def cmd_release(
@@ -498,13 +529,16 @@ def cmd_release(
             "release needs --force: a normal release belongs to the holder; a forced one frees the lease for "
             "anyone and bumps its token, so the holder can no longer renew it and its leased publishes are refused",
             EXIT_USAGE,
+            kind="usage",
         )
     current = store.lease(args.key)
     if current is None:
-        return _fail(f"no lease {args.key!r} in the store")
+        return _fail(f"no lease {args.key!r} in the store", kind="not_found")
     expected = args.expected_token
     if expected is not None and current.token != expected:
-        return _fail(f"lease {args.key!r} has token {current.token}, not {expected}: nothing released")
+        return _fail(
+            f"lease {args.key!r} has token {current.token}, not {expected}: nothing released", kind="changed"
+        )
     if not args.yes and sys.stdin.isatty():
         state = (
             f"held by {current.owner} with token {current.token}" if current.held else "not held right now"
@@ -514,8 +548,7 @@ def cmd_release(
         except (KeyboardInterrupt, EOFError):  # Ctrl-C or Ctrl-D at the prompt: nothing was sent
             answer = None
         if answer is None or answer.strip() != args.key:
-            print("airflow-lease: not confirmed; nothing released", file=sys.stderr)
-            return EXIT_NOT_CONFIRMED
+            return _fail("not confirmed; nothing released", EXIT_NOT_CONFIRMED, kind="not_confirmed")
         # What was confirmed is what gets released: if the lease changed meanwhile, nothing is.
         expected = current.token
     by = args.by or f"{getpass.getuser()}@{socket.gethostname()} (airflow-lease)"
@@ -523,9 +556,9 @@ def cmd_release(
     try:
         done = _force_release(store, args.key, current, expected, by=by, reason=reason)
     except LeaseChanged as exc:
-        return _fail(str(exc))
+        return _fail(str(exc), kind="changed")
     if done is None:
-        return _fail(f"no lease {args.key!r} in the store")
+        return _fail(f"no lease {args.key!r} in the store", kind="not_found")
     previous, new_token = done
     result = {
         "key": args.key,
@@ -545,8 +578,12 @@ def cmd_release(
 
 def _epoch_row(epoch: Any) -> dict[str, Any]:
     return {
-        "epoch": epoch.epoch, "tokens_above": epoch.floor, "system_identifier": str(epoch.system_identifier),
-        "timeline": epoch.timeline, "changed_at": epoch.changed_at.isoformat(), "reason": epoch.reason,
+        "epoch": epoch.epoch,
+        "tokens_above": epoch.floor,
+        "system_identifier": str(epoch.system_identifier),
+        "timeline": epoch.timeline,
+        "changed_at": epoch.changed_at.isoformat(),
+        "reason": epoch.reason,
     }
 
 
@@ -591,8 +628,28 @@ def _json(data: Any, out: TextIO) -> int:
     return EXIT_OK
 
 
-def _fail(message: str, code: int = EXIT_ERROR) -> int:
-    print(f"airflow-lease: {' '.join(redact(message).split())}", file=sys.stderr)
+#: Where ``--json`` errors go (the results stream), or None without ``--json``; set by :func:`main`.
+_json_errors: TextIO | None = None
+
+
+def _json_error(kind: str, code: int, message: str, **details: Any) -> None:
+    """An error as JSON on the results stream, when ``--json`` was asked for: scripts parse one stream.
+
+    The shape is ``{"error": {"kind", "exit_code", "message", ...}}``; ``kind`` is one of ``usage``,
+    ``not_found``, ``changed``, ``not_confirmed``, ``schema_missing``, ``store``, ``interrupted`` and
+    ``failed``. The message is the stderr line's, redacted the same way.
+    """
+    if _json_errors is None:
+        return
+    error = {"kind": kind, "exit_code": code, "message": " ".join(redact(message).split()), **details}
+    _json({"error": error}, _json_errors)
+    _json_errors.flush()
+
+
+def _fail(message: str, code: int = EXIT_ERROR, kind: str = "failed", **details: Any) -> int:
+    text = " ".join(redact(message).split())
+    print(f"airflow-lease: {text}", file=sys.stderr)
+    _json_error(kind, code, text, **details)
     return code
 
 
@@ -628,14 +685,27 @@ def _remember_argument_secrets(argv: Sequence[str]) -> None:
 def main(
     argv: Sequence[str] | None = None, *, out: TextIO | None = None, confirm: Callable[[str], str] = input
 ) -> int:
+    global _json_errors
     argv = list(sys.argv[1:] if argv is None else argv)
     _remember_argument_secrets(argv)
+    # A usage error is found before --json is parsed: an argument spelled --json (before any "--") asks.
+    options = argv[: argv.index("--")] if "--" in argv else argv
+    _json_errors = (out or sys.stdout) if "--json" in options else None
+    try:
+        return _main(argv, out, confirm)
+    finally:
+        _json_errors = None
+
+
+def _main(argv: list[str], out: TextIO | None, confirm: Callable[[str], str]) -> int:
+    global _json_errors
     try:
         args = build_parser().parse_args(argv)
     except SystemExit as exc:  # usage errors and --help: argparse has printed them; return its code
         return int(exc.code or 0) if not isinstance(exc.code, str) else EXIT_USAGE
     if out is None:
         out = sys.stdout if args.dsn else _results_only_stdout()
+    _json_errors = out if args.json else None
     store = None
     where = None
     try:
@@ -654,17 +724,25 @@ def main(
             code = cmd_release(store, args, out, confirm)
     except InvalidArgument as exc:
         # A connection string or connection setting the store refused: usage, naming the option.
-        return _fail(f"error: {_option(exc.parameter, args)}: {redact(exc.problem)}", EXIT_USAGE)
+        return _fail(
+            f"error: {_option(exc.parameter, args)}: {redact(exc.problem)}", EXIT_USAGE, kind="usage"
+        )
     except SchemaMissing as exc:
-        return _fail(redact(str(exc)))
+        return _fail(redact(str(exc)), kind="schema_missing")
     except LeaseError as exc:
         message = redact(str(exc))
-        return _fail(message if where is None or where in message else f"{message} (store: {where})")
+        return _fail(
+            message if where is None or where in message else f"{message} (store: {where})",
+            kind="store",
+            type=type(exc).__name__,
+        )
     except KeyboardInterrupt:
         # Ctrl-C while waiting on the store: no traceback. A statement already sent may still commit.
-        return _fail("interrupted", EXIT_INTERRUPTED)
+        return _fail("interrupted", EXIT_INTERRUPTED, kind="interrupted")
     except Exception as exc:  # never a traceback; never a password
-        return _fail(f"failed: {type(exc).__name__}: {redact(' '.join(str(exc).split()))}")
+        return _fail(
+            f"failed: {type(exc).__name__}: {redact(' '.join(str(exc).split()))}", type=type(exc).__name__
+        )
     finally:
         if store is not None:
             store.close()
