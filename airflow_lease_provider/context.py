@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_lease_provider.core import (
+    DuplicatePublish,
+    EventKind,
     FenceDecision,
     Lease,
     LeaseKeeper,
@@ -197,7 +199,20 @@ class LeaseContext:
                 store_id=self.store.store_id, idempotency_key=idempotency_key, **put_args,
             )
         except StaleFencingToken as refused:
-            self._rejected(f"s3://{bucket}/{key}", refused)
+            resource = f"s3://{bucket}/{key}"
+            if self.store.record_events:  # the object store keeps no ledger: the lease store's records it
+                detail: dict[str, Any] = {
+                    "outcome": "duplicate" if isinstance(refused, DuplicatePublish) else "stale",
+                    "lease_key": self.key, "current_token": refused.current, "fence_at": "object store",
+                    "idempotency_key": idempotency_key,
+                }
+                if refused.reason not in ("stale", "duplicate"):
+                    detail["reason"] = refused.reason
+                self.store.events.record(
+                    EventKind.FENCE_REJECTED, resource, owner=self.owner, token=self.token, detail=detail,
+                    run=self.run,
+                )
+            self._rejected(resource, refused)
             raise
 
     def _fences(self, conn_id: str | None) -> Any:
