@@ -28,6 +28,8 @@ from typing import Any
 import boto3
 from botocore.config import Config
 
+ROOT = Path(__file__).parents[1]
+
 #: moto accepts any credentials; these are distinctive so a test can check no message carries them.
 ACCESS_KEY = "AKIAFENCETESTKEY0001"
 SECRET_KEY = "fence-test-secret-Zq8x"

@@ -408,3 +408,102 @@ def test_user_metadata_and_content_type_are_kept_beside_the_fence(moto: MotoServ
     assert head["ContentType"] == "application/json"
     assert head["Metadata"]["slot"] == "2026-12-02" and head["Metadata"]["lease-token"] == "1"
     assert FENCE_METADATA in head["Metadata"]
+
+
+_FROZEN_WRITER = """
+import os, signal, sys
+sys.path.insert(0, os.getcwd())
+from airflow_lease_provider.core import StaleFencingToken
+from airflow_lease_provider.core.object_fence import ObjectFence
+from tests.s3 import MotoServer
+url, bucket, key = sys.argv[1:4]
+server = MotoServer.__new__(MotoServer)
+server.url = url
+client = server.client()
+
+def freeze(request, **_):
+    print("frozen", flush=True)
+    os.kill(os.getpid(), signal.SIGSTOP)  # stopped with its conditional PUT signed, before sending it
+
+client.meta.events.register("before-send.s3.PutObject", freeze)
+try:
+    ObjectFence(client).put(bucket, key, b"zombie", token=5, lease_key="daily-article", owner="run-5")
+except StaleFencingToken as refused:
+    print("refused", refused.token, refused.current, flush=True)
+    sys.exit(3)
+print("published", flush=True)
+"""
+
+
+def test_a_sigstopped_writer_process_is_refused_by_the_store_when_it_resumes(moto: MotoServer, bucket: str) -> None:
+    """A writer process stopped (SIGSTOP) between reading the fence and sending its PUT; a newer holder
+    publishes; the writer is resumed (SIGCONT): the store refuses its write and the object keeps 6's bytes."""
+    import signal
+    import subprocess
+    import sys
+
+    from tests.s3 import ROOT
+
+    ObjectFence(moto.client()).put(bucket, KEY, b"v4", token=4, lease_key=LEASE, owner="run-4")
+    writer = subprocess.Popen(
+        [sys.executable, "-c", _FROZEN_WRITER, moto.url, bucket, KEY],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+    )
+    try:
+        assert writer.stdout is not None
+        assert writer.stdout.readline().strip() == "frozen"
+        ObjectFence(moto.client()).put(bucket, KEY, b"v6", token=6, lease_key=LEASE, owner="run-6")
+        writer.send_signal(signal.SIGCONT)
+        out, err = writer.communicate(timeout=60)
+    finally:
+        if writer.poll() is None:
+            writer.kill()
+            writer.wait()
+    assert writer.returncode == 3, (out, err[-2000:])
+    assert out.split() == ["refused", "5", "6"]
+    assert _body(ObjectFence(moto.client()), bucket) == b"v6"
+
+
+def _resend_first_success(client: Any, key: str) -> list[int]:
+    """Make botocore send a PutObject of ``key`` again after its first success (as after a reply lost on
+    the way back): the resend carries the same condition, which the write itself has just made false."""
+    resent: list[int] = []
+
+    def needs_retry(response: Any, request_dict: Any, attempts: int, **_: Any) -> int | None:
+        if response is None or resent or not request_dict["url"].split("?")[0].endswith("/" + key):
+            return None
+        if response[0].status_code == 200:
+            resent.append(attempts)
+            return 0  # retry at once
+        return None
+
+    client.meta.events.register_first("needs-retry.s3.PutObject", needs_retry)
+    return resent
+
+
+def test_a_write_sent_again_after_a_lost_reply_is_known_as_its_own(moto: MotoServer, bucket: str) -> None:
+    """The resend gets 412 (the first send landed); the fence reads its own write id there and reports
+    success, not a refusal (without an owner an equal token would otherwise be refused as stale)."""
+    client = moto.client()
+    resent = _resend_first_success(client, KEY)
+    published = ObjectFence(client).put(bucket, KEY, b"once", token=2, lease_key=LEASE)
+    assert resent == [1]
+    assert isinstance(published, ObjectPublish) and published.attempts == 2
+    assert _body(ObjectFence(moto.client()), bucket) == b"once"
+
+
+def test_a_claim_sent_again_after_a_lost_reply_is_known_as_its_own(moto: MotoServer, bucket: str) -> None:
+    client = moto.client()
+    fence = ObjectFence(client)
+    resent = _resend_first_success(client, fence.marker_key(KEY, "slot-l"))
+    fence.put(bucket, KEY, b"slot l", token=2, lease_key=LEASE, owner="run-2", idempotency_key="slot-l")
+    assert resent == [1]
+    assert _body(fence, bucket) == b"slot l" and fence.published(bucket, KEY, "slot-l")
+
+
+def test_a_fence_too_large_for_s3_metadata_is_refused_before_sending(moto: MotoServer, bucket: str) -> None:
+    fence = ObjectFence(moto.client())
+    fence.put(bucket, KEY, b"v", token=1, lease_key="k" * 400, owner="o" * 400)
+    with pytest.raises(InvalidArgument, match="2048"):
+        fence.put(bucket, KEY, b"too much", token=1, lease_key="j" * 400, owner="p" * 800)
+    assert _body(fence, bucket) == b"v"
