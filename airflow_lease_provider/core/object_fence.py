@@ -21,6 +21,7 @@ Nothing here imports Airflow: pass any boto3 S3 client (``boto3.client("s3", end
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import random
@@ -441,6 +442,14 @@ class ObjectFence:
                     f"the object's user metadata with its fence would be {size} bytes; S3 allows "
                     f"{MAX_METADATA_BYTES} (fewer lease keys writing one object, or less metadata of your own)",
                 )
+            if state.exists and attempt == 1 and _same_bytes(data, state.etag):
+                log.warning(
+                    "object fence %s: token %s writes the very bytes already there, so the object's ETag "
+                    "does not change and an older writer that read this version and is still to send could "
+                    "overwrite it; put the token in the content to rule that out (docs/core.md, \"Fencing at "
+                    "the object store\", Limits)",
+                    resource, token,
+                )
             condition = {"IfMatch": state.etag} if state.exists else {"IfNoneMatch": "*"}
             try:
                 reply = self.client.put_object(
@@ -572,6 +581,11 @@ def _body(body: object) -> bytes:
         "body", type(body).__name__,
         "must be bytes or str (a compare-and-swap that loses is sent again, so the body must be in memory)",
     )
+
+
+def _same_bytes(data: bytes, etag: str | None) -> bool:
+    """Whether ``data`` has the ETag ``etag`` of a single-part upload (the MD5 of the bytes)."""
+    return etag is not None and etag.strip('"') == hashlib.md5(data, usedforsecurity=False).hexdigest()
 
 
 def _endpoint_host(client: Any) -> str:

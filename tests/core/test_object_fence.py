@@ -507,3 +507,19 @@ def test_a_fence_too_large_for_s3_metadata_is_refused_before_sending(moto: MotoS
     with pytest.raises(InvalidArgument, match="2048"):
         fence.put(bucket, KEY, b"too much", token=1, lease_key="j" * 400, owner="p" * 800)
     assert _body(fence, bucket) == b"v"
+
+
+def test_writing_the_bytes_already_there_warns_that_the_etag_does_not_move(
+    moto: MotoServer, bucket: str, caplog: pytest.LogCaptureFixture
+) -> None:
+    """The limit of an ETag compare-and-swap (docs/core.md, "Limits"): S3's ETag is the MD5 of the bytes,
+    so the same bytes again leave it as it was. The write is accepted, the token advances, and it says so."""
+    fence = ObjectFence(moto.client())
+    first = fence.put(bucket, KEY, b"same", token=1, lease_key=LEASE, owner="run-1")
+    caplog.set_level(logging.WARNING, logger="airflow_lease_provider")
+    again = fence.put(bucket, KEY, b"same", token=2, lease_key=LEASE, owner="run-2")
+    assert again.etag == first.etag and fence.current(bucket, KEY, lease_key=LEASE) == 2
+    assert "writes the very bytes already there" in caplog.text
+    caplog.clear()
+    fence.put(bucket, KEY, b"other", token=3, lease_key=LEASE, owner="run-3")
+    assert "very bytes" not in caplog.text
