@@ -20,6 +20,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from airflow_lease_provider.core import (
+    DuplicatePublish,
+    EventKind,
     FenceDecision,
     Lease,
     LeaseKeeper,
@@ -166,6 +168,50 @@ class LeaseContext:
             ) as cur:
                 yield cur
         except StaleFencingToken as refused:
+            self._rejected(resource, refused)
+            raise
+
+    def fenced_put(
+        self,
+        bucket: str,
+        key: str,
+        body: bytes | str,
+        *,
+        aws_conn_id: str | None = "aws_default",
+        idempotency_key: str | None = None,
+        **put_args: Any,
+    ) -> Any:
+        """Check the lease, then write ``body`` to ``s3://bucket/key`` fenced by the object store itself.
+
+        The write is a compare-and-swap on the object's ETag carrying this lease's token in the object's
+        metadata (:meth:`ObjectFence.put <airflow_lease_provider.core.object_fence.ObjectFence.put>`): the
+        store refuses it when a larger token of this lease key wrote the object since, and this raises
+        :class:`StaleFencingToken` (``DuplicatePublish`` for a used ``idempotency_key``). The client comes
+        from the Amazon provider's ``S3Hook(aws_conn_id)`` (the ``s3`` extra). ``put_args``: ``metadata``,
+        ``content_type``, ``extra_args``. Returns the :class:`ObjectPublish` (the new ETag).
+        """
+        from airflow_lease_provider.hooks.s3_fence import S3FenceHook
+
+        self.check()
+        try:
+            return S3FenceHook(aws_conn_id).put(
+                bucket, key, body, token=self.token, lease_key=self.key, owner=self.owner,
+                store_id=self.store.store_id, idempotency_key=idempotency_key, **put_args,
+            )
+        except StaleFencingToken as refused:
+            resource = f"s3://{bucket}/{key}"
+            if self.store.record_events:  # the object store keeps no ledger: the lease store's records it
+                detail: dict[str, Any] = {
+                    "outcome": "duplicate" if isinstance(refused, DuplicatePublish) else "stale",
+                    "lease_key": self.key, "current_token": refused.current, "fence_at": "object store",
+                    "idempotency_key": idempotency_key,
+                }
+                if refused.reason not in ("stale", "duplicate"):
+                    detail["reason"] = refused.reason
+                self.store.events.record(
+                    EventKind.FENCE_REJECTED, resource, owner=self.owner, token=self.token, detail=detail,
+                    run=self.run,
+                )
             self._rejected(resource, refused)
             raise
 

