@@ -40,7 +40,13 @@ MIN_RENEW_FRACTION = 0.01
 
 
 def renew_fraction() -> float:
+    """``[lease] renew_fraction``. Its declared default, ``0.3333``, is the core keeper's 1/3 written in four
+    digits: left at it, the fraction is exactly the keeper's, so a leased task renews as a bare keeper does."""
     raw = _get("renew_fraction")
+    if raw == DEFAULTS["renew_fraction"]:
+        from airflow_lease_provider.core.keeper import DEFAULT_RENEW_FRACTION
+
+        return DEFAULT_RENEW_FRACTION
     problem = f"[lease] renew_fraction={raw!r}: must be a number from {MIN_RENEW_FRACTION} to below 1"
     try:
         value = float(raw)

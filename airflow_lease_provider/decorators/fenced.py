@@ -26,13 +26,11 @@ from typing import Any
 
 from airflow.providers.standard.operators.python import PythonOperator
 
-from airflow_lease_provider.arguments import check_name
-from airflow_lease_provider.context import activated
 from airflow_lease_provider.core import validation
-from airflow_lease_provider.operators.fenced import publishing_lease
+from airflow_lease_provider.runtime.arguments import check_publish_arguments
+from airflow_lease_provider.runtime.context import LeaseContext, activated
+from airflow_lease_provider.runtime.task_lease import publishing_lease
 from airflow_lease_provider.version_compat import DecoratedOperator, TaskDecorator, task_decorator_factory
-
-TARGETS = ("postgres", "external")
 
 
 @dataclass(frozen=True)
@@ -67,7 +65,7 @@ class _FencedPublishDecoratedOperator(DecoratedOperator, PythonOperator):
         lease_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        validate_publish_args(resource=resource, target=target, idempotency_key=idempotency_key, lease_key=lease_key)
+        check_publish_arguments(resource=resource, target=target, idempotency_key=idempotency_key, lease_key=lease_key)
         kwargs_to_upstream = {"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs}
         super().__init__(
             kwargs_to_upstream=kwargs_to_upstream,
@@ -88,7 +86,7 @@ class _FencedPublishDecoratedOperator(DecoratedOperator, PythonOperator):
         return super().execute(context)
 
     def execute_callable(self) -> Any:
-        lease = publishing_lease(self._context, self.lease_key, self.lease_conn_id)
+        lease = publishing_lease(self, self._context, lease_key=self.lease_key, conn_id=self.lease_conn_id)
         with activated(lease):
             if self.target == "postgres":
                 with lease.fenced_transaction(
@@ -99,18 +97,10 @@ class _FencedPublishDecoratedOperator(DecoratedOperator, PythonOperator):
             with lease.fence(self.resource, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key):
                 return self._call(lease, None)
 
-    def _call(self, lease: Any, cursor: Any) -> Any:
+    def _call(self, lease: LeaseContext, cursor: Any) -> Any:
         fence = FencedPublish(self.resource, lease.token, lease.owner, self.idempotency_key, cursor)
         self.log.info("fence: %r accepted token %s; publishing", self.resource, lease.token)
         return self.python_callable(*self.op_args, **{**self.op_kwargs, "fence": fence})
-
-
-def validate_publish_args(*, resource: object, target: object, idempotency_key: object, lease_key: object) -> None:
-    check_name("resource", resource)
-    if target not in TARGETS:
-        raise validation.InvalidArgument("target", target, f"must be one of {', '.join(TARGETS)}")
-    check_name("idempotency_key", idempotency_key, optional=True)
-    check_name("lease_key", lease_key, optional=True)
 
 
 def fenced_publish_task(
@@ -121,7 +111,7 @@ def fenced_publish_task(
     """Wrap a publish function behind the fence (see the module docs). The function takes ``fence=None``."""
     if "resource" not in kwargs:
         raise validation.InvalidArgument("resource", None, "is required: the fence's name for the write target")
-    validate_publish_args(
+    check_publish_arguments(
         resource=kwargs["resource"], target=kwargs.get("target", "postgres"),
         idempotency_key=kwargs.get("idempotency_key"), lease_key=kwargs.get("lease_key"),
     )

@@ -1,0 +1,215 @@
+"""What leased task code sees: the lease, the keeper, and fenced publishing.
+
+Inside a leased task (``LeasedOperator``, ``@task.leased``, or a run-scoped task),
+:func:`current_lease` returns the :class:`LeaseContext`; a TaskFlow function can also take it as a
+parameter named ``lease`` (``def publish(lease=None)``). Publishing goes through two gates:
+
+1. the early safety net, :meth:`LeaseContext.check`: the keeper has not reported a loss, and a fresh
+   read of the store shows this owner still holding this token;
+2. the final gate, the fence at the write target, which accepts the token only if it is larger than
+   every token it accepted before, or equal to the largest from this same holder publishing again
+   (:meth:`LeaseContext.fence`, :meth:`LeaseContext.fenced_transaction`).
+"""
+
+from __future__ import annotations
+
+import contextvars
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import Any
+
+from airflow_lease_provider.core import (
+    FenceDecision,
+    Lease,
+    LeaseKeeper,
+    LeaseLost,
+    LeaseStore,
+    RunRef,
+    StaleFencingToken,
+)
+from airflow_lease_provider.runtime.outcomes import Outcome, report
+
+#: XCom keys this provider writes. ``lease`` is also the key of the :class:`LeaseContext` in the task's context.
+XCOM_LEASE = "lease"
+XCOM_SKIP_REASON = "lease_skip_reason"
+
+_current: contextvars.ContextVar[LeaseContext | None] = contextvars.ContextVar("lease_context", default=None)
+
+
+def active() -> LeaseContext | None:
+    """The lease of the running leased task, or None outside one."""
+    return _current.get()
+
+
+def current_lease() -> LeaseContext:
+    """The lease of the running leased task. Raises ``RuntimeError`` outside one."""
+    ctx = _current.get()
+    if ctx is None:
+        raise RuntimeError(
+            "no lease is held here: current_lease() works inside LeasedOperator, @task.leased, "
+            "run-scoped tasks and @task.fenced_publish"
+        )
+    return ctx
+
+
+@dataclass
+class LeaseContext:
+    """A held lease, as the task sees it.
+
+    :ivar lease: the lease as last renewed (key, owner, token, expiry in database time).
+    :ivar store: the lease store it came from.
+    :ivar keeper: the keeper renewing it, or ``None`` where nothing renews it (e.g. a publish task).
+    :ivar conn_id: the connection of the lease's store (the task's ``lease_conn_id``; ``None`` is
+        ``[lease] conn_id``): fences use it unless given another.
+    :ivar detail: who holds it (dag_id, run_id, task_id, ...), for the ledger events it causes.
+    :ivar run: the task instance holding it, for the run columns of the ledger events it causes.
+    """
+
+    lease: Lease
+    store: LeaseStore
+    keeper: LeaseKeeper | None = None
+    tags: dict[str, str] = field(default_factory=dict)
+    conn_id: str | None = None
+    detail: dict[str, Any] = field(default_factory=dict)
+    run: RunRef | None = None
+    _loss_reported: bool = field(default=False, init=False, repr=False)
+    _lease: Lease = field(init=False, repr=False, compare=False)
+
+    @property
+    def key(self) -> str:
+        return self.lease.key
+
+    @property
+    def owner(self) -> str:
+        return self.lease.owner
+
+    @property
+    def token(self) -> int:
+        return self.lease.token
+
+    def check(self) -> Lease:
+        """The early safety net: raise :class:`LeaseLost` unless this owner still holds this token.
+
+        Checks the keeper's verdict, then reads the store afresh (one round trip).
+        """
+        if self.keeper is not None:
+            self.lease = self.keeper.check()
+        holding = self.store.holds(self.key, self.owner, token=self.token)
+        if holding.lease is None:
+            lost = LeaseLost(self.key, self.token, f"the store no longer shows it as ours ({holding.who()})")
+            self.report_loss(lost)
+            raise lost
+        return holding.lease
+
+    def report_loss(self, lost: LeaseLost, logger: Any = None) -> None:
+        """Record the loss of this lease once (ledger event, ``lease.lost``, log), however often it is seen.
+
+        The keeper writes the event itself when it was the one to find the loss; then only the metric
+        and the log line are added here.
+        """
+        if self._loss_reported:
+            return
+        self._loss_reported = True
+        found_by_keeper = False
+        if self.keeper is not None:
+            self.keeper.stop()
+            found_by_keeper = self.keeper.lost
+            self.keeper.stop()  # waits for the keeper's own event, if asking just now declared the loss
+        report(
+            Outcome.LOST, store=self.store, key=self.key, owner=self.owner, token=self.token,
+            detail={**self.detail, "reason": lost.reason}, tags=self.tags, logger=logger,
+            message=f"{lost}; the task fails", recorded=found_by_keeper, run=self.run,
+        )
+
+    def fence(
+        self, resource: str, *, conn_id: str | None = None, idempotency_key: str | None = None
+    ) -> FenceDecision:
+        """Check the lease, then advance the fence of ``resource`` to this token.
+
+        For side effects outside PostgreSQL: call this first, then do the side effect carrying
+        :attr:`token` so the target can check it too. A crash in between burns the token (safe).
+        Raises :class:`StaleFencingToken` (or ``DuplicatePublish``) when the fence refuses.
+        ``conn_id``: where the fence lives (default: the lease's own store, :attr:`conn_id`).
+
+        With an ``idempotency_key``, use it as a context manager around the side effect::
+
+            with lease.fence("blog.git", idempotency_key=slot):
+                push_article(body, token=lease.token)
+
+        An exception out of the block gives the key's claim back (the push failed: a retry may publish
+        the slot); a block that completes, or a process killed inside it, keeps it (at most once: docs/core.md).
+        The same holder may call this again for the same resource: an equal token from the same owner is
+        accepted (docs/core.md, "The fence").
+        """
+        self.check()
+        fences = self._fences(conn_id)
+        try:
+            return fences.guard(
+                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key, run=self.run,
+                store_id=self.store.store_id,
+            )
+        except StaleFencingToken as refused:
+            self._rejected(resource, refused)
+            raise
+
+    @contextmanager
+    def fenced_transaction(
+        self, resource: str, *, conn_id: str | None = None, idempotency_key: str | None = None
+    ) -> Iterator[Any]:
+        """Check the lease, then advance the fence and write in one transaction (exactly once).
+
+        ``conn_id`` is the connection of the target database (default: the lease's own store,
+        :attr:`conn_id`). The yielded psycopg2 cursor writes in the same transaction as the fence advance.
+        """
+        self.check()
+        fences = self._fences(conn_id)
+        try:
+            with fences.transaction(
+                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key, run=self.run,
+                store_id=self.store.store_id,
+            ) as cur:
+                yield cur
+        except StaleFencingToken as refused:
+            self._rejected(resource, refused)
+            raise
+
+    def _fences(self, conn_id: str | None) -> Any:
+        from airflow_lease_provider.hooks import FenceHook
+
+        return FenceHook(self.conn_id if conn_id is None else conn_id, lease_store=self.store).get_store()
+
+    def _rejected(self, resource: str, refused: StaleFencingToken) -> None:
+        report(
+            Outcome.FENCE_REJECTED, store=self.store, key=resource, owner=self.owner, token=self.token,
+            tags={**self.tags, "resource": resource}, message=f"the fence of {resource!r} refused: {refused}",
+            run=self.run,
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return self.lease.to_dict()
+
+
+def _current_lease(self: LeaseContext) -> Lease:
+    """The lease as last renewed: the keeper's, while one keeps it (it renews in its own thread)."""
+    keeper = self.keeper
+    return keeper.lease if keeper is not None else self._lease
+
+
+def _set_lease(self: LeaseContext, lease: Lease) -> None:
+    self._lease = lease
+
+
+# ``lease`` stays the dataclass's first field (``LeaseContext(lease=...)``); reading it asks the keeper, so
+# it is the lease as last renewed, not the one the task acquired (whose expiry is one TTL after the acquire).
+LeaseContext.lease = property(_current_lease, _set_lease)  # type: ignore[assignment]
+
+
+@contextmanager
+def activated(ctx: LeaseContext) -> Iterator[LeaseContext]:
+    """Make ``ctx`` what :func:`current_lease` returns for the duration."""
+    token = _current.set(ctx)
+    try:
+        yield ctx
+    finally:
+        _current.reset(token)
