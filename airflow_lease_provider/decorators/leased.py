@@ -21,30 +21,19 @@ from typing import Any, cast
 import attr
 from airflow.providers.standard.operators.python import PythonOperator
 
+from airflow_lease_provider.decorators._python import PythonDecorated, template_fields
 from airflow_lease_provider.operators.leased import LeasedOperator
 from airflow_lease_provider.runtime.arguments import check_lease_arguments, task_defaults
-from airflow_lease_provider.version_compat import DecoratedOperator, TaskDecorator, TaskDecoratorBase
+from airflow_lease_provider.version_compat import TaskDecorator, TaskDecoratorBase
 
 LeasedPythonOperator = LeasedOperator.wrap(PythonOperator)
 
 
-class _LeasedDecoratedOperator(DecoratedOperator, LeasedPythonOperator):  # type: ignore[misc,valid-type]
+class _LeasedDecoratedOperator(PythonDecorated, LeasedPythonOperator):  # type: ignore[misc,valid-type]
     """A TaskFlow function run by a leased PythonOperator."""
 
-    template_fields: Sequence[str] = tuple(
-        dict.fromkeys((*DecoratedOperator.template_fields, *LeasedPythonOperator.template_fields))
-    )
+    template_fields: Sequence[str] = template_fields(LeasedPythonOperator)
     custom_operator_name = "@task.leased"
-
-    def __init__(self, *, python_callable: Callable, op_args: Any, op_kwargs: Any, **kwargs: Any) -> None:
-        kwargs_to_upstream = {"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs}
-        super().__init__(
-            kwargs_to_upstream=kwargs_to_upstream,
-            python_callable=python_callable,
-            op_args=op_args,
-            op_kwargs=op_kwargs,
-            **kwargs,
-        )
 
 
 def _check(kwargs: dict[str, Any], *, ttl_required: bool) -> None:

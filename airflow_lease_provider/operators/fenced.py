@@ -60,6 +60,12 @@ class FencedSQLOperator(BaseOperator):
     template_fields_renderers = {"sql": "sql", "parameters": "json"}
     template_ext: Sequence[str] = (".sql",)
     ui_color = "#ede8f4"
+    resource: str
+    fence_conn_id: str | None
+    idempotency_key: str | None
+    on_duplicate: str
+    lease_key: str | None
+    lease_conn_id: str | None
 
     def __init__(
         self,
@@ -76,14 +82,13 @@ class FencedSQLOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        check_publish_arguments(
-            resource=resource, idempotency_key=idempotency_key, lease_key=lease_key, on_duplicate=on_duplicate
+        publishing = check_publish_arguments(
+            resource=resource, idempotency_key=idempotency_key, lease_key=lease_key, on_duplicate=on_duplicate,
+            fence_conn_id=fence_conn_id, lease_conn_id=lease_conn_id,
         )
         statements = [sql] if isinstance(sql, str) else list(sql) if isinstance(sql, Sequence) else [None]
         if not statements or not all(isinstance(q, str) and q.strip() for q in statements):
             raise validation.InvalidArgument("sql", sql, "must be a non-empty string or list of non-empty strings")
-        self.resource = resource
-        self.sql = sql
         if identifiers is not None and not (
             isinstance(identifiers, dict)
             and all(isinstance(v, str) or (isinstance(v, list | tuple) and v) for v in identifiers.values())
@@ -91,13 +96,11 @@ class FencedSQLOperator(BaseOperator):
             raise validation.InvalidArgument(
                 "identifiers", identifiers, "must be a dict of placeholder -> name or [schema, name]"
             )
+        for name, value in publishing.items():
+            setattr(self, name, value)
+        self.sql = sql
         self.parameters = parameters
         self.identifiers = identifiers
-        self.fence_conn_id = fence_conn_id
-        self.idempotency_key = idempotency_key
-        self.on_duplicate = on_duplicate
-        self.lease_key = lease_key
-        self.lease_conn_id = lease_conn_id
 
     def execute(self, context: Any) -> int:
         lease = publishing_lease(self, context, lease_key=self.lease_key, conn_id=self.lease_conn_id)

@@ -56,6 +56,14 @@ class LeasedOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("lease_key",)
+    lease_key: str | None
+    lease_ttl: timedelta | None
+    lease_renew_every: timedelta | None
+    on_overlap: str
+    lease_wait_timeout: timedelta | None
+    lease_poll_interval: timedelta | None
+    lease_conn_id: str | None
+    lease_scope: str
 
     def __init__(
         self,
@@ -74,23 +82,18 @@ class LeasedOperator(BaseOperator):
             # A deferred task has no process to renew its lease; run the wrapped operator in-process.
             kwargs.setdefault("deferrable", False)
         super().__init__(**kwargs)
-        sensor = isinstance(self, BaseSensorOperator)
-        self.lease_ttl = check_lease_arguments(
-            {
-                "lease_key": lease_key, "lease_ttl": lease_ttl, "lease_renew_every": lease_renew_every,
-                "on_overlap": on_overlap, "lease_wait_timeout": lease_wait_timeout,
-                "lease_poll_interval": lease_poll_interval, "lease_scope": lease_scope,
-                "execution_timeout": self.execution_timeout, "mode": getattr(self, "mode", None),
-            },
-            sensor=sensor,
+        arguments = {
+            "lease_key": lease_key, "lease_ttl": lease_ttl, "lease_renew_every": lease_renew_every,
+            "on_overlap": on_overlap, "lease_wait_timeout": lease_wait_timeout,
+            "lease_poll_interval": lease_poll_interval, "lease_conn_id": lease_conn_id, "lease_scope": lease_scope,
+        }
+        related = {"execution_timeout": self.execution_timeout, "mode": getattr(self, "mode", None)}
+        # The TTL as the task holds it: derived from execution_timeout when not given.
+        arguments["lease_ttl"] = check_lease_arguments(
+            {**arguments, **related}, sensor=isinstance(self, BaseSensorOperator)
         )
-        self.lease_key = lease_key
-        self.lease_renew_every = lease_renew_every
-        self.on_overlap = on_overlap
-        self.lease_wait_timeout = lease_wait_timeout
-        self.lease_poll_interval = lease_poll_interval
-        self.lease_conn_id = lease_conn_id
-        self.lease_scope = lease_scope
+        for name, value in arguments.items():
+            setattr(self, name, value)
 
     @classmethod
     def partial(cls, **kwargs: Any) -> Any:

@@ -121,10 +121,11 @@ def check_sensor_mode(mode: object) -> None:
 
 
 def check_publish_arguments(
-    *, resource: object, idempotency_key: object, lease_key: object, target: object = TARGETS[0],
-    on_duplicate: object = ON_DUPLICATE[0],
-) -> None:
-    """The arguments of a fenced publish (``FencedSQLOperator``, ``@task.fenced_publish``), at parse time."""
+    *, resource: object, idempotency_key: object, lease_key: object, **others: Any
+) -> dict[str, Any]:
+    """The arguments of a fenced publish (``FencedSQLOperator``, ``@task.fenced_publish``), checked at parse
+    time; returns them all (``others``: ``target``, ``on_duplicate`` and the connections), for the task."""
+    on_duplicate, target = others.get("on_duplicate", ON_DUPLICATE[0]), others.get("target", TARGETS[0])
     if on_duplicate not in ON_DUPLICATE:
         raise InvalidArgument("on_duplicate", on_duplicate, f"must be one of {', '.join(ON_DUPLICATE)}")
     if target not in TARGETS:
@@ -132,6 +133,7 @@ def check_publish_arguments(
     check_name("resource", resource)
     check_name("lease_key", lease_key, optional=True)
     check_name("idempotency_key", idempotency_key, optional=True)
+    return {"resource": resource, "idempotency_key": idempotency_key, "lease_key": lease_key, **others}
 
 
 def task_defaults(dag: Any = None, task_group: Any = None, task_default_args: Any = None) -> dict[str, Any] | None:

@@ -142,16 +142,10 @@ class LeaseContext:
         The same holder may call this again for the same resource: an equal token from the same owner is
         accepted (docs/core.md, "The fence").
         """
-        self.check()
-        fences = self._fences(conn_id)
-        try:
-            return fences.guard(
-                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key, run=self.run,
-                store_id=self.store.store_id,
-            )
-        except StaleFencingToken as refused:
-            self._rejected(resource, refused)
-            raise
+        fences = self._checked_fences(conn_id)
+        with self._refusal_reported(resource):
+            decision: FenceDecision = fences.guard(resource, self.token, **self._as_holder(idempotency_key))
+            return decision
 
     @contextmanager
     def fenced_transaction(
@@ -162,29 +156,54 @@ class LeaseContext:
         ``conn_id`` is the connection of the target database (default: the lease's own store,
         :attr:`conn_id`). The yielded psycopg2 cursor writes in the same transaction as the fence advance.
         """
-        self.check()
-        fences = self._fences(conn_id)
-        try:
-            with fences.transaction(
-                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key, run=self.run,
-                store_id=self.store.store_id,
-            ) as cur:
-                yield cur
-        except StaleFencingToken as refused:
-            self._rejected(resource, refused)
-            raise
+        fences = self._checked_fences(conn_id)
+        with self._refusal_reported(resource), fences.transaction(
+            resource, self.token, **self._as_holder(idempotency_key)
+        ) as cur:
+            yield cur
 
-    def _fences(self, conn_id: str | None) -> Any:
+    @contextmanager
+    def publish(
+        self, resource: str, *, target: str = "postgres", conn_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Iterator[Any]:
+        """Publish behind the fence of ``resource``: with ``target="postgres"`` the block runs in the fence's
+        transaction (its cursor is yielded: exactly once); with ``"external"`` the fence advances first and
+        the block is the side effect carrying :attr:`token` (None is yielded; if the block raises, the
+        idempotency key's claim is given back)."""
+        if target == "postgres":
+            with self.fenced_transaction(resource, conn_id=conn_id, idempotency_key=idempotency_key) as cur:
+                yield cur
+        else:
+            with self.fence(resource, conn_id=conn_id, idempotency_key=idempotency_key):
+                yield None
+
+    def _checked_fences(self, conn_id: str | None) -> Any:
+        """The early safety net (:meth:`check`), then the fence store of ``conn_id`` (default: the lease's)."""
+        self.check()
         from airflow_lease_provider.hooks import FenceHook
 
         return FenceHook(self.conn_id if conn_id is None else conn_id, lease_store=self.store).get_store()
 
-    def _rejected(self, resource: str, refused: StaleFencingToken) -> None:
-        report(
-            Outcome.FENCE_REJECTED, store=self.store, key=resource, owner=self.owner, token=self.token,
-            tags={**self.tags, "resource": resource}, message=f"the fence of {resource!r} refused: {refused}",
-            run=self.run,
-        )
+    def _as_holder(self, idempotency_key: str | None) -> dict[str, Any]:
+        """Who asks the fence: this lease's key, owner, task instance and store, with the slot's key."""
+        return {
+            "key": self.key, "owner": self.owner, "idempotency_key": idempotency_key, "run": self.run,
+            "store_id": self.store.store_id,
+        }
+
+    @contextmanager
+    def _refusal_reported(self, resource: str) -> Iterator[None]:
+        """A refusal of the fence of ``resource`` is reported (``fence_rejected``), then raised."""
+        try:
+            yield
+        except StaleFencingToken as refused:
+            report(
+                Outcome.FENCE_REJECTED, store=self.store, key=resource, owner=self.owner, token=self.token,
+                tags={**self.tags, "resource": resource}, message=f"the fence of {resource!r} refused: {refused}",
+                run=self.run,
+            )
+            raise
 
     def to_dict(self) -> dict[str, Any]:
         return self.lease.to_dict()
