@@ -142,7 +142,8 @@ class LeaseContext:
         The same holder may call this again for the same resource: an equal token from the same owner is
         accepted (docs/core.md, "The fence").
         """
-        fences = self._checked_fences(conn_id)
+        self.check()
+        fences = self._fences(conn_id)
         with self._refusal_reported(resource):
             decision: FenceDecision = fences.guard(resource, self.token, **self._as_holder(idempotency_key))
             return decision
@@ -156,7 +157,8 @@ class LeaseContext:
         ``conn_id`` is the connection of the target database (default: the lease's own store,
         :attr:`conn_id`). The yielded psycopg2 cursor writes in the same transaction as the fence advance.
         """
-        fences = self._checked_fences(conn_id)
+        self.check()
+        fences = self._fences(conn_id)
         with self._refusal_reported(resource), fences.transaction(
             resource, self.token, **self._as_holder(idempotency_key)
         ) as cur:
@@ -178,9 +180,7 @@ class LeaseContext:
             with self.fence(resource, conn_id=conn_id, idempotency_key=idempotency_key):
                 yield None
 
-    def _checked_fences(self, conn_id: str | None) -> Any:
-        """The early safety net (:meth:`check`), then the fence store of ``conn_id`` (default: the lease's)."""
-        self.check()
+    def _fences(self, conn_id: str | None) -> Any:
         from airflow_lease_provider.hooks import FenceHook
 
         return FenceHook(self.conn_id if conn_id is None else conn_id, lease_store=self.store).get_store()
@@ -198,12 +198,15 @@ class LeaseContext:
         try:
             yield
         except StaleFencingToken as refused:
-            report(
-                Outcome.FENCE_REJECTED, store=self.store, key=resource, owner=self.owner, token=self.token,
-                tags={**self.tags, "resource": resource}, message=f"the fence of {resource!r} refused: {refused}",
-                run=self.run,
-            )
+            self._rejected(resource, refused)
             raise
+
+    def _rejected(self, resource: str, refused: StaleFencingToken) -> None:
+        report(
+            Outcome.FENCE_REJECTED, store=self.store, key=resource, owner=self.owner, token=self.token,
+            tags={**self.tags, "resource": resource}, message=f"the fence of {resource!r} refused: {refused}",
+            run=self.run,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return self.lease.to_dict()

@@ -491,7 +491,7 @@ def test_the_lease_a_task_sees_is_the_one_last_renewed(lease_env, store: LeaseSt
     one every second) read the expiry it was acquired with, 12 s stale on a real deployment."""
     import time
 
-    from airflow_lease_provider.context import current_lease
+    from airflow_lease_provider.runtime import current_lease
 
     def body() -> dict[str, Any]:
         ctx = current_lease()
