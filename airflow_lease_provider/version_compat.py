@@ -228,19 +228,7 @@ def time_restriction_of(serialized_dag: Any) -> TimeRestriction | None:
 #: user code (``block_orm_access`` in ``airflow/sdk/execution_time/supervisor.py``, 3.1 to 3.3: task
 #: processes, the triggerer's trigger runner, DAG file processors): they may not reach the metadata
 #: database, so they cannot read where it is either.
-_HIDDEN_METADATA = "airflow-db-not-allowed:"
-
-
-def metadata_database_scheme() -> str | None:
-    """The scheme of ``[database] sql_alchemy_conn`` (``sqlite``, ``postgresql``, ...), or None where
-    Airflow hides it from this process (see ``_HIDDEN_METADATA``).
-
-    Only the scheme leaves this function: the rest of the URL may carry the database's password.
-    """
-    value = str(__getattr__("conf").get("database", "sql_alchemy_conn", fallback="")).strip()
-    if value.startswith(_HIDDEN_METADATA):
-        return None
-    return value.partition(":")[0].partition("+")[0].lower()
+HIDDEN_METADATA = "airflow-db-not-allowed:"
 
 
 __all__ = [
@@ -251,7 +239,7 @@ __all__ = [
     "get_base_airflow_version_tuple",
     "in_task_process",
     "make_aware",
-    "metadata_database_scheme",
+    "HIDDEN_METADATA",
     "scheduler_session",
     "time_restriction_of",
     *_LOCATIONS,
