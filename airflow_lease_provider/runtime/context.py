@@ -27,16 +27,21 @@ from airflow_lease_provider.core import (
     LeaseKeeper,
     LeaseLost,
     LeaseStore,
+    RunRef,
     StaleFencingToken,
 )
-from airflow_lease_provider.identity import RunRef
-from airflow_lease_provider.outcomes import Outcome, report
+from airflow_lease_provider.runtime.outcomes import Outcome, report
 
 #: XCom keys this provider writes. ``lease`` is also the key of the :class:`LeaseContext` in the task's context.
 XCOM_LEASE = "lease"
 XCOM_SKIP_REASON = "lease_skip_reason"
 
 _current: contextvars.ContextVar[LeaseContext | None] = contextvars.ContextVar("lease_context", default=None)
+
+
+def active() -> LeaseContext | None:
+    """The lease of the running leased task, or None outside one."""
+    return _current.get()
 
 
 def current_lease() -> LeaseContext:
@@ -141,14 +146,9 @@ class LeaseContext:
         """
         self.check()
         fences = self._fences(conn_id)
-        try:
-            return fences.guard(
-                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key, run=self.run,
-                store_id=self.store.store_id,
-            )
-        except StaleFencingToken as refused:
-            self._rejected(resource, refused)
-            raise
+        with self._refusal_reported(resource):
+            decision: FenceDecision = fences.guard(resource, self.token, **self._as_holder(idempotency_key))
+            return decision
 
     @contextmanager
     def fenced_transaction(
@@ -161,15 +161,26 @@ class LeaseContext:
         """
         self.check()
         fences = self._fences(conn_id)
-        try:
-            with fences.transaction(
-                resource, self.token, key=self.key, owner=self.owner, idempotency_key=idempotency_key, run=self.run,
-                store_id=self.store.store_id,
-            ) as cur:
+        with self._refusal_reported(resource), fences.transaction(
+            resource, self.token, **self._as_holder(idempotency_key)
+        ) as cur:
+            yield cur
+
+    @contextmanager
+    def publish(
+        self, resource: str, *, target: str = "postgres", conn_id: str | None = None,
+        idempotency_key: str | None = None,
+    ) -> Iterator[Any]:
+        """Publish behind the fence of ``resource``: with ``target="postgres"`` the block runs in the fence's
+        transaction (its cursor is yielded: exactly once); with ``"external"`` the fence advances first and
+        the block is the side effect carrying :attr:`token` (None is yielded; if the block raises, the
+        idempotency key's claim is given back)."""
+        if target == "postgres":
+            with self.fenced_transaction(resource, conn_id=conn_id, idempotency_key=idempotency_key) as cur:
                 yield cur
-        except StaleFencingToken as refused:
-            self._rejected(resource, refused)
-            raise
+        else:
+            with self.fence(resource, conn_id=conn_id, idempotency_key=idempotency_key):
+                yield None
 
     def fenced_put(
         self,
@@ -219,6 +230,22 @@ class LeaseContext:
         from airflow_lease_provider.hooks import FenceHook
 
         return FenceHook(self.conn_id if conn_id is None else conn_id, lease_store=self.store).get_store()
+
+    def _as_holder(self, idempotency_key: str | None) -> dict[str, Any]:
+        """Who asks the fence: this lease's key, owner, task instance and store, with the slot's key."""
+        return {
+            "key": self.key, "owner": self.owner, "idempotency_key": idempotency_key, "run": self.run,
+            "store_id": self.store.store_id,
+        }
+
+    @contextmanager
+    def _refusal_reported(self, resource: str) -> Iterator[None]:
+        """A refusal of the fence of ``resource`` is reported (``fence_rejected``), then raised."""
+        try:
+            yield
+        except StaleFencingToken as refused:
+            self._rejected(resource, refused)
+            raise
 
     def _rejected(self, resource: str, refused: StaleFencingToken) -> None:
         report(
