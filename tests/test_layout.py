@@ -463,3 +463,11 @@ def test_no_module_swaps_the_class_of_an_object(tmp_path: Path) -> None:
         "d.__class__.__name__ = 'x'\n"  # renames the class, swaps nothing: not flagged
     )
     assert _class_swaps(sample) == [1, 2, 3, 4]
+
+
+def test_the_old_import_path_of_current_lease_is_the_runtime_s_own() -> None:
+    """DAGs written before the runtime package import ``current_lease`` from ``airflow_lease_provider.context``."""
+    from airflow_lease_provider import context, runtime
+
+    assert context.current_lease is runtime.current_lease
+    assert context.LeaseContext is runtime.LeaseContext
