@@ -14,13 +14,8 @@ import pytest
 from psycopg2 import sql
 
 from airflow_lease_provider.core import FenceStore, LeaseStore
-from airflow_lease_provider.core.db import (
-    PREPARE_AFTER,
-    _Prepared,
-    _stale_plan,
-    named_queries,
-    prepared_queries,
-)
+from airflow_lease_provider.core.db import PREPARE_AFTER, named_queries, prepared_queries
+from airflow_lease_provider.core.db.sqltext import _Prepared, _stale_plan
 from airflow_lease_provider.core.errors import InvalidArgument
 from tests.pg import execute
 
@@ -144,8 +139,9 @@ def stale_plan_after_a_migration(dsn: str, schema: str, caplog: pytest.LogCaptur
     store.acquire("job", "a", TTL)
     store.acquire("job", "b", TTL)
     assert _name(store, "acquire") in _session_statements(store)
-    definition = execute(dsn, "SELECT pg_get_functiondef(%s::regprocedure)",
-                         (f'"{schema}".lease_acquire(text, text, interval)',))[0][0]
+    # The function acquire calls (migrations/0011: with the holder's run columns).
+    signature = "lease_acquire(text, text, interval, text, text, text, integer)"
+    definition = execute(dsn, "SELECT pg_get_functiondef(%s::regprocedure)", (f'"{schema}".{signature}',))[0][0]
     changed = definition.replace("observed_at timestamp with time zone)",
                                  "observed_at timestamp with time zone, extra integer)", 1)
     changed = changed.replace("pg_catalog.clock_timestamp();", "pg_catalog.clock_timestamp(), 0;")
@@ -156,7 +152,8 @@ def stale_plan_after_a_migration(dsn: str, schema: str, caplog: pytest.LogCaptur
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            cur.execute(sql.SQL("DROP FUNCTION {}.lease_acquire(text, text, interval)").format(sql.Identifier(schema)))
+            cur.execute(sql.SQL("DROP FUNCTION {}.lease_acquire(text, text, interval, text, text, text, integer)")
+                        .format(sql.Identifier(schema)))
             cur.execute(changed)
     finally:
         conn.close()

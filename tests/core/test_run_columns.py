@@ -12,7 +12,7 @@ from airflow_lease_provider.core import EventKind, FenceStore, InvalidArgument, 
 from airflow_lease_provider.core import schema as core_schema
 from airflow_lease_provider.core.db import Database
 from airflow_lease_provider.core.identity import RunRef
-from tests.pg import execute, q
+from tests.pg import execute, q, store_at_version
 
 TASK = RunRef("etl", "manual__2026-12-01T10:00:00+00:00", 2, task_id="load")
 OTHER = RunRef("etl", "manual__2026-12-02T10:00:00+00:00", task_id="load")
@@ -134,8 +134,7 @@ def test_migration_7_fills_in_the_events_written_before_it(
 ) -> None:
     every = core_schema.migrations()
     assert every[6].version == 7
-    monkeypatch.setattr(core_schema, "migrations", lambda: every[:6])
-    assert core_schema.ensure_schema(Database(pg_dsn, schema=schema)) == 6
+    store_at_version(pg_dsn, schema, 6)
     old = [
         # (kind, owner, detail) as version 6 wrote them
         ("acquired", "etl/r1/load[3]", {}),

@@ -11,7 +11,7 @@ from psycopg2 import sql
 from airflow_lease_provider.core import FenceStore, LeaseStore, SchemaError
 from airflow_lease_provider.core.db import Database
 from airflow_lease_provider.core.schema import create_current_schema, ensure_schema, latest_version, migrations
-from tests.pg import drop_schema, execute, new_schema_name, q
+from tests.pg import drop_schema, execute, new_schema_name, q, store_at_version
 
 CATALOG_QUERIES = {
     "columns": """
@@ -66,26 +66,11 @@ def _catalog(dsn: str, schema: str) -> dict[str, list]:
     return found
 
 
-def _store_at_version_1(dsn: str, schema: str) -> None:
-    """A store as version 1 of the library made it: migration 1 and its version row."""
-    conn = psycopg2.connect(dsn)
-    with conn, conn.cursor() as cur:
-        cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
-        cur.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
-        cur.execute(
-            "CREATE TABLE schema_version (version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        )
-        cur.execute(migrations()[0].sql)
-        cur.execute("INSERT INTO schema_version (version, name) VALUES (1, %s)", (migrations()[0].name,))
-    conn.close()
-
-
 def test_migrations_equal_schema_sql(pg_dsn: str) -> None:
     """A store upgraded from version 1 by every migration is the store schema.sql creates in one step."""
     migrated, direct = new_schema_name(), new_schema_name()
     try:
-        _store_at_version_1(pg_dsn, migrated)
+        store_at_version(pg_dsn, migrated, 1)
         assert ensure_schema(Database(pg_dsn, schema=migrated)) == latest_version()
         conn = psycopg2.connect(pg_dsn)
         with conn, conn.cursor() as cur:
