@@ -10,7 +10,12 @@ from psycopg2 import sql
 
 from airflow_lease_provider.core import FenceStore, LeaseStore, SchemaError
 from airflow_lease_provider.core.db import Database
-from airflow_lease_provider.core.schema import create_current_schema, ensure_schema, latest_version, migrations
+from airflow_lease_provider.core.schema import (
+    create_current_schema,
+    ensure_schema,
+    latest_version,
+    migrations,
+)
 from tests.pg import drop_schema, execute, new_schema_name, q, store_at_version
 
 CATALOG_QUERIES = {
