@@ -30,10 +30,10 @@ from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.db.dsn import describe_dsn
 from airflow_lease_provider.core.db.sqltext import (
     PREPARE_AFTER,
-    _stale_plan,
-    _Statement,
+    Statement,
     named_queries,
     prepared_queries,
+    stale_plan,
     with_schema,
 )
 from airflow_lease_provider.core.db.translate import translate
@@ -129,7 +129,7 @@ class Database:
         self._prefixes: dict[tuple[bool | None, timedelta], str] = {}
         # What is sent per (name, durable, statement_timeout), with the query text it was built from (the
         # bench swaps _compiled entries for its before arms; a swapped entry rebuilds its statement).
-        self._statements: dict[tuple[str, bool | None, timedelta], _Statement] = {}
+        self._statements: dict[tuple[str, bool | None, timedelta], Statement] = {}
         # Of the connection now open: how often each prepared query's plain text was sent on it, and the
         # statements it is known to hold (a pooler's other server session may not: see _send).
         self._uses: dict[str, int] = {}
@@ -245,13 +245,13 @@ class Database:
             text = self._compiled[name] = with_schema(named_queries()[name], self.schema, conn)
         return text
 
-    def _statement(self, name: str, durable: bool | None, conn: Any) -> _Statement:
+    def _statement(self, name: str, durable: bool | None, conn: Any) -> Statement:
         """What is sent for the named query, built once per (name, durability, timeout)."""
         cache_key = (name, durable, self.statement_timeout)
         statement = self._statements.get(cache_key)
         if statement is None or self._compiled.get(name) is not statement.source:
             source = self.query_text(name, conn)
-            statement = self._statements[cache_key] = _Statement(
+            statement = self._statements[cache_key] = Statement(
                 self._prefix(durable), source, prepared=name in prepared_queries()
             )
         return statement
@@ -390,7 +390,7 @@ class Database:
                 log.debug("lease store: %s is already prepared in this server session; executing it", name)
                 text = prepared.execute
             except psycopg2.errors.FeatureNotSupported as exc:
-                if not _stale_plan(exc):
+                if not stale_plan(exc):
                     raise
                 log.debug("lease store: %s returns other columns since a migration; preparing it again", name)
                 self._prepared_on.discard(prepared.name)

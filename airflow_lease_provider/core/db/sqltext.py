@@ -76,14 +76,14 @@ def _sql_body(text: str) -> str:
     return "\n".join(lines).strip().rstrip(";").rstrip()
 
 
-def _stale_plan(exc: psycopg2.Error) -> bool:
+def stale_plan(exc: psycopg2.Error) -> bool:
     """"cached plan must not change result type": raised where PostgreSQL revalidates a prepared plan,
     before it runs. Told by where it comes from, not by its message (which the server's lc_messages
     translates)."""
     return exc.pgcode == "0A000" and getattr(exc.diag, "source_function", None) == "RevalidateCachedQuery"
 
 
-class _Prepared:
+class PreparedTexts:
     """The three texts of one prepared query: EXECUTE it, PREPARE then EXECUTE it, and replace a stale one.
 
     Each carries the same SET LOCAL prefix and the query's values as ``%(name)s`` parameters (so the
@@ -113,7 +113,7 @@ class _Prepared:
         self.replace = prefix + f"DEALLOCATE {self.name}; {prepare}"
 
 
-class _Statement:
+class Statement:
     """One named query as sent: the prefix and the query as plain text, and for a ``[prepared]`` query its
     prepared texts; ``source`` is the query text it was built from."""
 
@@ -122,5 +122,5 @@ class _Statement:
     def __init__(self, prefix: str, source: str, *, prepared: bool) -> None:
         self.source = source
         self.plain = prefix + source
-        self.prepared = _Prepared(prefix, source) if prepared else None
+        self.prepared = PreparedTexts(prefix, source) if prepared else None
 
