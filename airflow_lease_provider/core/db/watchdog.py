@@ -10,12 +10,22 @@ import socket
 import threading
 import time
 import weakref
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from airflow_lease_provider.core.db.database import Database
+from datetime import timedelta
+from typing import Any, Protocol
 
 log = logging.getLogger("airflow_lease_provider.core.db")
+
+
+class Watched(Protocol):
+    """What the watchdog reads and does of a store's connection (:class:`~.database.Database`)."""
+
+    idle_close: timedelta | None
+    where: str
+    _conn: Any
+    _inflight: tuple[float, int] | None
+    _cut_off: bool
+
+    def _close_if_idle(self, now: float) -> None: ...
 
 
 class _Watchdog:
@@ -36,11 +46,11 @@ class _Watchdog:
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
-        self._watched: weakref.WeakSet[Database] = weakref.WeakSet()
+        self._watched: weakref.WeakSet[Watched] = weakref.WeakSet()
         self._pid = 0
         self._thread: threading.Thread | None = None
 
-    def watch(self, db: Database) -> None:
+    def watch(self, db: Watched) -> None:
         with self._lock:
             if self._pid != os.getpid():  # first use, or a forked child: it needs a thread of its own
                 self._pid = os.getpid()
