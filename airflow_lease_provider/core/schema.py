@@ -70,13 +70,22 @@ def _run(cur: Any, text: str, schema: str, params: Any = None) -> None:
     cur.execute(with_schema(text, schema, cur.connection), params)
 
 
+def _value(cur: Any, text: str, schema: str, params: Any = None) -> Any:
+    """The one value of a one-column, one-row statement (``{schema}`` filled in)."""
+    _run(cur, text, schema, params)
+    (value,) = cur.fetchone()
+    return value
+
+
+def _has_table(cur: Any, schema: str, table: str) -> bool:
+    return bool(_value(cur, "SELECT to_regclass(quote_ident(%s) || '.' || %s) IS NOT NULL", schema, (schema, table)))
+
+
 def _fence_only_version(cur: Any, schema: str) -> int:
     """The fence-only layout's version in ``schema`` (0: none), read inside the migration lock."""
-    cur.execute("SELECT to_regclass(quote_ident(%s) || '.fence_schema_version') IS NOT NULL", (schema,))
-    if not cur.fetchone()[0]:
+    if not _has_table(cur, schema, "fence_schema_version"):
         return 0
-    _run(cur, "SELECT coalesce(max(version), 0) FROM {schema}.fence_schema_version", schema)
-    return int(cur.fetchone()[0])
+    return int(_value(cur, "SELECT coalesce(max(version), 0) FROM {schema}.fence_schema_version", schema))
 
 
 def _create_schema(cur: Any, schema: str) -> None:
@@ -114,8 +123,7 @@ def ensure_fence_schema(db: Database) -> int:
         return ensure_schema(db)
     with db.transaction() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_MIGRATION_LOCK_CLASS, db.schema))
-        cur.execute("SELECT to_regclass(quote_ident(%s) || '.schema_version') IS NOT NULL", (db.schema,))
-        whole = bool(cur.fetchone()[0])
+        whole = _has_table(cur, db.schema, "schema_version")
         if not whole:
             found = _fence_only_version(cur, db.schema)
             if found > FENCE_ONLY_VERSION:
@@ -203,12 +211,10 @@ def ensure_schema(db: Database) -> int:
         if _fence_only_version(cur, db.schema):
             raise _fence_only_error(db)
         _create_schema(cur, db.schema)
-        cur.execute("SELECT to_regclass(quote_ident(%s) || '.schema_version') IS NOT NULL", (db.schema,))
-        if not cur.fetchone()[0]:
+        if not _has_table(cur, db.schema, "schema_version"):
             create_current_schema(cur, db.schema)
             return latest
-        _run(cur, "SELECT coalesce(max(version), 0) FROM {schema}.schema_version", db.schema)
-        version = int(cur.fetchone()[0])
+        version = int(_value(cur, "SELECT coalesce(max(version), 0) FROM {schema}.schema_version", db.schema))
         for migration in migrations():
             if migration.version > version:
                 _run(cur, migration.sql, db.schema)
