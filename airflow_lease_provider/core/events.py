@@ -19,6 +19,7 @@ from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.db import Database
 from airflow_lease_provider.core.errors import InvalidArgument, LeaseError
 from airflow_lease_provider.core.identity import RunRef, run_columns
+from airflow_lease_provider.core.types import from_columns
 
 log = logging.getLogger(__name__)
 
@@ -112,7 +113,7 @@ class EventCount:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> EventCount:
-        return cls(row["key"], row["kind"], int(row["last_24h"]), int(row["last_7d"]))
+        return from_columns(cls, row)
 
 
 @dataclass(frozen=True)
@@ -127,9 +128,7 @@ class HoldStats:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> HoldStats:
-        return cls(
-            row["key"], int(row["holds"]), float(row["worst_seconds"]), float(row["p95_seconds"]), row["last_at"]
-        )
+        return from_columns(cls, row)
 
 
 class EventLedger:

@@ -7,9 +7,9 @@ those has to import the other.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.errors import InvalidArgument
@@ -108,6 +108,14 @@ class Lease:
         )
 
 
+_Row = TypeVar("_Row")
+
+
+def from_columns(cls: type[_Row], row: Mapping[str, Any]) -> _Row:
+    """The dataclass ``cls`` whose fields are named like the columns of ``row``, read by name."""
+    return cls(**{f.name: row[f.name] for f in fields(cls)})  # type: ignore[arg-type]
+
+
 def checked(lease: object, parameter: str = "lease") -> Lease:
     """A :class:`Lease` whose identifying fields are valid (renew and release trust nothing else)."""
     if not isinstance(lease, Lease):
@@ -181,10 +189,7 @@ class TokenEpoch:
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> TokenEpoch:
         """The epoch from a row of ``lease_epoch`` (or of a function returning its columns), by name."""
-        return cls(
-            epoch=int(row["epoch"]), system_identifier=int(row["system_identifier"]), timeline=int(row["timeline"]),
-            changed_at=row["changed_at"], reason=row["reason"],
-        )
+        return from_columns(cls, row)
 
     @property
     def floor(self) -> int:
