@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import datetime
 import zoneinfo
+from collections.abc import Iterator
 
 from croniter import croniter
 
@@ -32,6 +33,43 @@ def _instants(wall: datetime.datetime, zone: datetime.tzinfo) -> list[datetime.d
     return sorted(found)
 
 
+def _walls(expression: str, start: datetime.datetime, stop: datetime.datetime) -> Iterator[datetime.datetime]:
+    """croniter's naive matches in ``(start, stop]``, ascending.
+
+    Plain five-field expressions (numbers, ranges, steps, lists; day of month or day of week restricted,
+    not both) are matched minute by minute against croniter's own parsed fields, far faster than one
+    ``get_next`` per match; anything else is croniter's ``get_next``.
+    """
+    fields = croniter(expression).expanded
+    plain = (
+        len(fields) == 5
+        and not any(c in expression for c in "LW#?")
+        and (fields[2] == ["*"] or fields[4] == ["*"])
+    )
+    if not plain:
+        iterator = croniter(expression, start_time=start)
+        while (wall := iterator.get_next(datetime.datetime)) <= stop:
+            yield wall
+        return
+    minutes, hours, days, months, weekdays = (
+        None if field == ["*"] else {int(v) % 7 if i == 4 else int(v) for v in field}
+        for i, field in enumerate(fields)
+    )
+    day = start.date()
+    while day <= stop.date():
+        if (
+            (days is None or day.day in days)
+            and (months is None or day.month in months)
+            and (weekdays is None or (day.weekday() + 1) % 7 in weekdays)
+        ):
+            for hour in range(24) if hours is None else sorted(hours):
+                for minute in range(60) if minutes is None else sorted(minutes):
+                    wall = datetime.datetime.combine(day, datetime.time(hour, minute))
+                    if start < wall <= stop:
+                        yield wall
+        day += datetime.timedelta(days=1)
+
+
 def reference_slots(
     expression: str, zone_name: str | int, low: datetime.datetime, high: datetime.datetime
 ) -> list[datetime.datetime]:
@@ -45,13 +83,9 @@ def reference_slots(
     # Wall-clock times a little wider than the range (offsets are within a day of UTC; a gap up to a day).
     start = low.astimezone(UTC).replace(tzinfo=None) - datetime.timedelta(days=2)
     stop = high.astimezone(UTC).replace(tzinfo=None) + datetime.timedelta(days=2)
-    iterator = croniter(expression, start_time=start)
     slots: list[datetime.datetime] = []
     gap_first: datetime.datetime | None = None  # the first missing wall-clock time of the current gap
-    while True:
-        wall = iterator.get_next(datetime.datetime)
-        if wall > stop:
-            break
+    for wall in _walls(expression, start, stop):
         instants = _instants(wall, zone)
         if not instants:
             if gap_first is None:
