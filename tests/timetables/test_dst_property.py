@@ -113,7 +113,7 @@ def _grid(expression: str, zone: str | int) -> CronGrid:
     return CronGrid(expression, pendulum.timezone(zone))
 
 
-@settings(max_examples=500, deadline=None)
+@settings(max_examples=350, deadline=None)
 @given(
     expression=crons(),
     place=near_a_change(),
