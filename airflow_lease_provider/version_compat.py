@@ -130,8 +130,8 @@ _LOCATIONS: dict[str, tuple[tuple[str, str], ...]] = {
     # Public since 3.0.
     "convert_to_utc": (("airflow.sdk.timezone", "convert_to_utc"),),
     "make_naive": (("airflow.sdk.timezone", "make_naive"),),
-    # Private: the core cron timetables' stepping (with their daylight-saving fixes). The capped
-    # catch-up grid reuses it so that its slots are exactly Airflow's; no public equivalent exists.
+    # Private: the core cron timetables' mixin. The capped catch-up grid takes its preset expansion and
+    # its UI description from it (its slots are its own: docs/timetable.md, "Daylight saving").
     "CronMixin": (("airflow.timetables._cron", "CronMixin"),),
     # Internal: the presets (@daily, ...) Airflow's cron timetables accept, to accept the same ones.
     "cron_presets": (("airflow.utils.dates", "cron_presets"),),
