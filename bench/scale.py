@@ -65,9 +65,9 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def _client(
     index: int, dsn: str, schema: str, hold: bool, ttl: datetime.timedelta, start_at: float, end_at: float,
-    out: dict[str, Any],
+    out: dict[str, Any], pool_size: int | None,
 ) -> None:
-    store = LeaseStore(dsn, schema=schema, idle_close=None if hold else datetime.timedelta(0))
+    store = LeaseStore(dsn, schema=schema, idle_close=None if hold else datetime.timedelta(0), pool_size=pool_size)
     latencies: list[float] = out["renew_ms"]
     real_renew = store.renew
 
@@ -114,7 +114,7 @@ def _client(
 
 
 def _worker(first: int, count: int, dsn: str, schema: str, hold: bool, ttl_s: float, ramp: float, duration: float,
-            go_at_wall: float, queue: Any) -> None:
+            go_at_wall: float, queue: Any, pool_size: int | None) -> None:
     # Thousands of mostly sleeping threads per process (a holder and the keeper's two per lease): a
     # smaller stack than the 8 MB default keeps their address space modest; nothing here recurses deeply.
     threading.stack_size(512 * 1024)
@@ -133,12 +133,16 @@ def _worker(first: int, count: int, dsn: str, schema: str, hold: bool, ttl_s: fl
         start_at = go + rng.uniform(0, ramp)
         # Each lease is held for ``duration`` from its own start, so releases are spread like acquires.
         thread = threading.Thread(
-            target=_client, args=(index, dsn, schema, hold, ttl, start_at, start_at + duration, out), daemon=True
+            target=_client, args=(index, dsn, schema, hold, ttl, start_at, start_at + duration, out, pool_size), daemon=True
         )
         thread.start()
         threads.append(thread)
     for thread in threads:
         thread.join()
+    from airflow_lease_provider.core import pool
+
+    out["pool_connects"] = sum(p.connects for p in pool.current_pid_pools())
+    out["pool_reuses"] = sum(p.reuses for p in pool.current_pid_pools())
     queue.put(out)
 
 
@@ -156,7 +160,8 @@ class Arm:
     ramp_s: float  # acquires spread uniformly over this many seconds
     hold_s: float  # each lease is held this long from its own acquire, then released
     hold_connection: bool = False
-    target: str | None = None  # the issue's target row this arm answers, if any
+    target: str | None = None
+    pool_size: int | None = None  # Database(pool_size=...): connections shared by a process's stores  # the issue's target row this arm answers, if any
 
 
 ARM_SPECS = {
@@ -181,6 +186,8 @@ ARM_SPECS = {
     "direct-hold": Arm("direct-hold", "direct", 1_000, 30.0, 20.0, 60.0, hold_connection=True),
 }
 TARGET_ARMS = ("pgbouncer-10k", "direct-burst")
+#: Connections per process the target arms' stores share (core/pool.py).
+DEFAULT_POOL = 4
 ARMS = tuple(ARM_SPECS)
 
 
@@ -251,6 +258,12 @@ def run_arm(arm: Arm, admin_dsn: str, app_dsn: str, per_process: int) -> dict[st
             },
         )
         dsn = bouncer.dsn
+    # The schema exists before the first lease, as in a deployment (where it was made once, long before):
+    # otherwise the first thousand stores all queue on the migration's advisory lock, and the figure is
+    # that of creating a schema, not of leases.
+    setup = LeaseStore(app_dsn, schema=schema)
+    setup.ensure_schema()
+    setup.close()
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Queue()
     go_at = time.time() + 3.0 + arm.leases / 2000  # time for every process to start its threads
@@ -259,7 +272,10 @@ def run_arm(arm: Arm, admin_dsn: str, app_dsn: str, per_process: int) -> dict[st
         count = min(per_process, arm.leases - first)
         proc = ctx.Process(
             target=_worker,
-            args=(first, count, dsn, schema, arm.hold_connection, arm.ttl_s, arm.ramp_s, arm.hold_s, go_at, queue),
+            args=(
+                first, count, dsn, schema, arm.hold_connection, arm.ttl_s, arm.ramp_s, arm.hold_s, go_at, queue,
+                arm.pool_size,
+            ),
         )
         proc.start()
         procs.append(proc)
@@ -284,7 +300,9 @@ def run_arm(arm: Arm, admin_dsn: str, app_dsn: str, per_process: int) -> dict[st
         admin.close()
     renew = [v for r in results for v in r["renew_ms"]]
     sent = [v for r in results for v in r["sent_at"]]
-    counted = ("held", "refused", "lost", "acquire_errors", "renew_errors", "release_errors", "connects")
+    counted = (
+        "held", "refused", "lost", "acquire_errors", "renew_errors", "release_errors", "connects", "pool_reuses",
+    )
     total = {k: sum(r[k] for r in results) for k in counted}
     errors = [e for r in results for e in r["errors"]]
     # Connects per second over the span the leases were live (ramp + hold), not the set-up around it.
@@ -298,6 +316,7 @@ def run_arm(arm: Arm, admin_dsn: str, app_dsn: str, per_process: int) -> dict[st
         "ramp_s": arm.ramp_s,
         "hold_s": arm.hold_s,
         "hold_connection": arm.hold_connection,
+        "pool_size_per_process": arm.pool_size,
         "elapsed_s": round(elapsed, 1),
         **total,
         # What would fail a leased task: an acquire that could not reach the store, or a lost lease. A
@@ -403,6 +422,11 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--scale-leases", type=int, default=None, help="override every arm's lease count")
     parser.add_argument("--scale-seconds", type=float, default=None, help="override how long each lease is held")
     parser.add_argument("--scale-per-process", type=int, default=400, help="clients (threads) per process")
+    parser.add_argument(
+        "--scale-pool-size", type=int, default=DEFAULT_POOL,
+        help="the target arms' stores share this many connections per process (LeaseStore(pool_size=N); "
+        "0: a connection per store, closed after each operation, as before)",
+    )
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results-scale.json")
     args = parser.parse_args(argv)
     names = [a.strip() for a in args.scale_arms.split(",") if a.strip()]
@@ -416,6 +440,8 @@ def main(argv: list[str]) -> int:
             arm = dataclasses.replace(arm, leases=args.scale_leases)
         if args.scale_seconds is not None:
             arm = dataclasses.replace(arm, hold_s=args.scale_seconds)
+        if arm.target:
+            arm = dataclasses.replace(arm, pool_size=args.scale_pool_size or None)
         arms.append(arm)
     cluster = ThrowawayCluster({"max_connections": "100"})
     provenance = provenance_of_checkout()
