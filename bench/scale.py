@@ -1,23 +1,26 @@
-"""``python -m bench --scale``: a thousand leases held at once on one store (docs/benchmarks.md).
+"""``python -m bench --scale``: thousands of leases held at once on one server (docs/benchmarks.md).
 
-Each lease has its own client: its own :class:`LeaseStore` (its own connection handling) and its own
-:class:`LeaseKeeper`, as a running leased task has in Airflow. Clients are threads, ``--scale-per-process``
-to a process, so that the GIL of one process does not become the figure. Every client takes its lease
-at a random instant in the first ``--scale-ramp`` seconds (tasks do not all start in one second), then
-keeps it (TTL 30 s, renewal every 10 s) for ``--scale-seconds`` from then, then releases it.
+Each lease has its own client: its own :class:`LeaseStore` and its own :class:`LeaseKeeper` (the product's
+acquire, renew and release, renewal every TTL/3), as a running leased task has in Airflow. Clients are
+threads, ``--scale-per-process`` to a process (so that no one process's GIL becomes the figure). Every client
+takes its lease at a random instant of its arm's ramp, keeps it for the arm's hold from then, and releases it.
 
-Arms, each against a private embedded PostgreSQL with ``max_connections = 100``:
+The server is a throwaway cluster (``bench/cluster.py``: initdb + pg_ctl, ``max_connections = 100``); the
+clients log in as an ordinary role, the sampler as a superuser. Arms (``ARM_SPECS``):
 
-* ``direct``: the stores close their connection as soon as it is idle (``idle_close=timedelta(0)``, what
-  the Airflow hooks use by default), straight to the server;
-* ``pgbouncer``: the same clients through pgbouncer in transaction pooling mode with a pool of 20;
-* ``direct-hold``: the stores keep their connection open (``[lease] hold_connection = true``): the
-  failure the library used to have by default, for comparison (``--scale-hold-seconds``, default 60).
+* ``pgbouncer-10k`` (issue 28 item 3's first target): 10,000 leases through pgbouncer (transaction pooling,
+  pool of 20), TTL 5 min, acquires over 60 s, each held 110 s (all 10,000 at once from 60 s to 110 s);
+* ``direct-burst`` (the second): 1,000 leases straight to the server, acquires within one second, TTL 30 s;
+* ``direct``, ``pgbouncer``, ``direct-hold``: the earlier 1,000-lease profile (issue 14).
 
-Figures per arm: leases held, leases lost, fail-closed errors (an acquire that raised
-``LeaseStoreUnavailable``, or a lost lease: what would fail a leased task), renewal attempts that failed
-and were retried by the keeper in time, renewal latency p50/p99/max, peak server connections (client backends,
-sampled every 0.2 s), connects per second (client side, and sessions the server saw).
+The target arms' stores close their connection after each operation (``idle_close=timedelta(0)``, the
+Airflow hooks' default) and share ``--scale-pool-size`` connections per process (``pool_size``,
+core/pool.py); ``--scale-pool-size 0`` measures them without. Figures per arm: leases held (and, counted on
+the server every second, held at once), lost (a keeper reported loss, or a renewal found the lease taken),
+fail-closed (an acquire that raised ``LeaseStoreUnavailable``, or a lost lease), renewals retried by the
+keeper in time, renewal latency p50/p99/max, peak server connections (client backends in
+``pg_stat_activity``, every 0.2 s), connects per second (client side, and sessions the server saw), and the
+machine's 1-minute load.
 """
 
 from __future__ import annotations
@@ -81,17 +84,20 @@ def _client(
         finally:
             latencies.append((time.monotonic() - started) * 1000)
 
-    store.renew = timed_renew  # type: ignore[method-assign]
+    store.renew = timed_renew  # type: ignore[method-assign,assignment]
     lost: list[str] = []
     try:
         time.sleep(max(0.0, start_at - time.monotonic()))
-        out["sent_at"].append(time.time())  # wall clock: compared across processes (the burst's spread)
+        sent = time.time()  # wall clock: compared across processes (the burst's spread)
+        out["sent_at"].append(sent)
         try:
             lease = store.acquire(f"scale-{index}", f"client-{index}", ttl)
         except LeaseStoreUnavailable as exc:
             out["acquire_errors"] += 1
+            out["failed_at"].append(sent)
             out["errors"].append(str(exc)[:200])
             return
+        out["acquire_ms"].append((time.time() - sent) * 1000)
         if lease is None:
             out["refused"] += 1
             return
@@ -125,7 +131,7 @@ def _worker(first: int, count: int, dsn: str, schema: str, hold: bool, ttl_s: fl
     out: dict[str, Any] = {
         "held": 0, "refused": 0, "lost": 0, "acquire_errors": 0, "renew_errors": 0, "release_errors": 0,
         "connects": 0,
-        "renew_ms": [], "errors": [], "sent_at": [],
+        "renew_ms": [], "errors": [], "sent_at": [], "failed_at": [], "acquire_ms": [],
     }
     rng = random.Random(first)
     threads = []
@@ -300,6 +306,13 @@ def run_arm(arm: Arm, admin_dsn: str, app_dsn: str, per_process: int) -> dict[st
         admin.close()
     renew = [v for r in results for v in r["renew_ms"]]
     sent = [v for r in results for v in r["sent_at"]]
+    acquire_ms = [v for r in results for v in r["acquire_ms"]]
+    t0 = min(sent, default=0.0)
+    # When (seconds after the first acquire was sent) the acquires that failed closed were sent, by second.
+    failed_by_second: dict[int, int] = {}
+    for r in results:
+        for v in r["failed_at"]:
+            failed_by_second[int(v - t0)] = failed_by_second.get(int(v - t0), 0) + 1
     counted = (
         "held", "refused", "lost", "acquire_errors", "renew_errors", "release_errors", "connects", "pool_reuses",
     )
@@ -326,6 +339,9 @@ def run_arm(arm: Arm, admin_dsn: str, app_dsn: str, per_process: int) -> dict[st
         "renewals": len(renew),
         "peak_held_at_once": sampler.peak_held,
         "acquires_sent_over_s": round(max(sent) - min(sent), 3) if sent else None,
+        "acquire_p50_ms": _percentile(acquire_ms, 0.5),
+        "acquire_p99_ms": _percentile(acquire_ms, 0.99),
+        "failed_acquires_by_second": dict(sorted(failed_by_second.items())),
         "renew_p50_ms": _percentile(renew, 0.5),
         "renew_p99_ms": _percentile(renew, 0.99),
         "renew_max_ms": max(renew) if renew else None,

@@ -73,7 +73,7 @@ def test_stores_of_a_process_share_one_connection_and_each_operation_gives_it_ba
 
 def test_no_session_state_survives_an_operation_on_a_pooled_connection(pg_dsn: str, schema: str, app_name: str) -> None:
     (store,) = _stores(pg_dsn, schema, app_name, 1, size=1)
-    default_timeout = execute(pg_dsn, "SELECT current_setting('statement_timeout')")[0][0]  # type: ignore[index]
+    default_timeout = execute(pg_dsn, "SELECT current_setting('statement_timeout')")[0][0]
     store.ensure_schema()  # a transaction with a transaction-scoped advisory lock
     lease = store.acquire("k", "o", TTL)  # SET LOCAL statement_timeout, isolation, synchronous_commit
     assert lease is not None
@@ -99,8 +99,8 @@ def test_no_session_state_survives_an_operation_on_a_pooled_connection(pg_dsn: s
             )
             timeout, isolation, sync = cur.fetchone()
         assert timeout == default_timeout
-        assert isolation == execute(pg_dsn, "SELECT current_setting('transaction_isolation')")[0][0]  # type: ignore[index]
-        assert sync == execute(pg_dsn, "SELECT current_setting('synchronous_commit')")[0][0]  # type: ignore[index]
+        assert isolation == execute(pg_dsn, "SELECT current_setting('transaction_isolation')")[0][0]
+        assert sync == execute(pg_dsn, "SELECT current_setting('synchronous_commit')")[0][0]
     finally:
         _pool_of(store).put(conn)
 
@@ -286,7 +286,7 @@ def test_a_forked_child_neither_uses_nor_closes_the_parents_pooled_connections(
     assert store.acquire("parent", "o", TTL) is not None
     assert _pool_of(store).open == 1  # idle in the pool as the child is forked
 
-    def child(queue: multiprocessing.Queue) -> None:  # type: ignore[type-arg]
+    def child(queue: multiprocessing.Queue) -> None:
         import gc
 
         lease = store.acquire("child", "o", TTL)
