@@ -444,7 +444,11 @@ def main(argv: list[str]) -> int:
         "0: a connection per store, closed after each operation, as before)",
     )
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results-scale.json")
+    parser.add_argument("--report", type=Path, default=None, help="run nothing: print the tables of a saved run")
     args = parser.parse_args(argv)
+    if args.report is not None:
+        print(render(json.loads(args.report.read_text())))
+        return 0
     names = [a.strip() for a in args.scale_arms.split(",") if a.strip()]
     unknown = set(names) - set(ARMS)
     if unknown:
