@@ -40,7 +40,13 @@ MIN_RENEW_FRACTION = 0.01
 
 
 def renew_fraction() -> float:
+    """``[lease] renew_fraction``. Its declared default, ``0.3333``, is the core keeper's 1/3 written in four
+    digits: left at it, the fraction is exactly the keeper's, so a leased task renews as a bare keeper does."""
     raw = _get("renew_fraction")
+    if raw == DEFAULTS["renew_fraction"]:
+        from airflow_lease_provider.core.keeper import DEFAULT_RENEW_FRACTION
+
+        return DEFAULT_RENEW_FRACTION
     problem = f"[lease] renew_fraction={raw!r}: must be a number from {MIN_RENEW_FRACTION} to below 1"
     try:
         value = float(raw)
@@ -120,11 +126,16 @@ def embedded() -> str:
 METADATA_RECORD_ENV = "_AIRFLOW_LEASE_METADATA_DATABASE"
 
 
-def _metadata_kind(scheme: str | None) -> str | None:
-    """``sqlite`` or ``other`` for a metadata database URL's scheme; ``None`` where it is hidden."""
-    if scheme is None:
+def _metadata_kind() -> str | None:
+    """``sqlite`` or ``other``: Airflow's metadata database (``[database] sql_alchemy_conn``) as this process's
+    configuration gives it; ``None`` where Airflow hides it from this process (``HIDDEN_METADATA`` in
+    :mod:`airflow_lease_provider.version_compat`). Only the kind leaves: the URL may carry the password."""
+    from airflow_lease_provider.version_compat import HIDDEN_METADATA
+
+    value = _get("sql_alchemy_conn", section="database")
+    if value.startswith(HIDDEN_METADATA):
         return None
-    return "sqlite" if scheme == "sqlite" else "other"
+    return "sqlite" if value.partition(":")[0].partition("+")[0].lower() == "sqlite" else "other"
 
 
 def record_metadata_database() -> None:
@@ -138,9 +149,7 @@ def record_metadata_database() -> None:
     what it inherited) and no secret (``sqlite`` or ``other``, never the URL). Where Airflow hides the
     URL from this process (the task runner's own ``on_starting``), what the component recorded stays.
     """
-    from airflow_lease_provider.version_compat import metadata_database_scheme
-
-    known = _metadata_kind(metadata_database_scheme())
+    known = _metadata_kind()
     if known is not None:
         os.environ[METADATA_RECORD_ENV] = known
 
@@ -152,9 +161,7 @@ def metadata_database() -> str:
     ``airflow dags test``); in a process where Airflow hides it (a task process), as the component that
     started it recorded it (:func:`record_metadata_database`); ``unknown`` where none did.
     """
-    from airflow_lease_provider.version_compat import metadata_database_scheme
-
-    known = _metadata_kind(metadata_database_scheme())
+    known = _metadata_kind()
     if known is not None:
         return known
     recorded = os.environ.get(METADATA_RECORD_ENV, "")

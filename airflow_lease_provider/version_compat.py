@@ -63,7 +63,10 @@ if TYPE_CHECKING:
     from airflow.sdk.bases.decorator import TaskDecorator as TaskDecorator
     from airflow.sdk.bases.decorator import _TaskDecorator as TaskDecoratorBase  # noqa: F401
     from airflow.sdk.bases.decorator import task_decorator_factory as task_decorator_factory
+    from airflow.sdk.bases.operator import get_merged_defaults as get_merged_defaults
     from airflow.sdk.configuration import conf as conf
+    from airflow.sdk.definitions._internal.contextmanager import DagContext as DagContext
+    from airflow.sdk.definitions._internal.contextmanager import TaskGroupContext as TaskGroupContext
     from airflow.sdk.exceptions import AirflowNotFoundException as AirflowNotFoundException
     from airflow.sdk.exceptions import AirflowSkipException as AirflowSkipException
     from airflow.sdk.exceptions import TaskDeferred as TaskDeferred
@@ -118,6 +121,12 @@ _LOCATIONS: dict[str, tuple[tuple[str, str], ...]] = {
     # Internal: the class of what task_decorator_factory returns (its _expand() maps a TaskFlow function);
     # @task.leased checks its lease arguments there, when .override(...).expand(...) is parsed.
     "TaskDecoratorBase": (("airflow.sdk.bases.decorator", "_TaskDecorator"),),
+    # Internal, the same on 3.1-3.3: how a task gets its DAG's and task group's default_args (the DAG and
+    # task group whose ``with`` block is open, and the merge), for the parse-time check of @task.leased's
+    # lease arguments (runtime/arguments.py), which sees the arguments before any task is made.
+    "get_merged_defaults": (("airflow.sdk.bases.operator", "get_merged_defaults"),),
+    "DagContext": (("airflow.sdk.definitions._internal.contextmanager", "DagContext"),),
+    "TaskGroupContext": (("airflow.sdk.definitions._internal.contextmanager", "TaskGroupContext"),),
     # Public since 3.0.
     "convert_to_utc": (("airflow.sdk.timezone", "convert_to_utc"),),
     "make_naive": (("airflow.sdk.timezone", "make_naive"),),
@@ -188,28 +197,6 @@ def make_aware(value: datetime.datetime, timezone: Timezone | FixedTimezone) -> 
     return timezone.convert(value.replace(fold=1))
 
 
-def default_args_here(
-    dag: Any = None, task_group: Any = None, task_default_args: Any = None
-) -> dict[str, Any] | None:
-    """The ``default_args`` a task made here gets: its DAG's, its task group's, then its own, merged.
-
-    ``dag`` and ``task_group`` are the ones given to the task, else the DAG and task group whose ``with``
-    block is open (Airflow's own ``DagContext`` and ``TaskGroupContext``, internal, the same on 3.1-3.3).
-    ``None`` when no DAG is known yet (a decorator applied outside a DAG): the task's defaults are then
-    not known until it is created.
-    """
-    from airflow.sdk.bases.operator import get_merged_defaults
-    from airflow.sdk.definitions._internal.contextmanager import DagContext, TaskGroupContext
-
-    dag = dag or DagContext.get_current()
-    if dag is None:
-        return None
-    task_group = task_group or TaskGroupContext.get_current(dag)
-    merged, _ = get_merged_defaults(dag=dag, task_group=task_group, task_params=None,
-                                    task_default_args=task_default_args)
-    return dict(merged)
-
-
 def in_task_process() -> bool:
     """Whether this process runs a task (the SDK then reaches connections through the supervisor).
 
@@ -241,19 +228,7 @@ def time_restriction_of(serialized_dag: Any) -> TimeRestriction | None:
 #: user code (``block_orm_access`` in ``airflow/sdk/execution_time/supervisor.py``, 3.1 to 3.3: task
 #: processes, the triggerer's trigger runner, DAG file processors): they may not reach the metadata
 #: database, so they cannot read where it is either.
-_HIDDEN_METADATA = "airflow-db-not-allowed:"
-
-
-def metadata_database_scheme() -> str | None:
-    """The scheme of ``[database] sql_alchemy_conn`` (``sqlite``, ``postgresql``, ...), or None where
-    Airflow hides it from this process (see ``_HIDDEN_METADATA``).
-
-    Only the scheme leaves this function: the rest of the URL may carry the database's password.
-    """
-    value = str(__getattr__("conf").get("database", "sql_alchemy_conn", fallback="")).strip()
-    if value.startswith(_HIDDEN_METADATA):
-        return None
-    return value.partition(":")[0].partition("+")[0].lower()
+HIDDEN_METADATA = "airflow-db-not-allowed:"
 
 
 __all__ = [
@@ -261,11 +236,10 @@ __all__ = [
     "AIRFLOW_V_3_1_PLUS",
     "AIRFLOW_V_3_2_PLUS",
     "AIRFLOW_V_3_3_PLUS",
-    "default_args_here",
     "get_base_airflow_version_tuple",
     "in_task_process",
     "make_aware",
-    "metadata_database_scheme",
+    "HIDDEN_METADATA",
     "scheduler_session",
     "time_restriction_of",
     *_LOCATIONS,

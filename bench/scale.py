@@ -15,7 +15,7 @@ clients log in as an ordinary role, the sampler as a superuser. Arms (``ARM_SPEC
 
 The target arms' stores close their connection after each operation (``idle_close=timedelta(0)``, the
 Airflow hooks' default) and share ``--scale-pool-size`` connections per process (``pool_size``,
-core/pool.py); ``--scale-pool-size 0`` measures them without. Figures per arm: leases held (and, counted on
+core/db/pool.py); ``--scale-pool-size 0`` measures them without. Figures per arm: leases held (and, counted on
 the server every second, held at once), lost (a keeper reported loss, or a renewal found the lease taken),
 fail-closed (an acquire that raised ``LeaseStoreUnavailable``, or a lost lease), renewals retried by the
 keeper in time, renewal latency p50/p99/max, peak server connections (client backends in
@@ -145,7 +145,7 @@ def _worker(first: int, count: int, dsn: str, schema: str, hold: bool, ttl_s: fl
         threads.append(thread)
     for thread in threads:
         thread.join()
-    from airflow_lease_provider.core import pool
+    from airflow_lease_provider.core.db import pool
 
     out["pool_connects"] = sum(p.connects for p in pool.current_pid_pools())
     out["pool_reuses"] = sum(p.reuses for p in pool.current_pid_pools())
@@ -192,7 +192,7 @@ ARM_SPECS = {
     "direct-hold": Arm("direct-hold", "direct", 1_000, 30.0, 20.0, 60.0, hold_connection=True),
 }
 TARGET_ARMS = ("pgbouncer-10k", "direct-burst")
-#: Connections per process the target arms' stores share (core/pool.py).
+#: Connections per process the target arms' stores share (core/db/pool.py).
 DEFAULT_POOL = 4
 ARMS = tuple(ARM_SPECS)
 

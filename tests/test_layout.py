@@ -422,3 +422,52 @@ def test_the_cycle_check_sees_deferred_relative_and_indirect_imports(tmp_path: P
     graph = _import_graph(_module_files(tmp_path, "pkg"))
     assert graph["pkg.sub.e"] == {"pkg.d", "pkg.sub.f"}
     assert _cycles(graph) == [["pkg.a", "pkg.b", "pkg.c"], ["pkg.sub.e", "pkg.sub.f"]]
+
+
+def _class_swaps(path: Path) -> list[int]:
+    """Lines of ``path`` that assign an object's ``__class__`` (``x.__class__ = ...``, ``setattr(x, "__class__", ...)``)."""
+    lines = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        elif isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "setattr":
+            if len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value == "__class__":
+                lines.append(node.lineno)
+        elif (
+            isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "__setattr__"
+            and len(node.args) >= 2 and isinstance(node.args[1], ast.Constant) and node.args[1].value == "__class__"
+        ):
+            lines.append(node.lineno)
+        flat = [t for target in targets for t in (target.elts if isinstance(target, ast.Tuple | ast.List) else [target])]
+        lines += [t.lineno for t in flat if isinstance(t, ast.Attribute) and t.attr == "__class__"]
+    return lines
+
+
+def test_no_module_swaps_the_class_of_an_object(tmp_path: Path) -> None:
+    """``@task.leased`` once turned Airflow's decorator object into another class (``decorator.__class__ = ...``);
+    a class swap of someone else's object breaks on any change to that class. None is left."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}" for path in _sources(PACKAGE, ROOT / "dags_examples") for line in _class_swaps(path)
+    ]
+    assert offenders == []
+    # The check sees every form.
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "d.__class__ = Other\n"
+        "a, d.__class__ = 1, Other\n"
+        "setattr(d, '__class__', Other)\n"
+        "object.__setattr__(d, '__class__', Other)\n"
+        "d.__class__.__name__ = 'x'\n"  # renames the class, swaps nothing: not flagged
+    )
+    assert _class_swaps(sample) == [1, 2, 3, 4]
+
+
+def test_the_old_import_path_of_current_lease_is_the_runtime_s_own() -> None:
+    """DAGs written before the runtime package import ``current_lease`` from ``airflow_lease_provider.context``."""
+    from airflow_lease_provider import context, runtime
+
+    assert context.current_lease is runtime.current_lease
+    assert context.LeaseContext is runtime.LeaseContext

@@ -36,7 +36,7 @@ class Store:
         plain text only, for a pooler that pins sessions on ``PREPARE``; see
         :class:`~airflow_lease_provider.core.db.Database`).
     :param pool_size: share at most this many connections among this process's stores of the same server
-        (``None``: a connection of its own; see :mod:`airflow_lease_provider.core.pool`).
+        (``None``: a connection of its own; see :mod:`airflow_lease_provider.core.db.pool`).
     :param host: the host name recorded with each lease this store acquires (default: this machine's),
         so that a skipped run can say where the holder runs.
     """

@@ -26,13 +26,12 @@ from typing import Any
 
 from airflow.providers.standard.operators.python import PythonOperator
 
-from airflow_lease_provider.arguments import check_name
-from airflow_lease_provider.context import activated
 from airflow_lease_provider.core import validation
-from airflow_lease_provider.operators.fenced import publishing_lease
-from airflow_lease_provider.version_compat import DecoratedOperator, TaskDecorator, task_decorator_factory
-
-TARGETS = ("postgres", "external")
+from airflow_lease_provider.decorators._python import PythonDecorated, template_fields
+from airflow_lease_provider.runtime.arguments import check_publish_arguments
+from airflow_lease_provider.runtime.context import activated
+from airflow_lease_provider.runtime.task_lease import publishing_lease
+from airflow_lease_provider.version_compat import TaskDecorator, task_decorator_factory
 
 
 @dataclass(frozen=True)
@@ -46,19 +45,21 @@ class FencedPublish:
     cursor: Any = None
 
 
-class _FencedPublishDecoratedOperator(DecoratedOperator, PythonOperator):
-    template_fields: Sequence[str] = tuple(
-        dict.fromkeys((*DecoratedOperator.template_fields, *PythonOperator.template_fields,
-                       "resource", "idempotency_key", "lease_key"))
-    )
+class _FencedPublishDecoratedOperator(PythonDecorated, PythonOperator):
+    """A TaskFlow function run behind the fence, under the lease it publishes under."""
+
+    template_fields: Sequence[str] = template_fields(PythonOperator, extra=("resource", "idempotency_key", "lease_key"))
     custom_operator_name = "@task.fenced_publish"
+    resource: str
+    target: str
+    fence_conn_id: str | None
+    idempotency_key: str | None
+    lease_key: str | None
+    lease_conn_id: str | None
 
     def __init__(
         self,
         *,
-        python_callable: Callable,
-        op_args: Any,
-        op_kwargs: Any,
         resource: str,
         target: str = "postgres",
         fence_conn_id: str | None = None,
@@ -67,50 +68,26 @@ class _FencedPublishDecoratedOperator(DecoratedOperator, PythonOperator):
         lease_conn_id: str | None = None,
         **kwargs: Any,
     ) -> None:
-        validate_publish_args(resource=resource, target=target, idempotency_key=idempotency_key, lease_key=lease_key)
-        kwargs_to_upstream = {"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs}
-        super().__init__(
-            kwargs_to_upstream=kwargs_to_upstream,
-            python_callable=python_callable,
-            op_args=op_args,
-            op_kwargs=op_kwargs,
-            **kwargs,
+        publishing = check_publish_arguments(
+            resource=resource, target=target, idempotency_key=idempotency_key, lease_key=lease_key,
+            fence_conn_id=fence_conn_id, lease_conn_id=lease_conn_id,
         )
-        self.resource = resource
-        self.target = target
-        self.fence_conn_id = fence_conn_id
-        self.idempotency_key = idempotency_key
-        self.lease_key = lease_key
-        self.lease_conn_id = lease_conn_id
+        super().__init__(**kwargs)
+        for name, value in publishing.items():
+            setattr(self, name, value)
 
     def execute(self, context: Any) -> Any:
         self._context = context
         return super().execute(context)
 
     def execute_callable(self) -> Any:
-        lease = publishing_lease(self._context, self.lease_key, self.lease_conn_id)
-        with activated(lease):
-            if self.target == "postgres":
-                with lease.fenced_transaction(
-                    self.resource, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key
-                ) as cur:
-                    return self._call(lease, cur)
-            # The function is the side effect: if it raises, the idempotency key's claim is given back.
-            with lease.fence(self.resource, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key):
-                return self._call(lease, None)
-
-    def _call(self, lease: Any, cursor: Any) -> Any:
-        fence = FencedPublish(self.resource, lease.token, lease.owner, self.idempotency_key, cursor)
-        self.log.info("fence: %r accepted token %s; publishing", self.resource, lease.token)
-        return self.python_callable(*self.op_args, **{**self.op_kwargs, "fence": fence})
-
-
-def validate_publish_args(*, resource: object, target: object, idempotency_key: object, lease_key: object) -> None:
-    check_name("resource", resource)
-    if target not in TARGETS:
-        raise validation.InvalidArgument("target", target, f"must be one of {', '.join(TARGETS)}")
-    check_name("idempotency_key", idempotency_key, optional=True)
-    check_name("lease_key", lease_key, optional=True)
+        lease = publishing_lease(self, self._context, lease_key=self.lease_key, conn_id=self.lease_conn_id)
+        with activated(lease), lease.publish(
+            self.resource, target=self.target, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key
+        ) as cursor:
+            fence = FencedPublish(self.resource, lease.token, lease.owner, self.idempotency_key, cursor)
+            self.log.info("fence: %r accepted token %s; publishing", self.resource, lease.token)
+            return self.python_callable(*self.op_args, **{**self.op_kwargs, "fence": fence})
 
 
 def fenced_publish_task(
@@ -121,7 +98,7 @@ def fenced_publish_task(
     """Wrap a publish function behind the fence (see the module docs). The function takes ``fence=None``."""
     if "resource" not in kwargs:
         raise validation.InvalidArgument("resource", None, "is required: the fence's name for the write target")
-    validate_publish_args(
+    check_publish_arguments(
         resource=kwargs["resource"], target=kwargs.get("target", "postgres"),
         idempotency_key=kwargs.get("idempotency_key"), lease_key=kwargs.get("lease_key"),
     )

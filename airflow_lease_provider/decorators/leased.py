@@ -16,69 +16,48 @@ the instances exclude each other.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
+import attr
 from airflow.providers.standard.operators.python import PythonOperator
 
-from airflow_lease_provider.arguments import validate_lease_kwargs
+from airflow_lease_provider.decorators._python import PythonDecorated, template_fields
 from airflow_lease_provider.operators.leased import LeasedOperator
-from airflow_lease_provider.version_compat import (
-    DecoratedOperator,
-    TaskDecorator,
-    TaskDecoratorBase,
-    default_args_here,
-    task_decorator_factory,
-)
+from airflow_lease_provider.runtime.arguments import check_lease_arguments, task_defaults
+from airflow_lease_provider.version_compat import TaskDecorator, TaskDecoratorBase
 
 LeasedPythonOperator = LeasedOperator.wrap(PythonOperator)
 
 
-class _LeasedDecoratedOperator(DecoratedOperator, LeasedPythonOperator):  # type: ignore[misc,valid-type]
+class _LeasedDecoratedOperator(PythonDecorated, LeasedPythonOperator):  # type: ignore[misc,valid-type]
     """A TaskFlow function run by a leased PythonOperator."""
 
-    template_fields: Sequence[str] = tuple(
-        dict.fromkeys((*DecoratedOperator.template_fields, *LeasedPythonOperator.template_fields))
-    )
+    template_fields: Sequence[str] = template_fields(LeasedPythonOperator)
     custom_operator_name = "@task.leased"
 
-    def __init__(self, *, python_callable: Callable, op_args: Any, op_kwargs: Any, **kwargs: Any) -> None:
-        kwargs_to_upstream = {"python_callable": python_callable, "op_args": op_args, "op_kwargs": op_kwargs}
-        super().__init__(
-            kwargs_to_upstream=kwargs_to_upstream,
-            python_callable=python_callable,
-            op_args=op_args,
-            op_kwargs=op_kwargs,
-            **kwargs,
-        )
 
-
-def _check_lease_kwargs(kwargs: dict[str, Any], *, ttl_required: bool) -> None:
+def _check(kwargs: dict[str, Any], *, ttl_required: bool) -> None:
     """The lease arguments of a task to be made from ``kwargs``, with the ``default_args`` it will get.
 
     Where no DAG is known yet (a decorator applied outside a DAG) a missing TTL is not an error here
     unless ``ttl_required``: the task's creation or mapping checks it once its DAG is known.
     """
-    defaults = default_args_here(kwargs.get("dag"), kwargs.get("task_group"), kwargs.get("default_args"))
-    validate_lease_kwargs(kwargs, defaults if defaults is not None else kwargs.get("default_args"),
+    defaults = task_defaults(kwargs.get("dag"), kwargs.get("task_group"), kwargs.get("default_args"))
+    check_lease_arguments(kwargs, defaults if defaults is not None else kwargs.get("default_args"),
                           ttl_may_be_mapped=defaults is None and not ttl_required)
 
 
 class _LeasedTaskDecorator(TaskDecoratorBase):
     """What ``@task.leased`` returns: Airflow's TaskFlow decorator, whose mapping checks the lease arguments.
 
-    ``f.override(lease_ttl=...)`` and ``.partial()`` make new decorators from this one without calling
-    ``leased_task``; an unmapped call is checked by the operator's constructor, a mapped one here.
+    A task made by calling the function is checked by its operator's constructor; a mapped one is never
+    constructed while the DAG is parsed, so ``.expand()`` (also after ``f.override(lease_ttl=...)`` and
+    ``.partial()``, which make new decorators of this class) checks it here.
     """
 
     def _expand(self, expand_input: Any, *, strict: bool) -> Any:
-        _check_lease_kwargs(self.kwargs, ttl_required=True)
+        _check(self.kwargs, ttl_required=True)
         return super()._expand(expand_input, strict=strict)
-
-
-def _leased(decorator: Any) -> Any:
-    if isinstance(decorator, TaskDecoratorBase) and not isinstance(decorator, _LeasedTaskDecorator):
-        decorator.__class__ = _LeasedTaskDecorator  # the same attrs instance, with the checked _expand
-    return decorator
 
 
 def leased_task(
@@ -95,18 +74,20 @@ def leased_task(
     cannot know the DAG's defaults yet: a missing TTL is then left to the task's creation (when the
     function is called in the DAG) or to its mapping (``.expand()``), which check again with the DAG's
     defaults, as they do for ``.override(...)``.
+
+    Built as ``task_decorator_factory`` builds Airflow's own decorators (the standard provider's
+    ``@task``), with this package's decorated operator, and with the decorator class whose mapping checks.
     """
-    _check_lease_kwargs(kwargs, ttl_required=False)
-    made = task_decorator_factory(
-        python_callable=python_callable,
-        multiple_outputs=multiple_outputs,
-        decorated_operator_class=_LeasedDecoratedOperator,
-        **kwargs,
-    )
-    if python_callable is not None:
-        return _leased(made)
+    _check(kwargs, ttl_required=False)
+    outputs = cast("bool", attr.NOTHING) if multiple_outputs is None else multiple_outputs
 
     def decorate(function: Callable) -> Any:
-        return _leased(made(function))
+        if not callable(function):
+            raise TypeError("No positional arguments allowed while using @task, use named arguments instead")
+        return _LeasedTaskDecorator(
+            function=function, multiple_outputs=outputs, operator_class=_LeasedDecoratedOperator, kwargs=kwargs,
+        )
 
-    return decorate  # type: ignore[return-value]
+    if python_callable is not None:
+        return cast("TaskDecorator", decorate(python_callable))
+    return cast("TaskDecorator", decorate)

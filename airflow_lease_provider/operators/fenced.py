@@ -20,41 +20,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from psycopg2 import sql
 
-from airflow_lease_provider.arguments import check_name
-from airflow_lease_provider.context import LeaseContext, _current
-from airflow_lease_provider.core import DuplicatePublish, LeaseLost, validation
-from airflow_lease_provider.identity import event_detail, run_ref, task_ref, task_tags
-from airflow_lease_provider.outcomes import Outcome, report
+from airflow_lease_provider.core import DuplicatePublish, validation
+from airflow_lease_provider.core.db import with_identifiers
+from airflow_lease_provider.runtime.arguments import check_publish_arguments
+from airflow_lease_provider.runtime.context import LeaseContext
+from airflow_lease_provider.runtime.task_lease import publishing_lease
 from airflow_lease_provider.version_compat import AirflowSkipException
-
-
-def publishing_lease(context: Any, lease_key: str | None, lease_conn_id: str | None) -> LeaseContext:
-    """The lease to publish under: the running leased task's, or the DAG run's run-scoped lease."""
-    active = _current.get()
-    if active is not None:
-        return active
-    from airflow_lease_provider.hooks import LeaseHook
-
-    run = run_ref(context)
-    key = run.default_key() if lease_key is None else validation.name("lease_key", lease_key)
-    store = LeaseHook(lease_conn_id).get_store()
-    owner = run.owner()
-    holding = store.holds(key, owner)
-    tags = task_tags(context, key)
-    if holding.lease is None:
-        reason = f"this run ({owner}) does not hold lease {key!r} ({holding.who()}); nothing is published"
-        lost = LeaseLost(key, holding.holder.token if holding.holder else 0, reason)
-        report(
-            Outcome.LOST, store=store, key=key, owner=owner, tags=tags, message=str(lost),
-            detail=event_detail(context, reason=reason, stage="publish"), run=task_ref(context),
-        )
-        raise lost
-    return LeaseContext(
-        lease=holding.lease, store=store, keeper=None, tags=tags, conn_id=lease_conn_id,
-        detail=event_detail(context), run=task_ref(context),
-    )
 
 
 class FencedSQLOperator(BaseOperator):
@@ -88,6 +60,12 @@ class FencedSQLOperator(BaseOperator):
     template_fields_renderers = {"sql": "sql", "parameters": "json"}
     template_ext: Sequence[str] = (".sql",)
     ui_color = "#ede8f4"
+    resource: str
+    fence_conn_id: str | None
+    idempotency_key: str | None
+    on_duplicate: str
+    lease_key: str | None
+    lease_conn_id: str | None
 
     def __init__(
         self,
@@ -104,16 +82,13 @@ class FencedSQLOperator(BaseOperator):
         **kwargs: Any,
     ) -> None:
         super().__init__(**kwargs)
-        if on_duplicate not in ON_DUPLICATE:
-            raise validation.InvalidArgument("on_duplicate", on_duplicate, f"must be one of {', '.join(ON_DUPLICATE)}")
-        check_name("resource", resource)
-        check_name("lease_key", lease_key, optional=True)
-        check_name("idempotency_key", idempotency_key, optional=True)
+        publishing = check_publish_arguments(
+            resource=resource, idempotency_key=idempotency_key, lease_key=lease_key, on_duplicate=on_duplicate,
+            fence_conn_id=fence_conn_id, lease_conn_id=lease_conn_id,
+        )
         statements = [sql] if isinstance(sql, str) else list(sql) if isinstance(sql, Sequence) else [None]
         if not statements or not all(isinstance(q, str) and q.strip() for q in statements):
             raise validation.InvalidArgument("sql", sql, "must be a non-empty string or list of non-empty strings")
-        self.resource = resource
-        self.sql = sql
         if identifiers is not None and not (
             isinstance(identifiers, dict)
             and all(isinstance(v, str) or (isinstance(v, list | tuple) and v) for v in identifiers.values())
@@ -121,17 +96,14 @@ class FencedSQLOperator(BaseOperator):
             raise validation.InvalidArgument(
                 "identifiers", identifiers, "must be a dict of placeholder -> name or [schema, name]"
             )
+        for name, value in publishing.items():
+            setattr(self, name, value)
+        self.sql = sql
         self.parameters = parameters
         self.identifiers = identifiers
-        self.fence_conn_id = fence_conn_id
-        self.idempotency_key = idempotency_key
-        self.on_duplicate = on_duplicate
-        self.lease_key = lease_key
-        self.lease_conn_id = lease_conn_id
 
     def execute(self, context: Any) -> int:
-
-        lease = publishing_lease(context, self.lease_key, self.lease_conn_id)
+        lease = publishing_lease(self, context, lease_key=self.lease_key, conn_id=self.lease_conn_id)
         try:
             rows = self._publish(lease)
         except DuplicatePublish as exc:
@@ -150,19 +122,8 @@ class FencedSQLOperator(BaseOperator):
                 parameters = {**(parameters or {}), "fencing_token": lease.token}
             rows = 0
             for statement in [self.sql] if isinstance(self.sql, str) else self.sql:
-                cur.execute(self._compose(statement), parameters)
+                cur.execute(with_identifiers(statement, self.identifiers), parameters)
                 rows += max(cur.rowcount, 0)
         return rows
 
-    def _compose(self, statement: str) -> str | sql.Composed:
-        if not self.identifiers:
-            return statement
-        names = {
-            placeholder: sql.Identifier(*([name] if isinstance(name, str) else name))
-            for placeholder, name in self.identifiers.items()
-        }
-        return sql.SQL(statement).format(**names)
 
-
-#: What ``FencedSQLOperator(on_duplicate=...)`` accepts.
-ON_DUPLICATE = ("fail", "skip")

@@ -22,35 +22,17 @@ operator's.
 
 from __future__ import annotations
 
-import logging
-import time
 from collections.abc import Sequence
-from datetime import datetime, timedelta, timezone
+from datetime import timedelta
 from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator, BaseSensorOperator
 
-from airflow_lease_provider import metrics, settings
-from airflow_lease_provider.arguments import check_sensor_mode, validate_lease_args, validate_lease_kwargs
-from airflow_lease_provider.clock import warn_on_clock_skew
-from airflow_lease_provider.context import XCOM_LEASE, XCOM_SKIP_REASON, LeaseContext, activated
-from airflow_lease_provider.core import (
-    InvalidArgument,
-    Lease,
-    LeaseError,
-    LeaseHeld,
-    LeaseKeeper,
-    LeaseLost,
-    LeaseStore,
-    validation,
-)
-from airflow_lease_provider.identity import RunRef, event_detail, run_ref, task_ref, task_tags
-from airflow_lease_provider.interrupt import Terminate, interrupt_on_loss, stop_on_terminate
+from airflow_lease_provider.core import InvalidArgument
 from airflow_lease_provider.operators.wrap import init_parameters, leased_subclass
-from airflow_lease_provider.outcomes import Outcome, report
-from airflow_lease_provider.version_compat import AirflowSkipException, TaskDeferred
-
-log = logging.getLogger(__name__)
+from airflow_lease_provider.runtime.arguments import check_lease_arguments
+from airflow_lease_provider.runtime.signals import Terminate, stop_on_terminate
+from airflow_lease_provider.runtime.task_lease import TaskLease
 
 
 class LeasedOperator(BaseOperator):
@@ -74,6 +56,14 @@ class LeasedOperator(BaseOperator):
     """
 
     template_fields: Sequence[str] = ("lease_key",)
+    lease_key: str | None
+    lease_ttl: timedelta | None
+    lease_renew_every: timedelta | None
+    on_overlap: str
+    lease_wait_timeout: timedelta | None
+    lease_poll_interval: timedelta | None
+    lease_conn_id: str | None
+    lease_scope: str
 
     def __init__(
         self,
@@ -92,20 +82,18 @@ class LeasedOperator(BaseOperator):
             # A deferred task has no process to renew its lease; run the wrapped operator in-process.
             kwargs.setdefault("deferrable", False)
         super().__init__(**kwargs)
-        if isinstance(self, BaseSensorOperator):
-            check_sensor_mode(self.mode)
-        self.lease_ttl = validate_lease_args(
-            lease_key=lease_key, lease_ttl=lease_ttl, lease_renew_every=lease_renew_every,
-            on_overlap=on_overlap, lease_wait_timeout=lease_wait_timeout, lease_scope=lease_scope,
-            lease_poll_interval=lease_poll_interval, execution_timeout=self.execution_timeout,
+        arguments = {
+            "lease_key": lease_key, "lease_ttl": lease_ttl, "lease_renew_every": lease_renew_every,
+            "on_overlap": on_overlap, "lease_wait_timeout": lease_wait_timeout,
+            "lease_poll_interval": lease_poll_interval, "lease_conn_id": lease_conn_id, "lease_scope": lease_scope,
+        }
+        related = {"execution_timeout": self.execution_timeout, "mode": getattr(self, "mode", None)}
+        # The TTL as the task holds it: derived from execution_timeout when not given.
+        arguments["lease_ttl"] = check_lease_arguments(
+            {**arguments, **related}, sensor=isinstance(self, BaseSensorOperator)
         )
-        self.lease_key = lease_key
-        self.lease_renew_every = lease_renew_every
-        self.on_overlap = on_overlap
-        self.lease_wait_timeout = lease_wait_timeout
-        self.lease_poll_interval = lease_poll_interval
-        self.lease_conn_id = lease_conn_id
-        self.lease_scope = lease_scope
+        for name, value in arguments.items():
+            setattr(self, name, value)
 
     @classmethod
     def partial(cls, **kwargs: Any) -> Any:
@@ -119,9 +107,9 @@ class LeasedOperator(BaseOperator):
         defaults = {**(getattr(dag, "default_args", None) or {}), **task_defaults}
         try:
             # A TTL left out here may still come from expand(); it is then checked when each instance runs.
-            validate_lease_kwargs(kwargs, defaults, ttl_may_be_mapped=True)
-            if issubclass(cls, BaseSensorOperator):
-                check_sensor_mode({**defaults, **kwargs}.get("mode"))
+            check_lease_arguments(
+                kwargs, defaults, sensor=issubclass(cls, BaseSensorOperator), ttl_may_be_mapped=True
+            )
         except InvalidArgument:
             partial._expand_called = True  # no "was never mapped" warning on top of the real error
             raise
@@ -134,264 +122,38 @@ class LeasedOperator(BaseOperator):
             return operator_class
         return leased_subclass(cls, operator_class)
 
-    # -- the lease around execute -----------------------------------------------------------------
+    # -- the lease around execute: one TaskLease per execute (airflow_lease_provider.runtime) ---------------
 
     #: Whether this task's lease belongs to the DAG run (owner ``dag_id/run_id``) or to the task instance.
     _run_owned: ClassVar[bool] = False
 
-    def _identity(self, context: Any) -> RunRef:
-        return run_ref(context) if self._run_owned or self.lease_scope == "run" else task_ref(context)
-
-    def _renew_every(self, lease: Lease) -> timedelta:
-        return self.lease_renew_every or lease.ttl * settings.renew_fraction()
-
-    def _ttl(self) -> timedelta:
-        if self.lease_ttl is None:
-            raise InvalidArgument("lease_ttl", None, "is required to acquire a lease")
-        return self.lease_ttl
-
-    def _store(self) -> LeaseStore:
-        from airflow_lease_provider.hooks import LeaseHook
-
-        return LeaseHook(self.lease_conn_id).get_store()
-
-    def _key(self, context: Any) -> str:
-        if self.lease_key is None:
-            return self._identity(context).default_key()
-        return validation.name("lease_key", self.lease_key)
+    def _task_lease(self, context: Any) -> TaskLease:
+        return TaskLease.of(
+            self, context, lease_key=self.lease_key, conn_id=self.lease_conn_id,
+            run_scoped=self._run_owned or self.lease_scope == "run",
+        )
 
     def execute(self, context: Any) -> Any:
         # From the first step: a SIGTERM while the task looks up its store, records a catch-up, acquires or
         # gets ready is noted, and the task stops before the body (giving back a lease it took).
         with stop_on_terminate() as terminate:
-            key = self._key(context)
-            store = self._store()
-            self._record_catchup(context, store, key)
-            if self.lease_scope == "run":
-                return self._run_joined(context, store, key, terminate)
-            owner = self._identity(context).owner()
-            terminate.check()  # told to stop already: never take the lease
-            outcome = store.try_acquire(key, owner, self._ttl(), run=task_ref(context))
-            if outcome.lease is None:
-                return self._on_held(context, store, key, owner, outcome.holder, waited=None)
-            return self._run_holding(context, store, outcome.lease, release=True, terminate=terminate)
-
-    def _record_catchup(self, context: Any, store: LeaseStore, key: str) -> None:
-        """The first run after a gap in a capped catch-up schedule records the skipped slots, once."""
-        from airflow_lease_provider.timetables.catchup_record import record_skipped_catchup
-
-        try:
-            # Recorded under the DAG id unless a key was given (a default key names one task, not the job).
-            job = None if self.lease_key is None else key
-            record_skipped_catchup(context, ledger=store.events, key=job, logger=self.log)
-        except Exception:  # informational only: it must never fail or skip the task
-            self.log.warning("catch-up: could not record skipped slots", exc_info=True)
+            lease = self._task_lease(context)
+            lease.record_catchup(context)
+            if self.lease_scope == "run":  # renew the run's lease while this task runs; never release it
+                return lease.hold(
+                    lease.run_lease(), lambda: super(LeasedOperator, self).execute(context), context,
+                    release=False, terminate=terminate,
+                )
+            return self._hold(lease, lease.acquire(terminate), context, terminate)
 
     def execute_after_wait(self, context: Any, event: dict[str, Any] | None = None, deadline: str = "") -> Any:
         """Resumed after the deferred wait: take the lease if it is free now, or wait again."""
         with stop_on_terminate() as terminate:
-            key = self._key(context)
-            store = self._store()
-            owner = self._identity(context).owner()
-            terminate.check()
-            outcome = store.try_acquire(key, owner, self._ttl(), run=task_ref(context))
-            if outcome.lease is not None:
-                return self._run_holding(context, store, outcome.lease, release=True, terminate=terminate)
-        return self._on_held(context, store, key, owner, outcome.holder, waited=deadline)
+            lease = self._task_lease(context)
+            return self._hold(lease, lease.acquire(terminate, waited=deadline), context, terminate)
 
-    def _on_held(
-        self, context: Any, store: LeaseStore, key: str, owner: str, holder: Lease | None, waited: str | None
-    ) -> Any:
-        tags = task_tags(context, key)
-        who = holder.describe() if holder else "held by another run (it was released just now)"
-        holder_host = store.holder_host(holder) if holder else None
-        if holder_host:
-            who += f" on host {holder_host}"
-        if self.on_overlap == "wait":
-            now = datetime.now(timezone.utc)
-            end = datetime.fromisoformat(waited) if waited else now + (self.lease_wait_timeout or self._ttl())
-            if now < end:
-                self._defer_until_free(context, store, key, owner, holder, end, first=waited is None)
-        reason = f"lease {key!r} is {who}; this run ({owner}) is skipped so the two never overlap"
-        if waited:
-            reason = f"waited until {waited} and lease {key!r} is still {who}; this run ({owner}) is skipped"
-        detail = event_detail(
-            context,
-            reason=reason,
-            holder_owner=holder.owner if holder else None,
-            holder_token=holder.token if holder else None,
-            holder_expires_at=holder.expires_at.isoformat() if holder else None,
-            holder_host=holder_host,
-            policy=self.on_overlap,
+    def _hold(self, lease: TaskLease, acquired: Any, context: Any, terminate: Terminate) -> Any:
+        """Run the wrapped operator under the lease this task acquired, and release it after."""
+        return lease.hold(
+            acquired, lambda: super(LeasedOperator, self).execute(context), context, release=True, terminate=terminate
         )
-        if self.on_overlap == "fail":
-            report(
-                Outcome.OVERLAP_FAILED, store=store, key=key, owner=owner, detail=detail, tags=tags,
-                logger=self.log, message=f"failing (on_overlap=fail): {reason}", run=task_ref(context),
-            )
-            raise LeaseHeld(key, holder, reason)
-        report(
-            Outcome.SKIPPED_OVERLAP, store=store, key=key, owner=owner, detail=detail, tags=tags,
-            logger=self.log, message=f"skipping: {reason}", run=task_ref(context),
-        )
-        context["ti"].xcom_push(key=XCOM_SKIP_REASON, value=detail)
-        raise AirflowSkipException(reason)
-
-    def _defer_until_free(
-        self, context: Any, store: LeaseStore, key: str, owner: str, holder: Lease | None, end: datetime,
-        *, first: bool,
-    ) -> None:
-        from airflow_lease_provider.triggers.lease_free import RESUME_SETTLE, LeaseFreeTrigger
-
-        message = (
-            f"{key!r} is {holder.describe() if holder else 'held'}; deferring until it frees "
-            f"(at most until {end.isoformat()})"
-        )
-        if first:
-            report(
-                Outcome.WAITING, store=store, key=key, owner=owner, tags=task_tags(context, key),
-                logger=self.log, message=message, run=task_ref(context),
-                detail=event_detail(
-                    context, holder_owner=holder.owner if holder else None,
-                    holder_token=holder.token if holder else None, until=end.isoformat(),
-                ),
-            )
-        else:
-            self.log.info("lease: %s", message)
-        poll = self.lease_poll_interval or min(max(self._ttl() / 20, timedelta(seconds=1)), timedelta(seconds=60))
-        self.defer(
-            trigger=LeaseFreeTrigger(
-                key=key, conn_id=self.lease_conn_id, schema=store.schema,
-                poll_interval=poll.total_seconds(), deadline=end.isoformat(),
-                not_before=(datetime.now(timezone.utc) + RESUME_SETTLE).isoformat(),
-            ),
-            method_name="execute_after_wait",
-            kwargs={"deadline": end.isoformat()},
-        )
-
-    def _run_joined(self, context: Any, store: LeaseStore, key: str, terminate: Terminate) -> Any:
-        """Run-scoped: renew the run's lease while this task runs; never acquire or release it."""
-        owner = run_ref(context).owner()
-        holding = store.holds(key, owner)
-        if holding.lease is None:
-            who = holding.who()
-            lost = LeaseLost(
-                key,
-                holding.holder.token if holding.holder else 0,
-                f"this run ({owner}) does not hold it: {who} (a run-scoped task must run downstream of the "
-                "run's acquire task, and while the run lease is still valid)",
-            )
-            report(
-                Outcome.LOST, store=store, key=key, owner=owner, tags=task_tags(context, key), logger=self.log,
-                detail=event_detail(context, reason=f"run lease gone: {who}"), message=f"{lost}; the task fails",
-                run=task_ref(context),
-            )
-            raise lost
-        return self._run_holding(context, store, holding.lease, release=False, terminate=terminate)
-
-    def _run_holding(
-        self, context: Any, store: LeaseStore, lease: Lease, *, release: bool, terminate: Terminate
-    ) -> Any:
-        """Run the wrapped operator under ``lease``; with ``release``, this task acquired it and frees it.
-
-        From the acquire on, every way out releases the lease or hands it to the keeper: a failure while
-        getting ready (the XCom push, the configuration, the keeper's construction or start) or a SIGTERM
-        before the body starts (``terminate``, installed before the acquire) releases it at once, so the
-        next run is not skipped for a whole TTL.
-        """
-        key = lease.key
-        tags = task_tags(context, key)
-        run = task_ref(context)
-        keeper: LeaseKeeper | None = None
-        try:
-            warn_on_clock_skew(lease, datetime.now(timezone.utc), self.log)
-            if release:
-                report(
-                    Outcome.ACQUIRED, store=store, key=key, owner=lease.owner, tags=tags, logger=self.log,
-                    message=f"acquired {key!r} with token {lease.token} (owner {lease.owner}, TTL {lease.ttl})",
-                )
-            context["ti"].xcom_push(key=XCOM_LEASE, value=lease.to_dict())
-            keeper = LeaseKeeper(store, lease, renew_every=self._renew_every(lease), run=run)
-            ctx = LeaseContext(
-                lease=lease, store=store, keeper=keeper, tags=tags, conn_id=self.lease_conn_id,
-                detail=event_detail(context), run=run,
-            )
-            context[XCOM_LEASE] = ctx
-            started = time.monotonic()
-            keeper.start()
-            terminate.check()  # told to stop while it acquired or got ready: do not start the body
-        except BaseException:
-            self._give_back(store, lease, keeper, release=release, run=run)
-            raise
-        released = False
-        try:
-            with activated(ctx), interrupt_on_loss(keeper), terminate.armed():
-                # A loss declared before the interrupt was in place (the lease ran out while the task got
-                # ready: a slow XCom push, a join with little time left) sent no signal: look once more.
-                keeper.check()
-                try:
-                    result = super().execute(context)
-                except TaskDeferred:
-                    raise LeaseError(
-                        f"{type(self).__name__} cannot hold a lease while the wrapped operator is deferred "
-                        "(nothing would renew it): run it with deferrable=False"
-                    ) from None
-            keeper.check()
-        except LeaseLost as lost:
-            ctx.report_loss(lost, self.log)  # once, however many times the loss was seen
-            try:
-                self.on_kill()  # stop what the wrapped operator started (a subprocess, a pod, ...)
-            except Exception:
-                self.log.exception("on_kill after the lease was lost failed")
-            raise
-        except BaseException:
-            released = self._stop_keeper(keeper, release=release)
-            raise
-        else:
-            released = self._stop_keeper(keeper, release=release)
-        finally:
-            keeper.stop()
-            metrics.timing("lease.held", timedelta(seconds=time.monotonic() - started), tags)
-            if release and released:
-                report(
-                    Outcome.RELEASED, store=store, key=key, owner=lease.owner, tags=tags, logger=self.log,
-                    message=f"{key!r} token {lease.token} released",
-                )
-            elif release:
-                self.log.info("lease: %r token %s not released", key, lease.token)
-        return result
-
-    def _stop_keeper(self, keeper: LeaseKeeper, *, release: bool) -> bool:
-        """After the body: stop renewing and, with ``release``, free the lease; whether it was freed.
-
-        A release that fails (the store unreachable, the row locked past the statement timeout) is logged
-        and the lease left to expire with its TTL: the body's result, or the body's own exception, is what
-        the task reports. Failing a task whose body succeeded would make Airflow retry it and run the body
-        again; an error raised here would replace the body's.
-        """
-        try:
-            return keeper.stop(release=release)
-        except Exception:
-            lease = keeper.lease
-            self.log.exception(
-                "lease: could not release %r token %s; it is left to expire with its TTL (at %s at the latest)",
-                lease.key, lease.token, lease.expires_at.isoformat(),
-            )
-            return False
-
-    def _give_back(
-        self, store: LeaseStore, lease: Lease, keeper: LeaseKeeper | None, *, release: bool, run: RunRef | None = None
-    ) -> None:
-        """Getting ready to run failed: stop the keeper and, if this task acquired the lease, free it."""
-        try:
-            if keeper is not None:
-                keeper.stop()
-            if release:
-                freed = store.release(keeper.lease if keeper is not None else lease, run=run)
-                self.log.warning(
-                    "lease: %r token %s %s: the task failed before it started", lease.key, lease.token,
-                    "released" if freed else "was no longer ours to release",
-                )
-        except Exception:  # the task's own error is the one to report; the lease then expires with its TTL
-            self.log.exception("lease: could not release %r token %s", lease.key, lease.token)
-

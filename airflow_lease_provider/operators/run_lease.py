@@ -20,14 +20,10 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
-from airflow_lease_provider.arguments import check_name
-from airflow_lease_provider.clock import warn_on_clock_skew
-from airflow_lease_provider.context import XCOM_LEASE
-from airflow_lease_provider.core import Lease, LeaseStore, validation
-from airflow_lease_provider.identity import run_ref, task_ref, task_tags
-from airflow_lease_provider.interrupt import Terminate
 from airflow_lease_provider.operators.leased import LeasedOperator
-from airflow_lease_provider.outcomes import Outcome, report
+from airflow_lease_provider.runtime.arguments import check_name
+from airflow_lease_provider.runtime.signals import Terminate
+from airflow_lease_provider.runtime.task_lease import TaskLease
 
 
 class AcquireRunLeaseOperator(LeasedOperator):
@@ -40,29 +36,10 @@ class AcquireRunLeaseOperator(LeasedOperator):
         kwargs.setdefault("lease_scope", "task")
         super().__init__(**kwargs)
 
-    def _run_holding(
-        self, context: Any, store: LeaseStore, lease: Lease, *, release: bool, terminate: Terminate
-    ) -> Any:
+    def _hold(self, lease: TaskLease, acquired: Any, context: Any, terminate: Terminate) -> Any:
         """Leave the lease held for the run; but if this task fails (or is told to stop) before it is done,
         free it."""
-        from datetime import datetime, timezone
-
-        try:
-            warn_on_clock_skew(lease, datetime.now(timezone.utc), self.log)
-            report(
-                Outcome.ACQUIRED, store=store, key=lease.key, owner=lease.owner,
-                tags=task_tags(context, lease.key), logger=self.log,
-                message=(
-                    f"run {lease.owner} acquired {lease.key!r} with token {lease.token} "
-                    f"until {lease.expires_at.isoformat()}"
-                ),
-            )
-            context["ti"].xcom_push(key=XCOM_LEASE, value=lease.to_dict())
-            terminate.check()
-        except BaseException:
-            self._give_back(store, lease, None, release=True, run=task_ref(context))
-            raise
-        return lease.to_dict()
+        return lease.keep_for_run(acquired, terminate)
 
 
 class ReleaseRunLeaseOperator(BaseOperator):
@@ -78,22 +55,8 @@ class ReleaseRunLeaseOperator(BaseOperator):
         self.lease_conn_id = lease_conn_id
 
     def execute(self, context: Any) -> bool:
-        from airflow_lease_provider.hooks import LeaseHook
-
-        run = run_ref(context)
-        key = run.default_key() if self.lease_key is None else validation.name("lease_key", self.lease_key)
-        store = LeaseHook(self.lease_conn_id).get_store()
-        owner = run.owner()
-        holding = store.holds(key, owner)
-        if holding.lease is None:
-            self.log.warning(
-                "lease: run %s does not hold %r any more (%s); nothing to release",
-                owner, key, holding.holder.describe() if holding.holder else "it is free",
-            )
-            return False
-        released = store.release(holding.lease, run=task_ref(context))
-        self.log.info("lease: run %s released %r token %s", owner, key, holding.lease.token)
-        return released
+        lease = TaskLease.of(self, context, lease_key=self.lease_key, conn_id=self.lease_conn_id, run_scoped=True)
+        return lease.release_run_lease()
 
 
 def run_lease(

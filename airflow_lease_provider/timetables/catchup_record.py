@@ -2,7 +2,8 @@
 
 The timetable itself must stay side-effect free (the scheduler calls it over and over), so the first run
 after a gap records what was skipped: one ledger event (kind ``skipped_catchup``), one warning
-``catch-up: N older slots of <job> skipped`` and ``scheduled.skipped_catchup`` increased by N.
+``catch-up: N older slots of <job> skipped`` and ``scheduled.skipped_catchup`` increased by N (the warning
+and the metric reported as every outcome is, by :func:`airflow_lease_provider.runtime.outcomes.report`).
 Leased tasks call :func:`record_skipped_catchup` themselves; any other task can call it too::
 
     @task
@@ -26,7 +27,7 @@ from typing import TYPE_CHECKING, Any
 from airflow.timetables.base import DataInterval
 
 from airflow_lease_provider.core.errors import InvalidArgument, LeaseError
-from airflow_lease_provider.identity import RunRef
+from airflow_lease_provider.core.identity import RunRef
 from airflow_lease_provider.timetables.capped_catchup import CappedCatchupTimetable, SkippedSlots
 
 if TYPE_CHECKING:
@@ -160,18 +161,16 @@ def record_skipped_catchup(
         ti = context.get("ti")
         if ti is not None and (_value(ti, "try_number") or 1) > 1:
             return skipped  # the first try already logged and counted it
-    (logger or log).warning(
-        "catch-up: %d older slots of %s skipped",
-        skipped.count,
-        job,
+    # Reported through the one path of every outcome (the event is this record's own, written above).
+    from airflow_lease_provider.runtime.outcomes import Outcome, report
+
+    report(
+        Outcome.SKIPPED_CATCHUP, store=None, key=job, owner=dag_id, recorded=True, logger=logger or log,
+        message=f"{skipped.count} older slots of {job} skipped", tags={"dag_id": dag_id}, count=skipped.count,
         extra={
             "skipped_first": skipped.first.start.isoformat(),
             "skipped_last": skipped.last.start.isoformat(),
             "run_id": run_id,
         },
     )
-    # The package's metrics module: task-side Stats, and a metrics failure never fails the task.
-    from airflow_lease_provider import metrics
-
-    metrics.incr(METRIC, tags={"dag_id": dag_id}, count=skipped.count)
     return skipped

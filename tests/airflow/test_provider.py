@@ -9,10 +9,10 @@ from datetime import datetime, timedelta, timezone
 
 import pytest
 
-from airflow_lease_provider.clock import warn_on_clock_skew
 from airflow_lease_provider.core import Lease
 from airflow_lease_provider.hooks import FenceHook, LeaseConnectionMissing, LeaseHook
 from airflow_lease_provider.hooks.lease import dsn_from_connection, resolve
+from airflow_lease_provider.runtime.task_lease import warn_on_clock_skew
 
 
 def test_airflow_lists_the_provider_and_its_decorators(airflow_home) -> None:

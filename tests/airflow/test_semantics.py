@@ -491,7 +491,7 @@ def test_the_lease_a_task_sees_is_the_one_last_renewed(lease_env, store: LeaseSt
     one every second) read the expiry it was acquired with, 12 s stale on a real deployment."""
     import time
 
-    from airflow_lease_provider.context import current_lease
+    from airflow_lease_provider.runtime import current_lease
 
     def body() -> dict[str, Any]:
         ctx = current_lease()
@@ -504,3 +504,19 @@ def test_the_lease_a_task_sees_is_the_one_last_renewed(lease_env, store: LeaseSt
     seen = run_task(leased("renewed", body, lease_ttl=timedelta(seconds=3)), TaskInstance("etl", RUN, "renewed"))
     assert seen["renewals"] >= 2 and seen["now"] > seen["first"], seen
     assert seen["token"] == seen["first_token"]
+
+
+def test_a_leased_task_renews_at_the_core_keepers_interval_by_default(lease_env, monkeypatch, store) -> None:
+    """The renew interval was computed twice: TTL x 0.3333 by the operator (the declared default) and TTL/3 by
+    the core keeper. Left at its default, ``[lease] renew_fraction`` is the keeper's own 1/3, exactly."""
+    from airflow_lease_provider.core import LeaseKeeper
+    from airflow_lease_provider.runtime import current_lease
+
+    monkeypatch.delenv("AIRFLOW__LEASE__RENEW_FRACTION", raising=False)
+
+    def body() -> Any:
+        ctx = current_lease()
+        return ctx.keeper.renew_every, LeaseKeeper(store, ctx.lease).renew_every
+
+    task_interval, keeper_interval = run_task(leased("renews", body), TaskInstance("etl", RUN, "renews"))
+    assert task_interval == keeper_interval == TTL / 3

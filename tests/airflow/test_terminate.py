@@ -63,14 +63,16 @@ CHILD = textwrap.dedent(
         ti.xcom_push = slow_push
     if "slow-store" in sys.argv[2:]:
         # Before the acquire: the store's connection lookup (an API call in Airflow 3) takes 3 s.
-        store = op._store
+        from airflow_lease_provider.hooks import LeaseHook
 
-        def slow_store():
+        get_store = LeaseHook.get_store
+
+        def slow_store(self):
             (markers / "storing").write_text("")
             time.sleep(3)
-            return store()
+            return get_store(self)
 
-        op._store = slow_store
+        LeaseHook.get_store = slow_store
     if "raising-on-kill" in sys.argv[2:]:
         def on_kill():  # one that assumes the body started
             (markers / "on_kill").write_text("")

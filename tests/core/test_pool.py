@@ -1,4 +1,4 @@
-"""``pool_size``: the stores of one process share a few connections (core/pool.py), against real servers.
+"""``pool_size``: the stores of one process share a few connections (core/db/pool.py), against real servers.
 
 Each test goes through the store's own operations (acquire, renew, release, a keeper, the schema on
 first use); the server is the test server, a pgbouncer in transaction pooling mode in front of it, or a
@@ -15,7 +15,7 @@ from datetime import timedelta
 import pytest
 
 from airflow_lease_provider.core import LeaseStore, LeaseStoreUnavailable
-from airflow_lease_provider.core import pool as pool_module
+from airflow_lease_provider.core.db import pool as pool_module
 from airflow_lease_provider.core.errors import InvalidArgument
 from tests.pg import drop_schema, execute, new_schema_name
 

@@ -2,7 +2,7 @@
 
 Issue 10 item 11: three leased tasks with different keys in the first run after a gap wrote three
 events and counted 12 for 4 skipped slots; six parallel instances with one key wrote two events. Here
-the record function is called the way ``LeasedOperator._record_catchup`` calls it
+the record function is called the way ``TaskLease.record_catchup`` calls it
 (``record_skipped_catchup(context, ledger=store.events, key=key, logger=...)``), each caller with a
 store of its own (as each task has), from threads and from separate processes started together, on
 the real PostgreSQL.

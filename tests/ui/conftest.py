@@ -40,8 +40,10 @@ def _seed(store: LeaseStore) -> None:
                 owner=f"{DAG_ID}/scheduled__2026-11-28T00:00:00+00:00/publish",
                 token=1,
                 detail={"held_seconds": seconds},
+                run=RunRef(DAG_ID, "scheduled__2026-11-28T00:00:00+00:00", task_id="publish"),
             )
-        assert store.acquire(key, f"{DAG_ID}/scheduled__2026-11-29T00:00:00+00:00/publish", ttl) is not None
+        holder = RunRef(DAG_ID, "scheduled__2026-11-29T00:00:00+00:00", task_id="publish")
+        assert store.acquire(key, holder.owner(), ttl, run=holder) is not None
     assert store.acquire(SCRIPT_KEY, "nightly-script", timedelta(minutes=5)) is not None
     store.events.record(
         EventKind.SKIPPED_CATCHUP,
@@ -57,6 +59,7 @@ def _seed(store: LeaseStore) -> None:
             "run_id": "scheduled__2026-11-29T06:00:00+00:00",
             "max_backfill": 1,
         },
+        run=RunRef(DAG_ID, "scheduled__2026-11-29T06:00:00+00:00"),
     )
 
 
@@ -67,7 +70,7 @@ def _zombie_publish(store: LeaseStore, holder: Lease) -> None:
     """
     fences = FenceStore(store.db.dsn, schema=store.schema)
     try:
-        assert fences.accept("blog", holder.token + 1, key=holder.key)
+        assert fences.accept("blog", holder.token + 1, key=holder.key, run=RunRef.parse(holder.owner))
         assert not fences.accept(
             "blog", holder.token, key=holder.key, owner=holder.owner, run=RunRef.parse(holder.owner)
         )

@@ -45,7 +45,8 @@ def fab(pg_dsn: str) -> Iterator[Fab]:
             (OTHER_KEY, f"{OTHER_DAG_ID}/{OTHER_RUN}/work"),
             (SCRIPT_KEY, "nightly-script"),
         ):
-            assert store.acquire(key, owner, ttl) is not None
+            # as the operator writes it: the task instance as the run (a script passes none)
+            assert store.acquire(key, owner, ttl, run=RunRef.parse(owner)) is not None
         store.events.record(
             EventKind.SKIPPED_OVERLAP,
             OTHER_KEY,
@@ -56,7 +57,8 @@ def fab(pg_dsn: str) -> Iterator[Fab]:
             run=RunRef(OTHER_DAG_ID, "manual__2026-12-01T11:05:00+00:00", task_id="work"),
         )
         for key, owner in ((DEMO_KEY, f"{DAG_ID}/r0/publish"), (OTHER_KEY, f"{OTHER_DAG_ID}/r0/work")):
-            store.events.record(EventKind.RELEASED, key, owner=owner, token=1, detail={"held_seconds": 60})
+            store.events.record(EventKind.RELEASED, key, owner=owner, token=1, detail={"held_seconds": 60},
+                                run=RunRef.parse(owner))
         server.start()
         server.wait_healthy()
         yield Fab(server, store)

@@ -1,0 +1,154 @@
+"""The lease arguments of operators and decorators, checked when the DAG is parsed, by one function.
+
+:func:`check_lease_arguments` is the one check of the lease arguments, called once per task at the door it
+is parsed through: ``LeasedOperator(...)`` (and so ``@task.leased`` called in a DAG), ``.partial()``,
+``@task.leased(...)`` itself and the mapping of a TaskFlow function (``.expand()``). The core checks
+again what reaches it (its own guard). :func:`check_publish_arguments` is the same for fenced publishing.
+An error names the parameter (:class:`~airflow_lease_provider.core.InvalidArgument`), so a bad TTL or
+policy is a DAG import error that says what to fix.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from datetime import timedelta
+from typing import Any
+
+from airflow_lease_provider.core import InvalidArgument, validation
+from airflow_lease_provider.runtime.policies import OVERLAP_POLICIES
+
+LEASE_SCOPES = ("task", "run")
+#: What ``FencedSQLOperator(on_duplicate=...)`` accepts.
+ON_DUPLICATE = ("fail", "skip")
+#: What ``@task.fenced_publish(target=...)`` accepts.
+TARGETS = ("postgres", "external")
+
+#: The lease arguments of LeasedOperator and @task.leased, with their defaults.
+LEASE_ARGUMENTS: dict[str, Any] = {
+    "lease_key": None, "lease_ttl": None, "lease_renew_every": None, "on_overlap": "skip",
+    "lease_wait_timeout": None, "lease_poll_interval": None, "lease_conn_id": None, "lease_scope": "task",
+}
+#: The task arguments the lease arguments depend on: a TTL derived from the timeout, a sensor's mode.
+_RELATED = {"execution_timeout": None, "mode": None}
+
+
+def check_name(parameter: str, value: object, *, optional: bool = False) -> None:
+    """A key, resource or idempotency key given to an operator: a template, or a valid name now.
+
+    A template is only known when the task runs (and is checked then); a plain string is checked when
+    the DAG is parsed, so what parsing accepts the store accepts too.
+    """
+    if value is None and optional:
+        return
+    if not isinstance(value, str) or not value.strip():
+        raise InvalidArgument(parameter, value, "must be a non-empty string (it may be a template)")
+    if "{{" not in value and "{%" not in value:
+        validation.name(parameter, value)
+
+
+def check_lease_arguments(
+    arguments: Mapping[str, Any],
+    defaults: Mapping[str, Any] | None = None,
+    *,
+    sensor: bool = False,
+    ttl_may_be_mapped: bool = False,
+) -> timedelta | None:
+    """Check a task's lease arguments when the DAG is parsed; returns the TTL (None: not known yet).
+
+    ``arguments``: the task's keyword arguments (the lease ones, ``execution_timeout`` and a sensor's
+    ``mode``); ``defaults``: its ``default_args``, which fill what ``arguments`` leaves out, as they do for
+    the task itself. ``sensor``: the task is a sensor (a leased one must poke). ``ttl_may_be_mapped``: a
+    missing TTL is not an error yet (``partial()``, a decorator outside a DAG). Errors name the parameter.
+    ``lease_key=None`` is the default key (see :mod:`airflow_lease_provider.identity`).
+    """
+    relevant = {**LEASE_ARGUMENTS, **_RELATED}
+    given = {**relevant, **{k: v for k, v in (defaults or {}).items() if k in relevant}, **arguments}
+    if sensor:
+        check_sensor_mode(given["mode"])
+    lease_ttl, lease_renew_every, lease_scope = given["lease_ttl"], given["lease_renew_every"], given["lease_scope"]
+    check_name("lease_key", given["lease_key"], optional=True)
+    if given["on_overlap"] not in tuple(OVERLAP_POLICIES):  # a tuple: any value may be asked (an unhashable one)
+        raise InvalidArgument("on_overlap", given["on_overlap"], f"must be one of {', '.join(OVERLAP_POLICIES)}")
+    if lease_scope not in LEASE_SCOPES:
+        raise InvalidArgument("lease_scope", lease_scope, f"must be one of {', '.join(LEASE_SCOPES)}")
+    for optional in ("lease_wait_timeout", "lease_poll_interval"):
+        if given[optional] is not None:
+            validation.positive_timedelta(optional, given[optional])
+    if lease_ttl is None and lease_scope == "run":
+        # A run-scoped task renews the run's lease, whose TTL is only known when the task runs (it is
+        # checked against it then); an interval no TTL could make work is refused now.
+        if lease_renew_every is not None:
+            interval = validation.positive_timedelta("lease_renew_every", lease_renew_every)
+            longest = validation.MAX_TTL - validation.default_safety_margin(validation.MAX_TTL)
+            if interval >= longest:
+                raise InvalidArgument(
+                    "lease_renew_every", lease_renew_every,
+                    f"must be shorter than the run lease's TTL minus the keeper's safety margin, and no "
+                    f"lease lives longer than {validation.MAX_TTL.days} days: it must be below {longest}",
+                )
+        return None
+    if lease_ttl is None:
+        execution_timeout = given["execution_timeout"]
+        if isinstance(execution_timeout, timedelta):
+            try:
+                lease_ttl = execution_timeout * 1.5
+            except OverflowError:
+                raise InvalidArgument(
+                    "lease_ttl", None, f"cannot be derived from execution_timeout={execution_timeout!r}: set it"
+                ) from None
+        elif ttl_may_be_mapped:
+            return None
+        else:
+            raise InvalidArgument(
+                "lease_ttl", lease_ttl,
+                "is required: set it to 1.5-2x the worst normal run time (or set execution_timeout)",
+            )
+    ttl = validation.ttl("lease_ttl", lease_ttl)
+    if lease_renew_every is not None:
+        validation.renew_every(lease_renew_every, ttl, parameter="lease_renew_every")
+    return ttl
+
+
+def check_sensor_mode(mode: object) -> None:
+    """A leased sensor must poke in one process: in ``reschedule`` mode nothing holds or renews the lease
+    between pokes, so another run's sensor takes it in between and the two overlap."""
+    if mode == "reschedule":
+        raise InvalidArgument(
+            "mode", mode,
+            "a leased sensor gives its lease back at every reschedule (no process is left to renew it), so "
+            "another run's sensor gets in between and the two overlap: use mode='poke' (the default)",
+        )
+
+
+def check_publish_arguments(
+    *, resource: object, idempotency_key: object, lease_key: object, **others: Any
+) -> dict[str, Any]:
+    """The arguments of a fenced publish (``FencedSQLOperator``, ``@task.fenced_publish``), checked at parse
+    time; returns them all (``others``: ``target``, ``on_duplicate`` and the connections), for the task."""
+    on_duplicate, target = others.get("on_duplicate", ON_DUPLICATE[0]), others.get("target", TARGETS[0])
+    if on_duplicate not in ON_DUPLICATE:
+        raise InvalidArgument("on_duplicate", on_duplicate, f"must be one of {', '.join(ON_DUPLICATE)}")
+    if target not in TARGETS:
+        raise InvalidArgument("target", target, f"must be one of {', '.join(TARGETS)}")
+    check_name("resource", resource)
+    check_name("lease_key", lease_key, optional=True)
+    check_name("idempotency_key", idempotency_key, optional=True)
+    return {"resource": resource, "idempotency_key": idempotency_key, "lease_key": lease_key, **others}
+
+
+def task_defaults(dag: Any = None, task_group: Any = None, task_default_args: Any = None) -> dict[str, Any] | None:
+    """The ``default_args`` a task made here gets: its DAG's, its task group's, then its own, merged.
+
+    ``dag`` and ``task_group`` are the ones given to the task, else the DAG and task group whose ``with``
+    block is open. ``None`` when no DAG is known yet (a decorator applied outside a DAG): the task's
+    defaults are then not known until it is created.
+    """
+    from airflow_lease_provider.version_compat import DagContext, TaskGroupContext, get_merged_defaults
+
+    dag = dag or DagContext.get_current()
+    if dag is None:
+        return None
+    task_group = task_group or TaskGroupContext.get_current(dag)
+    merged, _ = get_merged_defaults(dag=dag, task_group=task_group, task_params=None,
+                                    task_default_args=task_default_args)
+    return dict(merged)

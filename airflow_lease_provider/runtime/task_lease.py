@@ -1,0 +1,376 @@
+"""One task lease per execute: everything a leased task does with its lease, from one object.
+
+:class:`TaskLease` is built once, when a task starts executing, from the task and its Airflow context: the
+run identity (the task instance, and the owner: the task instance's, or the DAG run's for a run-scoped
+lease), the key, the store and its connection, and the metric tags. It owns the acquire, the overlap
+policies (:mod:`.policies`), joining a run lease, keeping (the core's :class:`LeaseKeeper`), reporting
+every outcome (:func:`.outcomes.report`, the one path), fencing (through the :class:`LeaseContext` it
+hands the task) and the release. The operators and decorators only say when to call it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime, timedelta, timezone
+from typing import Any, NoReturn
+
+from airflow_lease_provider import metrics, settings
+from airflow_lease_provider.core import (
+    InvalidArgument,
+    Lease,
+    LeaseError,
+    LeaseHeld,
+    LeaseKeeper,
+    LeaseLost,
+    LeaseStore,
+    RunRef,
+    validation,
+)
+from airflow_lease_provider.runtime.context import (
+    XCOM_LEASE,
+    XCOM_SKIP_REASON,
+    LeaseContext,
+    activated,
+    active,
+)
+from airflow_lease_provider.runtime.outcomes import Outcome, report
+from airflow_lease_provider.runtime.policies import OVERLAP_POLICIES
+from airflow_lease_provider.runtime.signals import Terminate, interrupt_on_loss
+
+
+@dataclass
+class TaskLease:
+    """The lease of one task instance's execute.
+
+    :ivar task: the operator (its lease arguments, its log, ``defer`` and ``on_kill``).
+    :ivar ti: the task instance.
+    :ivar run: the task instance as a :class:`RunRef`: the run columns of every event it causes.
+    :ivar owner: the lease's owner: the task instance's, or the DAG run's (``run_scoped``).
+    :ivar key: the lease key (the task's ``lease_key``, rendered, or the owner's default key).
+    :ivar key_given: the task named its key (a default key names one task, not the job).
+    :ivar store: the lease store of the task's connection (``conn_id``).
+    :ivar tags: the metric tags of its outcomes.
+    """
+
+    task: Any
+    ti: Any
+    run: RunRef
+    owner: str
+    key: str
+    key_given: bool
+    store: LeaseStore
+    conn_id: str | None
+    tags: dict[str, str]
+
+    @classmethod
+    def of(
+        cls, task: Any, context: Any, *, lease_key: str | None, conn_id: str | None, run_scoped: bool
+    ) -> TaskLease:
+        """The task's lease, from its context: the owner is the DAG run's with ``run_scoped``."""
+        from airflow_lease_provider.hooks import LeaseHook
+
+        ti = context["ti"]
+        run = RunRef.of_task(ti)
+        holder = RunRef.of_run(ti) if run_scoped else run
+        # A templated key is known only now (rendered); the store would refuse a bad one too.
+        key = holder.default_key() if lease_key is None else validation.name("lease_key", lease_key)
+        store = LeaseHook(conn_id).get_store()
+        tags = {"dag_id": ti.dag_id, "task_id": ti.task_id, "lease_key": key}
+        return cls(task, ti, run, holder.owner(), key, lease_key is not None, store, conn_id, tags)
+
+    # -- what the task's outcomes say --------------------------------------------------------------
+
+    @property
+    def log(self) -> Any:
+        return self.task.log
+
+    def detail(self, **extra: Any) -> dict[str, Any]:
+        """Who an event is about: the task instance (and its try), plus ``extra``."""
+        return {**self.run.detail(), "try_number": getattr(self.ti, "try_number", None), **extra}
+
+    def report(self, outcome: Outcome, message: str, *, owner: str | None = None, **kwargs: Any) -> None:
+        """Report ``outcome`` of this task's lease (the one path: :func:`.outcomes.report`)."""
+        kwargs.setdefault("logger", self.log)
+        report(outcome, store=self.store, key=self.key, owner=owner or self.owner, tags=self.tags, message=message,
+               **kwargs)
+
+    def context(self, lease: Lease, keeper: LeaseKeeper | None) -> LeaseContext:
+        """What the task's code sees (``current_lease()``, the ``lease`` argument): the lease and its fences."""
+        return LeaseContext(
+            lease=lease, store=self.store, keeper=keeper, tags=self.tags, conn_id=self.conn_id,
+            detail=self.detail(), run=self.run,
+        )
+
+    def record_catchup(self, context: Any) -> None:
+        """The first run after a gap in a capped catch-up schedule records the skipped slots, once."""
+        from airflow_lease_provider.timetables.catchup_record import record_skipped_catchup
+
+        try:
+            # Recorded under the DAG id unless a key was given (a default key names one task, not the job).
+            job = self.key if self.key_given else None
+            record_skipped_catchup(context, ledger=self.store.events, key=job, logger=self.log)
+        except Exception:  # informational only: it must never fail or skip the task
+            self.log.warning("catch-up: could not record skipped slots", exc_info=True)
+
+    # -- taking the lease ----------------------------------------------------------------------------
+
+    def ttl(self) -> timedelta:
+        ttl: timedelta | None = self.task.lease_ttl
+        if ttl is None:
+            raise InvalidArgument("lease_ttl", None, "is required to acquire a lease")
+        return ttl
+
+    def renew_every(self, lease: Lease) -> timedelta:
+        """How often the keeper renews ``lease``: the task's ``lease_renew_every``, else TTL x ``[lease]
+        renew_fraction`` (the core keeper's fraction unless configured)."""
+        every: timedelta | None = self.task.lease_renew_every
+        return every or lease.ttl * settings.renew_fraction()
+
+    def acquire(self, terminate: Terminate, *, waited: str | None = None) -> Lease:
+        """Take the lease; when another run holds it, the task's overlap policy decides (it does not return)."""
+        terminate.check()  # told to stop already: never take the lease
+        outcome = self.store.try_acquire(self.key, self.owner, self.ttl(), run=self.run)
+        if outcome.lease is None:
+            self.overlap(outcome.holder, waited=waited)
+        assert outcome.lease is not None
+        return outcome.lease
+
+    def overlap(self, holder: Lease | None, *, waited: str | None) -> NoReturn:
+        """Another run holds the lease: wait (deferred), skip or fail, per ``on_overlap``."""
+        from airflow_lease_provider.version_compat import AirflowSkipException
+
+        policy = OVERLAP_POLICIES[self.task.on_overlap]
+        who = holder.describe() if holder else "held by another run (it was released just now)"
+        holder_host = self.store.holder_host(holder) if holder else None
+        if holder_host:
+            who += f" on host {holder_host}"
+        if policy.waits:
+            now = datetime.now(timezone.utc)
+            end = datetime.fromisoformat(waited) if waited else now + (self.task.lease_wait_timeout or self.ttl())
+            if now < end:
+                self.defer_until_free(holder, end, first=waited is None)
+        reason = f"lease {self.key!r} is {who}; this run ({self.owner}) is skipped so the two never overlap"
+        if waited:
+            reason = f"waited until {waited} and lease {self.key!r} is still {who}; this run ({self.owner}) is skipped"
+        detail = self.detail(
+            reason=reason,
+            holder_owner=holder.owner if holder else None,
+            holder_token=holder.token if holder else None,
+            holder_expires_at=holder.expires_at.isoformat() if holder else None,
+            holder_host=holder_host,
+            policy=self.task.on_overlap,
+        )
+        self.report(policy.outcome, f"{policy.says}: {reason}", detail=detail, run=self.run)
+        if policy.outcome is Outcome.OVERLAP_FAILED:
+            raise LeaseHeld(self.key, holder, reason)
+        self.ti.xcom_push(key=XCOM_SKIP_REASON, value=detail)
+        raise AirflowSkipException(reason)
+
+    def defer_until_free(self, holder: Lease | None, end: datetime, *, first: bool) -> None:
+        """Defer the task until the lease frees (or ``end``); it resumes in ``execute_after_wait``."""
+        from airflow_lease_provider.triggers.lease_free import RESUME_SETTLE, LeaseFreeTrigger
+
+        message = (
+            f"{self.key!r} is {holder.describe() if holder else 'held'}; deferring until it frees "
+            f"(at most until {end.isoformat()})"
+        )
+        if first:
+            self.report(
+                Outcome.WAITING, message, run=self.run,
+                detail=self.detail(
+                    holder_owner=holder.owner if holder else None,
+                    holder_token=holder.token if holder else None, until=end.isoformat(),
+                ),
+            )
+        else:
+            self.log.info("lease: %s", message)
+        poll = self.task.lease_poll_interval or min(max(self.ttl() / 20, timedelta(seconds=1)), timedelta(seconds=60))
+        self.task.defer(
+            trigger=LeaseFreeTrigger(
+                key=self.key, conn_id=self.conn_id, schema=self.store.schema,
+                poll_interval=poll.total_seconds(), deadline=end.isoformat(),
+                not_before=(datetime.now(timezone.utc) + RESUME_SETTLE).isoformat(),
+            ),
+            method_name="execute_after_wait",
+            kwargs={"deadline": end.isoformat()},
+        )
+
+    def run_lease(self, *, publishing: bool = False) -> Lease:
+        """This DAG run's lease, which the run holds: or the task fails with :class:`LeaseLost` (reported).
+
+        For a run-scoped task (it renews the run's lease) and for a publish under a run lease
+        (``publishing``: nothing is published)."""
+        holding = self.store.holds(self.key, self.owner)
+        if holding.lease is not None:
+            return holding.lease
+        who = holding.who()
+        token = holding.holder.token if holding.holder else 0
+        if publishing:
+            reason = f"this run ({self.owner}) does not hold lease {self.key!r} ({who}); nothing is published"
+            lost = LeaseLost(self.key, token, reason)
+            detail, message = self.detail(reason=reason, stage="publish"), str(lost)
+        else:
+            lost = LeaseLost(
+                self.key, token,
+                f"this run ({self.owner}) does not hold it: {who} (a run-scoped task must run downstream of the "
+                "run's acquire task, and while the run lease is still valid)",
+            )
+            detail, message = self.detail(reason=f"run lease gone: {who}"), f"{lost}; the task fails"
+        self.report(Outcome.LOST, message, detail=detail, run=self.run)
+        raise lost
+
+    # -- holding it ----------------------------------------------------------------------------------
+
+    def hold(self, lease: Lease, body: Callable[[], Any], context: Any, *, release: bool, terminate: Terminate) -> Any:
+        """Run ``body`` under ``lease``, kept by a keeper; with ``release``, this task acquired it and frees it.
+
+        From the acquire on, every way out releases the lease or hands it to the keeper: a failure while
+        getting ready (the XCom push, the configuration, the keeper's construction or start) or a SIGTERM
+        before the body starts (``terminate``, installed before the acquire) releases it at once, so the
+        next run is not skipped for a whole TTL.
+        """
+        from airflow_lease_provider.version_compat import TaskDeferred
+
+        key = lease.key
+        keeper: LeaseKeeper | None = None
+        try:
+            self.warn_on_clock_skew(lease)
+            if release:
+                self.report(
+                    Outcome.ACQUIRED,
+                    f"acquired {key!r} with token {lease.token} (owner {lease.owner}, TTL {lease.ttl})",
+                    owner=lease.owner,
+                )
+            self.ti.xcom_push(key=XCOM_LEASE, value=lease.to_dict())
+            keeper = LeaseKeeper(self.store, lease, renew_every=self.renew_every(lease), run=self.run)
+            ctx = self.context(lease, keeper)
+            context[XCOM_LEASE] = ctx
+            started = time.monotonic()
+            keeper.start()
+            terminate.check()  # told to stop while it acquired or got ready: do not start the body
+        except BaseException:
+            self.give_back(lease, keeper, release=release)
+            raise
+        released = False
+        try:
+            with activated(ctx), interrupt_on_loss(keeper), terminate.armed():
+                # A loss declared before the interrupt was in place (the lease ran out while the task got
+                # ready: a slow XCom push, a join with little time left) sent no signal: look once more.
+                keeper.check()
+                try:
+                    result = body()
+                except TaskDeferred:
+                    raise LeaseError(
+                        f"{type(self.task).__name__} cannot hold a lease while the wrapped operator is deferred "
+                        "(nothing would renew it): run it with deferrable=False"
+                    ) from None
+            keeper.check()
+        except LeaseLost as lost:
+            ctx.report_loss(lost, self.log)  # once, however many times the loss was seen
+            try:
+                self.task.on_kill()  # stop what the wrapped operator started (a subprocess, a pod, ...)
+            except Exception:
+                self.log.exception("on_kill after the lease was lost failed")
+            raise
+        except BaseException:
+            released = self.stop_keeper(keeper, release=release)
+            raise
+        else:
+            released = self.stop_keeper(keeper, release=release)
+        finally:
+            keeper.stop()
+            metrics.timing("lease.held", timedelta(seconds=time.monotonic() - started), self.tags)
+            if release and released:
+                self.report(Outcome.RELEASED, f"{key!r} token {lease.token} released", owner=lease.owner)
+            elif release:
+                self.log.info("lease: %r token %s not released", key, lease.token)
+        return result
+
+    def keep_for_run(self, lease: Lease, terminate: Terminate) -> dict[str, Any]:
+        """The run lease's acquire task: leave ``lease`` held for the run (its later tasks join it); but if
+        this task fails (or is told to stop) before it is done, free it."""
+        try:
+            self.warn_on_clock_skew(lease)
+            self.report(
+                Outcome.ACQUIRED,
+                f"run {lease.owner} acquired {lease.key!r} with token {lease.token} until {lease.expires_at.isoformat()}",
+                owner=lease.owner,
+            )
+            self.ti.xcom_push(key=XCOM_LEASE, value=lease.to_dict())
+            terminate.check()
+        except BaseException:
+            self.give_back(lease, None, release=True)
+            raise
+        return lease.to_dict()
+
+    def release_run_lease(self) -> bool:
+        """The run lease's release task: free the run's lease if the run still holds it."""
+        holding = self.store.holds(self.key, self.owner)
+        if holding.lease is None:
+            self.log.warning(
+                "lease: run %s does not hold %r any more (%s); nothing to release",
+                self.owner, self.key, holding.holder.describe() if holding.holder else "it is free",
+            )
+            return False
+        released = self.store.release(holding.lease, run=self.run)
+        self.log.info("lease: run %s released %r token %s", self.owner, self.key, holding.lease.token)
+        return released
+
+    def stop_keeper(self, keeper: LeaseKeeper, *, release: bool) -> bool:
+        """After the body: stop renewing and, with ``release``, free the lease; whether it was freed.
+
+        A release that fails (the store unreachable, the row locked past the statement timeout) is logged
+        and the lease left to expire with its TTL: the body's result, or the body's own exception, is what
+        the task reports. Failing a task whose body succeeded would make Airflow retry it and run the body
+        again; an error raised here would replace the body's.
+        """
+        try:
+            return keeper.stop(release=release)
+        except Exception:
+            lease = keeper.lease
+            self.log.exception(
+                "lease: could not release %r token %s; it is left to expire with its TTL (at %s at the latest)",
+                lease.key, lease.token, lease.expires_at.isoformat(),
+            )
+            return False
+
+    def give_back(self, lease: Lease, keeper: LeaseKeeper | None, *, release: bool) -> None:
+        """Getting ready to run failed: stop the keeper and, if this task acquired the lease, free it."""
+        try:
+            if keeper is not None:
+                keeper.stop()
+            if release:
+                freed = self.store.release(keeper.lease if keeper is not None else lease, run=self.run)
+                self.log.warning(
+                    "lease: %r token %s %s: the task failed before it started", lease.key, lease.token,
+                    "released" if freed else "was no longer ours to release",
+                )
+        except Exception:  # the task's own error is the one to report; the lease then expires with its TTL
+            self.log.exception("lease: could not release %r token %s", lease.key, lease.token)
+
+    def warn_on_clock_skew(self, lease: Lease) -> None:
+        warn_on_clock_skew(lease, datetime.now(timezone.utc), self.log)
+
+def warn_on_clock_skew(lease: Lease, received_at: datetime, logger: Any) -> None:
+    """Warn when this worker's clock is off from the database's. No decision depends on it: a warning for
+    people (this host's logs and timestamps are off), never an input to a decision."""
+    skew = received_at - lease.observed_at
+    limit = settings.clock_skew_warning()
+    if abs(skew) > limit:
+        logger.warning(
+            "lease: this worker's clock differs from the database's by %.1f s (limit %.1f s). "
+            "Leases are judged by the database clock only, so nothing is wrong with them, but this "
+            "host's logs and timestamps are off.",
+            skew.total_seconds(), limit.total_seconds(),
+        )
+
+
+def publishing_lease(task: Any, context: Any, *, lease_key: str | None, conn_id: str | None) -> LeaseContext:
+    """The lease to publish under: the running leased task's, or the DAG run's run-scoped lease."""
+    running = active()
+    if running is not None:
+        return running
+    lease = TaskLease.of(task, context, lease_key=lease_key, conn_id=conn_id, run_scoped=True)
+    return lease.context(lease.run_lease(publishing=True), keeper=None)
