@@ -27,6 +27,7 @@ import psycopg2.errors
 import psycopg2.extensions
 
 from airflow_lease_provider.core import validation
+from airflow_lease_provider.core.db import pool as _pool
 from airflow_lease_provider.core.db.dsn import describe_dsn
 from airflow_lease_provider.core.db.sqltext import (
     PREPARE_AFTER,
@@ -70,7 +71,7 @@ class _StoreLock:
             self._depth -= 1
             db = self._db()
             if self._depth == 0 and db is not None and db.idle_close == timedelta(0) and db._conn is not None:
-                db._drop()
+                db._drop(reuse=True)
         finally:
             self._lock.release()
 
@@ -97,6 +98,10 @@ class Database:
         from their second use on a connection: the server then parses and plans each once per session
         instead of on every call. ``False`` sends plain text only (for a pooler that pins a client to a
         server session when it sees a ``PREPARE``, such as Amazon RDS Proxy).
+    :param pool_size: ``None`` (the default): this store's own connection. A number: take the
+        connection from this process's pool for the same server and settings, at most that many
+        connections shared by all its stores (the first store's figure holds), and give it back (instead
+        of closing it) where it would be closed; see :mod:`airflow_lease_provider.core.db.pool`.
     """
 
     def __init__(
@@ -109,6 +114,7 @@ class Database:
         application_name: str = "airflow-lease",
         idle_close: timedelta | None = None,
         prepare: bool = True,
+        pool_size: int | None = None,
     ) -> None:
         self.dsn = validation.dsn(dsn)
         self.schema = validation.schema(schema)
@@ -121,6 +127,10 @@ class Database:
         if not isinstance(prepare, bool):
             raise validation.InvalidArgument("prepare", prepare, "must be True or False")
         self.prepare = prepare
+        if pool_size is not None and (not isinstance(pool_size, int) or isinstance(pool_size, bool) or pool_size < 1):
+            raise validation.InvalidArgument("pool_size", pool_size, "must be None or a whole number of at least 1")
+        self.pool_size = pool_size
+        self._from_pool = False  # the open connection was used before (by any store of the pool)
         self.where = describe_dsn(dsn)
         self._lock = _StoreLock(self)
         self._conn: Any = None
@@ -200,13 +210,23 @@ class Database:
         if self._conn is not None and (self._conn.closed or self._pid != os.getpid()):
             self._drop()
         if self._conn is None:
-            self._conn = self._connect()
+            if self.pool_size is None:
+                self._conn, new = self._connect(), True
+            else:
+                self._conn, new = self._shared_pool().get(self._connect, self.connect_timeout.total_seconds())
+            self._from_pool = not new
             self._pid = os.getpid()
-            self.connects += 1
+            self.connects += 1 if new else 0
+            # Nothing is known of a pooled connection's session: prepared statements are found by name (_send).
             self._uses = {}
             self._prepared_on = set()
         self._last_used = time.monotonic()
         return self._conn
+
+    def _shared_pool(self) -> _pool.ConnectionPool:
+        key = (self.dsn, tuple(sorted(self._connect_options().items())))
+        assert self.pool_size is not None
+        return _pool.shared(key, self.pool_size, self.where)
 
     def _close_if_idle(self, now: float) -> None:
         """Close the connection if idle for ``idle_close`` (called by the watchdog thread)."""
@@ -220,13 +240,20 @@ class Database:
                 and self._pid == os.getpid()
                 and now - self._last_used >= self.idle_close.total_seconds()
             ):
-                self._drop()
+                self._drop(reuse=True)
         finally:
             self._lock.release()
 
-    def _drop(self) -> None:
+    def _drop(self, reuse: bool = False) -> None:
+        """Close the connection; with a pool, give it back instead when ``reuse`` (an operation ended
+        normally), or free its place in the pool."""
         conn, self._conn = self._conn, None
-        if conn is not None and self._pid == os.getpid():
+        if conn is not None and self._pid == os.getpid() and self.pool_size is not None:
+            if reuse:
+                self._shared_pool().put(conn)
+            else:
+                self._shared_pool().discard(conn)
+        elif conn is not None and self._pid == os.getpid():
             try:
                 conn.close()
             except psycopg2.Error:
@@ -317,6 +344,7 @@ class Database:
             for attempt in (1, 2):
                 fresh = self._conn is None
                 conn = self._connection()
+                fresh = fresh and not self._from_pool  # a pooled connection may have died idle: resend once
                 try:
                     return self._send(name, params, durable, conn)
                 except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
@@ -427,6 +455,7 @@ class Database:
         for attempt in (1, 2):
             fresh = self._conn is None
             conn = self._connection()
+            fresh = fresh and not self._from_pool
             conn.autocommit = False
             try:
                 with self._guarded(conn), conn.cursor() as cur:

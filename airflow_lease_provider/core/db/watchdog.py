@@ -13,6 +13,8 @@ import weakref
 from datetime import timedelta
 from typing import Any, Protocol
 
+from airflow_lease_provider.core.db import pool
+
 log = logging.getLogger("airflow_lease_provider.core.db")
 
 
@@ -84,6 +86,7 @@ class _Watchdog:
                     db._close_if_idle(now)
                 except Exception:
                     log.exception("lease store watchdog: closing an idle connection to %s failed", db.where)
+        pool.reap_all(now)  # pooled connections unused for pool.LINGER s
 
 
 def _pause(seconds: float) -> None:
