@@ -88,6 +88,12 @@ class MotoServer:
                     raise RuntimeError(f"moto_server did not listen within 180 s: {self._tail()}") from None
                 time.sleep(0.05)
 
+    def __enter__(self) -> MotoServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
     def _tail(self) -> str:
         self._log.seek(0)
         return self._log.read()[-2000:].decode("utf-8", "replace")

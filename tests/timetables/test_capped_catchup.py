@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import datetime
 import itertools
-from types import SimpleNamespace
 from typing import Any
 
 import pendulum
@@ -20,6 +19,7 @@ from airflow.timetables.trigger import CronTriggerTimetable
 from airflow_lease_provider.timetables import CappedCatchupTimetable
 from tests.timetables.conftest import CroniterCalls, FrozenClock
 from tests.timetables.cron_reference import reference_slots
+from tests.timetables.dag_model import stored
 
 UTC = pendulum.UTC
 CATCHUP = TimeRestriction(earliest=None, latest=None, catchup=True)
@@ -418,15 +418,6 @@ def test_dst_newest_slots_are_airflows_newest_slots(
 # -- the trap: the run Airflow stored before the outage ----------------------------------------------------------
 
 
-def stored(info: DagRunInfo) -> SimpleNamespace:
-    """The DagModel columns the scheduler reads back (``next_run_info_from_dag_model``)."""
-    return SimpleNamespace(
-        next_dagrun=info.logical_date,
-        next_dagrun_data_interval=info.data_interval,
-        next_dagrun_create_after=info.run_after,
-        next_dagrun_partition_date=None,
-        next_dagrun_partition_key=None,
-    )
 
 
 @pytest.mark.parametrize("cap", [1, 3])

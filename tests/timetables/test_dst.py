@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import time
-from types import SimpleNamespace
 from typing import Any
 
 import pendulum
@@ -23,6 +22,7 @@ from airflow.timetables.trigger import CronTriggerTimetable
 from airflow_lease_provider.timetables import CappedCatchupTimetable, skipped_slots
 from tests.timetables.conftest import FrozenClock
 from tests.timetables.cron_reference import reference_slots
+from tests.timetables.dag_model import stored
 
 CATCHUP = TimeRestriction(earliest=None, latest=None, catchup=True)
 BERLIN, NEW_YORK, LORD_HOWE = "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"
@@ -32,15 +32,6 @@ def local(tz: str, *args: int) -> pendulum.DateTime:
     return pendulum.datetime(*args, tz=tz).in_timezone("UTC")
 
 
-def stored(info: DagRunInfo) -> Any:
-    """The DagModel row the scheduler leaves after storing ``info`` as the next run (no session)."""
-    return SimpleNamespace(
-        next_dagrun=info.logical_date,
-        next_dagrun_data_interval=info.data_interval,
-        next_dagrun_create_after=info.run_after,
-        next_dagrun_partition_date=None,
-        next_dagrun_partition_key=None,
-    )
 
 
 def scheduler(timetable: Any, last: DataInterval, clock: FrozenClock) -> tuple[list[DagRunInfo], DagRunInfo]:

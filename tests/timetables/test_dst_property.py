@@ -17,7 +17,6 @@ from __future__ import annotations
 import datetime
 import functools
 import zoneinfo
-from types import SimpleNamespace
 from typing import Any
 
 import pendulum
@@ -30,6 +29,7 @@ from hypothesis import strategies as st
 from airflow_lease_provider.timetables import CappedCatchupTimetable, capped_catchup
 from airflow_lease_provider.timetables._grid import CronGrid
 from tests.timetables.cron_reference import reference_slots
+from tests.timetables.dag_model import stored as _stored
 
 UTC = datetime.timezone.utc
 CATCHUP = TimeRestriction(earliest=None, latest=None, catchup=True)
@@ -201,14 +201,6 @@ def frozen(monkeypatch: pytest.MonkeyPatch) -> type[Clock]:
     return Clock
 
 
-def _stored(info: DagRunInfo) -> Any:
-    return SimpleNamespace(
-        next_dagrun=info.logical_date,
-        next_dagrun_data_interval=info.data_interval,
-        next_dagrun_create_after=info.run_after,
-        next_dagrun_partition_date=None,
-        next_dagrun_partition_key=None,
-    )
 
 
 def _airflow_runs(
