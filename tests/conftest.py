@@ -198,13 +198,14 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 
 # -- scheduling under xdist: the longest files first, the UI's shared server in one process ---------------
 #
-# scripts/test runs ``--dist loadgroup --no-loadscope-reorder``: a work unit is an ``xdist_group``, and the
-# units go out in collection order. Every test gets its file as its group (a module's deployment stays in
-# one process, as with ``--dist loadfile``), except the modules that share the UI tier's session-scoped
-# ``world`` (one api-server with seeded runs), which form one group so that one process starts it once.
-# The collection is ordered longest file first (the measured figures below, then every other file that
-# starts Airflow, then the rest in their own order), so no long file starts last and keeps one process
-# busy while the others are done.
+# scripts/test runs ``--dist loadfile --no-loadscope-reorder``. With ``loadfile`` the scheduler below
+# (``pytest_xdist_make_scheduler``) sends each file to one process, as xdist's own does (a module's
+# deployment stays in one process), except the modules that share the UI tier's session-scoped ``world``
+# (one api-server with seeded runs): those go to one process together, which starts it once. (xdist's
+# ``loadgroup`` would do that with ``xdist_group`` marks, but with this pytest it does not group at all.)
+# The work units go out in collection order (``--no-loadscope-reorder``), and the collection is ordered
+# longest file first (the measured order below, then every other file that starts Airflow, then the
+# rest in their own order), so no long file starts last and keeps one process busy after the others.
 
 #: Files sharing the UI tier's ``world`` fixture (tests/ui/conftest.py).
 UI_WORLD = ("tests/ui/test_api_server.py", "tests/ui/test_browser.py", "tests/ui/test_timeline_browser.py")
@@ -288,7 +289,18 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         ranks[path] = min(rank, ranks.get(path, rank))
     order = {id(item): index for index, item in enumerate(items)}
     items.sort(key=lambda item: (ranks[unit(item)], order[id(item)]))  # within a rank, the collection's order
-    for item in items:
-        if item.get_closest_marker("xdist_group") is None:
-            path = _file_of(item)
-            item.add_marker(pytest.mark.xdist_group("ui-world" if path in UI_WORLD else path))
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``: a work unit per file, the UI world's files one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ui-world" if path in UI_WORLD else path
+
+    return FileScheduling(config, log)
