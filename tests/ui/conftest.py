@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -79,9 +80,9 @@ def _zombie_publish(store: LeaseStore, holder: Lease) -> None:
 
 
 @pytest.fixture(scope="session")
-def world(pg_dsn: str) -> Iterator[World]:
+def world(pg_dsn: str, airflow_template: Path) -> Iterator[World]:
     schema = new_schema_name()
-    server = make_server(pg_dsn, schema)
+    server = make_server(pg_dsn, schema, airflow_template)
     store = LeaseStore(pg_dsn, schema=schema)
     try:
         store.ensure_schema()

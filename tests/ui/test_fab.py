@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -33,9 +34,9 @@ class Fab:
 
 
 @pytest.fixture(scope="module")
-def fab(pg_dsn: str) -> Iterator[Fab]:
+def fab(pg_dsn: str, airflow_template: Path) -> Iterator[Fab]:
     schema = new_schema_name()
-    server = make_fab_server(pg_dsn, schema)
+    server = make_fab_server(pg_dsn, schema, airflow_template)
     store = LeaseStore(pg_dsn, schema=schema)
     try:
         store.ensure_schema()
