@@ -184,3 +184,26 @@ def test_overlapping_outlet_sets_concurrently_never_deadlock_nor_both_hold(lease
     assert overlaps == []
     assert len(outcomes) == 75 and outcomes.count("ran") >= 1
     assert sum(ran.values()) == outcomes.count("ran")
+
+
+def test_is_stale_when_a_fence_refused_the_producers_token(lease_env, store: LeaseStore, fences) -> None:
+    """The producer's token is still the newest of its key, but the fence of what it wrote refused it."""
+    from airflow_lease_provider.assets import is_stale, staleness
+    from airflow_lease_provider.core import StaleFencingToken
+
+    # A writer from elsewhere (another lease store, a restored backup) advanced the fence of this key past us.
+    fences.guard("warehouse.sales", 10**6, key=KX, owner="someone")
+    seen: dict[str, Any] = {}
+
+    def body(lease=None):
+        seen["extra"] = {EXTRA_KEY: {"key": lease.key, "token": lease.token, "owner": lease.owner}}
+        seen["before"] = is_stale(seen["extra"])
+        lease.fence("warehouse.sales")
+
+    op = LeasedPython(task_id="w", python_callable=body, lease_on="outlets", outlets=[X], lease_ttl=TTL)
+    with pytest.raises(StaleFencingToken):
+        run_task(op, "producer")
+    assert seen["before"] is False
+    answer = staleness(seen["extra"])
+    assert answer.stale and "fence refused" in (answer.reason or "")
+    assert store.lease(KX) is not None and store.lease(KX).token == seen["extra"][EXTRA_KEY]["token"]

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from airflow.sdk import DAG, Asset, task
 
-
 SHARED = Asset("shared_table", uri="postgres://warehouse/public/shared")
 OTHER = Asset("other_table", uri="postgres://warehouse/public/other")
 MARKERS = Path(os.environ.get("LEASE_TEST_MARKERS", "/tmp"))
