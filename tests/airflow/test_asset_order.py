@@ -207,3 +207,27 @@ def test_is_stale_when_a_fence_refused_the_producers_token(lease_env, store: Lea
     answer = staleness(seen["extra"])
     assert answer.stale and "fence refused" in (answer.reason or "")
     assert store.lease(KX) is not None and store.lease(KX).token == seen["extra"][EXTRA_KEY]["token"]
+
+
+def test_with_a_partition_key_the_lease_is_per_partition(lease_env, store: LeaseStore) -> None:
+    """A partitioned run (``partition_key`` in the context, Airflow 3.2+): writers of one partition exclude
+    each other, writers of two partitions of the same asset do not."""
+    seen: dict[str, Any] = {}
+    same = LeasedPython(task_id="same", python_callable=lambda: seen.setdefault("same ran", True),
+                        lease_on="outlets", outlets=[X], lease_ttl=TTL)
+    other = LeasedPython(task_id="other", python_callable=lambda lease=None: seen.setdefault("other", lease.key),
+                         lease_on="outlets", outlets=[X], lease_ttl=TTL)
+
+    def body(lease=None):
+        with pytest.raises(AirflowSkipException):
+            run_task(same, "dag_b", partition_key="2026-01-01")
+        run_task(other, "dag_c", partition_key="2026-01-02")
+        return lease.key
+
+    first = LeasedPython(task_id="first", python_callable=body, lease_on="outlets", outlets=[X], lease_ttl=TTL)
+    events = Events()
+    key = run_task(first, "dag_a", partition_key="2026-01-01", outlet_events=events)
+    assert key == asset_lease_key(X.uri, "2026-01-01") == "asset:s3://lake/x#2026-01-01"
+    assert "same ran" not in seen and seen["other"] == "asset:s3://lake/x#2026-01-02"
+    assert events[X].extra[EXTRA_KEY]["partition_key"] == "2026-01-01"
+    assert events[X].extra[EXTRA_KEY]["key"] == key
