@@ -231,3 +231,18 @@ def test_with_a_partition_key_the_lease_is_per_partition(lease_env, store: Lease
     assert "same ran" not in seen and seen["other"] == "asset:s3://lake/x#2026-01-02"
     assert events[X].extra[EXTRA_KEY]["partition_key"] == "2026-01-01"
     assert events[X].extra[EXTRA_KEY]["key"] == key
+
+
+def test_wait_defers_on_the_held_asset_holding_none(lease_env, store: LeaseStore) -> None:
+    """``on_overlap="wait"`` with several outlets: the task defers on the key that is held, and holds none
+    of the others while it waits."""
+    from airflow.sdk.exceptions import TaskDeferred
+
+    held = store.acquire(KY, "someone-else", TTL)
+    assert held is not None
+    op = LeasedPython(task_id="w", python_callable=lambda: None, lease_on="outlets", outlets=[Y, X],
+                      lease_ttl=TTL, on_overlap="wait")
+    with pytest.raises(TaskDeferred) as deferred:
+        run_task(op, "waiter")
+    assert deferred.value.trigger.key == KY  # x (first in order) was taken, then y was found held
+    assert store.lease(KX) is not None and store.holder(KX) is None
