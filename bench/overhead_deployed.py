@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -93,4 +94,5 @@ def run_overhead_deployed(dsn: str, repeats: int, pairs: int, mapped: int, timeo
             deployment.stop()
     finally:
         template.drop()
+        shutil.rmtree(source.parent, ignore_errors=True)
     return out
