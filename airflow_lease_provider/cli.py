@@ -46,7 +46,6 @@ from airflow_lease_provider.core import (
 from airflow_lease_provider.core.db import describe_dsn, redact, remember_secrets
 from airflow_lease_provider.core.lease import LeaseChanged
 from airflow_lease_provider.core.schema import SchemaMissing
-from airflow_lease_provider.identity import RunRef
 from airflow_lease_provider.ttl_advice import ttl_advice
 
 EXIT_OK, EXIT_ERROR, EXIT_USAGE, EXIT_ADVICE, EXIT_NOT_CONFIRMED = 0, 1, 2, 3, 4
@@ -510,7 +509,7 @@ def _force_release(
                 by=by,
                 reason=reason,
                 expected_token=current.token if expected is None else expected,
-                run=RunRef.parse(current.owner),
+                run=current.run,
             )
         except LeaseChanged as exc:
             if expected is not None:

@@ -147,27 +147,21 @@ def leases(
 def lease(store: LeaseStore, key: str, *, dag_ids: Collection[str] | None = None) -> dict[str, Any] | None:
     """The row of one key (``None`` when unknown, or not of one of ``dag_ids`` when given)."""
     found = store.lease(key)
-    if found is None or (dag_ids is not None and owner_dag(found.owner) not in dag_ids):
+    if found is None or (dag_ids is not None and lease_dag(found) not in dag_ids):
         return None
     return lease_row(found)
 
 
-def owner_dag(owner: str | None) -> str | None:
-    """The DAG an owner belongs to: the part before its first ``/``; ``None`` for an owner with no ``/``.
-
-    Owners are ``dag_id/run_id/task_id[map_index]`` (task-scoped) or ``dag_id/run_id`` (run-scoped);
-    nothing past the first ``/`` is relied on, so run ids with ``/`` in them change nothing.
-    """
-    if not owner or "/" not in owner:
-        return None
-    dag = owner.split("/", 1)[0]
-    return dag or None
+def lease_dag(lease: Lease) -> str | None:
+    """The DAG a lease belongs to: its holder's run as the acquire named it (the lease's run columns,
+    migration 0011); ``None`` for a holder of no run. The owner string is never parsed for it."""
+    return lease.run.dag_id if lease.run is not None else None
 
 
 def event_dag(event: Event) -> str | None:
-    """The DAG an event belongs to: its detail's ``dag_id`` when the operator wrote one, else its owner's."""
-    dag = event.detail.get("dag_id")
-    return str(dag) if dag else owner_dag(event.owner)
+    """The DAG an event belongs to: its run columns (migrations 0007 and 0011), as the SQL scoping reads
+    them; ``None`` for an event of no run."""
+    return event.run.dag_id if event.run is not None else None
 
 
 # -- events -----------------------------------------------------------------------------------------

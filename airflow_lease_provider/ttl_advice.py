@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow_lease_provider.core import EventKind, LeaseStore
 from airflow_lease_provider.core.events import DEFAULT_RETENTION, HoldStats
-from airflow_lease_provider.reading import all_leases, format_duration, owner_dag, seconds_of
+from airflow_lease_provider.reading import all_leases, format_duration, lease_dag, seconds_of
 
 # TTL advice (DESIGN: TTL = 1.5 to 2x the worst normal run time).
 ADVICE_LOW = 1.5
@@ -106,7 +106,7 @@ def ttl_advice(
     stats = {s.key: s for s in store.hold_stats(window, dag_ids=dag_ids)}
     if key is not None:
         found = store.lease(key)
-        current = [found] if found is not None and (dag_ids is None or owner_dag(found.owner) in dag_ids) else []
+        current = [found] if found is not None and (dag_ids is None or lease_dag(found) in dag_ids) else []
     else:
         current = list(all_leases(store, dag_ids))
     ttls = {lease.key: lease.ttl for lease in current}

@@ -42,7 +42,6 @@ AIRFLOW_V_3_3_PLUS: bool = get_base_airflow_version_tuple() >= (3, 3, 0)
 
 if TYPE_CHECKING:
     # For type checkers only; at run time each name comes from _LOCATIONS below.
-    import datetime
 
     from airflow.api_fastapi.app import get_auth_manager as get_auth_manager
     from airflow.api_fastapi.auth.managers.simple.simple_auth_manager import (
@@ -71,12 +70,9 @@ if TYPE_CHECKING:
     from airflow.sdk.exceptions import AirflowSkipException as AirflowSkipException
     from airflow.sdk.exceptions import TaskDeferred as TaskDeferred
     from airflow.sdk.observability.stats import Stats as Stats
-    from airflow.sdk.timezone import convert_to_utc as convert_to_utc
-    from airflow.sdk.timezone import make_naive as make_naive
     from airflow.timetables._cron import CronMixin as CronMixin
     from airflow.timetables.base import TimeRestriction
     from airflow.utils.dates import cron_presets as cron_presets
-    from pendulum.tz.timezone import FixedTimezone, Timezone
 
 _COMMON_COMPAT = "airflow.providers.common.compat.sdk"
 
@@ -127,11 +123,8 @@ _LOCATIONS: dict[str, tuple[tuple[str, str], ...]] = {
     "get_merged_defaults": (("airflow.sdk.bases.operator", "get_merged_defaults"),),
     "DagContext": (("airflow.sdk.definitions._internal.contextmanager", "DagContext"),),
     "TaskGroupContext": (("airflow.sdk.definitions._internal.contextmanager", "TaskGroupContext"),),
-    # Public since 3.0.
-    "convert_to_utc": (("airflow.sdk.timezone", "convert_to_utc"),),
-    "make_naive": (("airflow.sdk.timezone", "make_naive"),),
-    # Private: the core cron timetables' stepping (with their daylight-saving fixes). The capped
-    # catch-up grid reuses it so that its slots are exactly Airflow's; no public equivalent exists.
+    # Private: the core cron timetables' mixin. The capped catch-up grid takes its preset expansion and
+    # its UI description from it (its slots are its own: docs/timetable.md, "Daylight saving").
     "CronMixin": (("airflow.timetables._cron", "CronMixin"),),
     # Internal: the presets (@daily, ...) Airflow's cron timetables accept, to accept the same ones.
     "cron_presets": (("airflow.utils.dates", "cron_presets"),),
@@ -186,17 +179,6 @@ def __getattr__(name: str) -> Any:
     )
 
 
-def make_aware(value: datetime.datetime, timezone: Timezone | FixedTimezone) -> datetime.datetime:
-    """A naive wall-clock time in ``timezone``, made aware as Airflow's cron timetables do.
-
-    Airflow's own ``make_aware`` (not public) takes the later of two ambiguous wall-clock times (fold=1)
-    and lets the pendulum zone convert it; pendulum's ``Timezone.convert`` is the public API it calls.
-    """
-    if value.tzinfo is not None and value.utcoffset() is not None:
-        raise ValueError(f"make_aware expects a naive datetime, got {value}")
-    return timezone.convert(value.replace(fold=1))
-
-
 def in_task_process() -> bool:
     """Whether this process runs a task (the SDK then reaches connections through the supervisor).
 
@@ -238,7 +220,6 @@ __all__ = [
     "AIRFLOW_V_3_3_PLUS",
     "get_base_airflow_version_tuple",
     "in_task_process",
-    "make_aware",
     "HIDDEN_METADATA",
     "scheduler_session",
     "time_restriction_of",

@@ -49,7 +49,9 @@ SHEDLOCK_UPDATE = "ShedLock UPDATE, prepared"
 
 def _scripts(server: Server, dsn: str, schema: str) -> dict[str, tuple[str, str]]:
     """(protocol, script text) per arm, with the schema quoted and the values written in as literals."""
-    values = {"key": "'hot'", "owner": "'w1'", "ttl": HOLDER_TTL, "name": "'hot'", "by": "'w1'", "secs": "60"}
+    values = {"key": "'hot'", "owner": "'w1'", "ttl": HOLDER_TTL, "name": "'hot'", "by": "'w1'", "secs": "60",
+              # acquire's run columns (migrations/0011): a holder that names no run.
+              "dag_id": "NULL", "run_id": "NULL", "task_id": "NULL", "map_index": "NULL"}
 
     def render(text: str) -> str:
         rendered = sqltext.compose(text, schema).as_string(server.conn)

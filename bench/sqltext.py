@@ -134,7 +134,7 @@ BEFORE_RENEW = (
     "WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s "
     "AND l.expires_at > clock_timestamp() AND l.released_at IS NULL "
     "RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at, "
-    "clock_timestamp()"
+    "clock_timestamp() AS observed_at"
 )
 
 

@@ -94,7 +94,7 @@ def plans(cur: Any, db: Database, conn: Any) -> list[dict[str, Any]]:
         ("run_events", "the events of one run (the task tab)",
          {"dag_id": dag, "run_id": "run_4007", "since": None, "until": None, "limit": 10_000}),
         ("dag_leases", "the lease rows of a DAG's runs",
-         {"owner_prefix": dag + "/", "limit": 1000}),
+         {"dag_id": dag, "limit": 1000}),
     ]
     found = []
     for name, what, params in cases:

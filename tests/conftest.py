@@ -1,15 +1,107 @@
 from __future__ import annotations
 
-from collections.abc import Iterator
-from typing import TYPE_CHECKING
+import contextlib
+import fcntl
+import json
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
+import hypothesis
 import pytest
 
 from airflow_lease_provider.core import FenceStore, LeaseStore
-from tests.pg import EmbeddedServer, drop_schema, external_dsn, new_schema_name
+from tests.pg import EmbeddedServer, drop_schema, external_dsn, new_schema_name, scratch_dir
 
 if TYPE_CHECKING:
     from demo.deployment import MetadataTemplate
+
+
+# Hypothesis's per-example deadline (200 ms) is a timing check, not a property: on the loaded 2-core
+# machine a cheap example took 264 ms once and failed the run (tests/core/test_default_keys.py). Off for
+# the suite; a test's own ``@settings(deadline=...)`` still applies, and HYPOTHESIS_PROFILE picks another.
+hypothesis.settings.register_profile("lease-suite", deadline=None)
+hypothesis.settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "lease-suite"))
+
+
+# -- what the test processes build once per run and share (under xdist) ------------------------------------
+#
+# A migrated metadata database (PostgreSQL) and a migrated SQLite Airflow home are built by the first
+# worker that needs one, under a file lock in a directory the controller makes for the run; the other
+# workers read its record and copy from the same template. The controller removes them at the end.
+# Without xdist the fixture builds and removes its own.
+
+SHARED_DIR = "lease_shared_dir"
+
+
+def _drop_metadata(record: dict[str, Any]) -> None:
+    from demo.deployment import drop_database
+
+    drop_database(record["admin_dsn"], record["name"])
+
+
+def _remove_path(record: dict[str, Any]) -> None:
+    shutil.rmtree(record["path"], ignore_errors=True)
+
+
+#: How the controller removes each kind of shared record.
+_CLEANUPS: dict[str, Callable[[dict[str, Any]], None]] = {"metadata": _drop_metadata, "airflow-sqlite": _remove_path}
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        config.stash[_SHARED] = scratch_dir("lease-shared-")
+
+
+_SHARED = pytest.StashKey[Path]()
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:
+    """xdist, on the controller: tell each worker where the run's shared records are."""
+    node.workerinput[SHARED_DIR] = str(node.config.stash[_SHARED])
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    shared = config.stash.get(_SHARED, None)
+    if shared is None:
+        return
+    for path in sorted(shared.glob("*.json")):
+        record = json.loads(path.read_text())
+        with contextlib.suppress(Exception):
+            _CLEANUPS[record["kind"]](record)
+    shutil.rmtree(shared, ignore_errors=True)
+
+
+@contextlib.contextmanager
+def built_once(config: pytest.Config, name: str, kind: str, build: Callable[[], dict[str, Any]], *,
+               shared: bool = True) -> Iterator[dict[str, Any]]:
+    """The record of ``name``, built by ``build`` once per run: under xdist (and ``shared``) once for
+    all workers (the first builds it under a lock, the rest read its record), else in this process."""
+    workerinput = getattr(config, "workerinput", None)
+    if not shared or workerinput is None or SHARED_DIR not in workerinput:
+        record = {**build(), "kind": kind}
+        try:
+            yield record
+        finally:
+            _CLEANUPS[kind](record)
+        return
+    shared = Path(workerinput[SHARED_DIR])
+    path = shared / f"{name}.json"
+    with (shared / f"{name}.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            if not path.exists():
+                record = {**build(), "kind": kind}
+                tmp = path.with_suffix(".tmp")
+                tmp.write_text(json.dumps(record))
+                tmp.rename(path)
+            record = json.loads(path.read_text())
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+    yield record  # the controller removes it (pytest_unconfigure)
 
 
 @pytest.fixture(scope="session")
@@ -27,17 +119,44 @@ def pg_dsn() -> Iterator[str]:
 
 
 @pytest.fixture(scope="session")
-def metadata_template(pg_dsn: str) -> Iterator[MetadataTemplate]:
-    """A migrated Airflow metadata database, once per test process: every tier that starts Airflow
-    copies its databases from it (``CREATE DATABASE ... TEMPLATE``) instead of migrating one of its own
-    (``airflow db migrate`` is most of a minute of CPU)."""
+def metadata_template(pg_dsn: str, pytestconfig: pytest.Config) -> Iterator[MetadataTemplate]:
+    """A migrated Airflow metadata database: every tier that starts Airflow copies its databases from it
+    (``CREATE DATABASE ... TEMPLATE``) instead of migrating one of its own (``airflow db migrate`` is
+    most of a minute of CPU). One per run on ``LEASE_TEST_DSN``'s server, shared by the xdist workers;
+    one per test process on the embedded servers (each worker has its own)."""
     from demo.deployment import MetadataTemplate
 
-    template = MetadataTemplate(pg_dsn)
-    try:
-        yield template
-    finally:
-        template.drop()
+    def build() -> dict[str, Any]:
+        template = MetadataTemplate(pg_dsn)
+        shutil.rmtree(template.root, ignore_errors=True)
+        return {"admin_dsn": pg_dsn, "name": template.name}
+
+    # The embedded servers are one per worker: a template on one is no use to the others.
+    with built_once(pytestconfig, "metadata-template", "metadata", build, shared=bool(external_dsn())) as record:
+        template = MetadataTemplate.existing(record["admin_dsn"], record["name"])
+        try:
+            yield template
+        finally:
+            shutil.rmtree(template.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def airflow_template(pytestconfig: pytest.Config) -> Iterator[Path]:
+    """An AIRFLOW_HOME with a migrated SQLite metadata database (``airflow.db``), to copy homes from:
+    the ``airflow dags test`` tier and the UI tier's api-server. Once per run."""
+    from tests.airflow.harness import migrate_template
+
+    def build() -> dict[str, Any]:
+        root = scratch_dir("lease-airflow-template-")
+        try:
+            home = migrate_template(root)
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        return {"path": str(root), "home": str(home)}
+
+    with built_once(pytestconfig, "airflow-sqlite-template", "airflow-sqlite", build) as record:
+        yield Path(record["home"])
 
 
 @pytest.fixture
@@ -60,3 +179,137 @@ def fences(pg_dsn: str, schema: str) -> Iterator[FenceStore]:
     fence_store = FenceStore(pg_dsn, schema=schema)
     yield fence_store
     fence_store.close()
+
+
+# -- the budget: the longest test files, printed at the end of every run ----------------------------------
+
+#: Seconds per test file: setup, call and teardown of each of its tests (a module-scoped fixture's start
+#: counts in its first test's setup). Filled from the test reports, which under xdist arrive on the
+#: controller from every worker, so this works with and without ``-n``.
+_FILE_SECONDS: dict[str, float] = {}
+LONGEST_FILES = 15
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    path = report.nodeid.split("::", 1)[0]
+    _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
+    if hasattr(config, "workerinput") or not _FILE_SECONDS:
+        return  # an xdist worker: the controller prints the whole run's figures
+    longest = sorted(_FILE_SECONDS.items(), key=lambda item: item[1], reverse=True)[:LONGEST_FILES]
+    terminalreporter.write_sep("=", f"the {len(longest)} longest test files (s, setup + call + teardown)")
+    for path, seconds in longest:
+        terminalreporter.write_line(f"{seconds:8.1f}  {path}")
+    terminalreporter.write_line(f"{sum(_FILE_SECONDS.values()):8.1f}  all {len(_FILE_SECONDS)} files")
+
+
+# -- scheduling under xdist: the longest files first, the UI's shared server in one process ---------------
+#
+# scripts/test runs ``--dist loadfile --no-loadscope-reorder``. With ``loadfile`` the scheduler below
+# (``pytest_xdist_make_scheduler``) sends each file to one process, as xdist's own does (a module's
+# deployment stays in one process), except the modules that share the UI tier's session-scoped ``world``
+# (one api-server with seeded runs): those go to one process together, which starts it once. (xdist's
+# ``loadgroup`` would do that with ``xdist_group`` marks, but with this pytest it does not group at all.)
+# The work units go out in collection order (``--no-loadscope-reorder``), and the collection is ordered
+# longest file first (the measured order below, then every other file that starts Airflow, then the
+# rest in their own order), so no long file starts last and keeps one process busy after the others.
+
+#: Files sharing the UI tier's ``world`` fixture (tests/ui/conftest.py).
+UI_WORLD = ("tests/ui/test_api_server.py", "tests/ui/test_browser.py", "tests/ui/test_timeline_browser.py")
+#: The longest files, longest first: the order of the per-file figures of a full run at 290b9a4 (seconds
+#: under load: every file's setup + call + teardown), the UI's world group where its three files add up.
+#: Only the order matters; a new long file is seen in the printed budget and belongs here.
+LONGEST_FIRST = (
+    "tests/airflow/test_leased_e2e.py",  # 350
+    "tests/ui/test_api_server.py",  # the world group: 66 + 140 + 59
+    "tests/ui/test_browser.py",
+    "tests/ui/test_timeline_browser.py",
+    "tests/reliability/test_airflow_chaos.py",  # 242
+    "tests/timetables/test_scheduler_e2e.py",  # 177
+    "tests/reliability/test_chaos.py",  # 167, the longest without Airflow: first in --no-airflow
+    "tests/deployment/test_examples.py",  # 169
+    "tests/celery/test_celery_e2e.py",  # 218; not beside the other Celery deployment at the start
+    "tests/deployment/test_demo.py",  # 153
+    "tests/timetables/test_scheduler_moves_e2e.py",  # 151
+    "tests/airflow/test_scheduler_e2e.py",  # 150
+    "tests/cli/test_embedded_store.py",  # 383 with its own migration, now a copy of the template
+    "tests/deployment/test_leased.py",  # 119
+    "tests/airflow/test_terminate.py",  # 119
+    "tests/core/test_concurrency.py",  # 89
+    "tests/reliability/test_failover.py",  # 68
+    "tests/timetables/test_catchup_record_once.py",  # 54
+    "tests/core/test_default_keys.py",  # 53
+    "tests/cli/test_owner_ids.py",  # 51
+    "tests/airflow/test_task_process_settings.py",  # 48
+    "tests/ui/test_fab.py",  # 46
+    "tests/airflow/test_provider.py",  # 46
+    "tests/airflow/test_wrap.py",  # 44
+)
+
+
+def _file_of(item: pytest.Item) -> str:
+    return item.nodeid.split("::", 1)[0]
+
+
+#: Fixtures that build or start Airflow (its CLI, a deployment, a migrated metadata database), by the
+#: conftest that defines them: a test using one is an ``airflow`` test, marked or not, so
+#: ``-m "not airflow"`` (``scripts/test --no-airflow``) leaves it out.
+AIRFLOW_FIXTURES = {
+    "airflow_home": "tests.airflow.conftest",
+    "airflow_template": "tests.conftest",
+    "metadata_template": "tests.conftest",
+    "celery_deployment": "tests.celery.conftest",
+}
+
+
+def _starts_airflow(item: pytest.Item) -> bool:
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return False
+    for name, module in AIRFLOW_FIXTURES.items():
+        definitions = info.name2fixturedefs.get(name)
+        if definitions and getattr(definitions[-1].func, "__module__", None) == module:
+            return True
+    return False
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for item in items:
+        if not item.get_closest_marker("airflow") and _starts_airflow(item):
+            item.add_marker(pytest.mark.airflow)
+    ui_world = [f for f in UI_WORLD if f in {_file_of(i) for i in items}]
+
+    def unit(item: pytest.Item) -> str:
+        path = _file_of(item)
+        return ui_world[0] if path in UI_WORLD else path  # the group goes where its first file goes
+
+    ranks: dict[str, tuple[int, int]] = {}
+    for item in items:
+        path = unit(item)
+        if path in LONGEST_FIRST:
+            rank = (0, LONGEST_FIRST.index(path))
+        elif item.get_closest_marker("airflow") or item.get_closest_marker("celery"):
+            rank = (1, 0)
+        else:
+            rank = (2, 0)
+        ranks[path] = min(rank, ranks.get(path, rank))
+    order = {id(item): index for index, item in enumerate(items)}
+    items.sort(key=lambda item: (ranks[unit(item)], order[id(item)]))  # within a rank, the collection's order
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
+    """``--dist loadfile``: a work unit per file, the UI world's files one unit."""
+    if config.getvalue("dist") != "loadfile":
+        return None
+    from xdist.scheduler import LoadFileScheduling
+
+    class FileScheduling(LoadFileScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            path = nodeid.split("::", 1)[0]
+            return "ui-world" if path in UI_WORLD else path
+
+    return FileScheduling(config, log)

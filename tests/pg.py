@@ -69,3 +69,24 @@ def execute(dsn: str, query: str | sql.Composable, params: tuple[object, ...] = 
 def q(template: str, schema: str) -> sql.Composed:
     """SQL text with ``{schema}`` filled in as a quoted identifier (no f-string SQL, even in tests)."""
     return sql.SQL(template).format(schema=sql.Identifier(schema))
+
+
+def store_at_version(dsn: str, schema: str, version: int) -> None:
+    """A store as that version of the library left it: the migrations up to ``version``, each with its
+    version row, applied as the migrator applies them (``search_path`` set to the schema, ``{schema}``
+    filled in). A fresh store is created from schema.sql instead; this is the upgrade path's start."""
+    from airflow_lease_provider.core.db import with_schema
+    from airflow_lease_provider.core.schema import migrations
+
+    conn = psycopg2.connect(dsn)
+    with conn, conn.cursor() as cur:
+        cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
+        cur.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
+        cur.execute(
+            "CREATE TABLE schema_version (version integer PRIMARY KEY, name text NOT NULL,"
+            " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
+        )
+        for migration in migrations()[:version]:
+            cur.execute(with_schema(migration.sql, schema, conn))
+            cur.execute("INSERT INTO schema_version (version, name) VALUES (%s, %s)", (migration.version, migration.name))
+    conn.close()

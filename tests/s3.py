@@ -20,6 +20,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -67,22 +68,35 @@ class MotoServer:
             command = [exe, "-H", "127.0.0.1", "-p", str(self.port)]
         else:
             command = [sys.executable, "-c", _SERIAL_SERVER, "127.0.0.1", str(self.port)]
+        # Its output goes to a file, shown if it does not start (importing moto alone takes seconds, and
+        # far longer on a loaded 2-core machine: the wait is generous, and ends at once if it exits).
+        self._log = tempfile.TemporaryFile()
         self.process = subprocess.Popen(
             command,
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, "MOTO_CALL_RESET_API": "false"},
+            stdout=self._log, stderr=subprocess.STDOUT, env={**os.environ, "MOTO_CALL_RESET_API": "false"},
         )
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 180
         while True:
             if self.process.poll() is not None:
-                raise RuntimeError(f"moto_server exited at start (code {self.process.returncode})")
+                raise RuntimeError(f"moto_server exited at start (code {self.process.returncode}): {self._tail()}")
             try:
                 socket.create_connection(("127.0.0.1", self.port), 0.2).close()
                 break
             except OSError:
                 if time.monotonic() > deadline:
                     self.stop()
-                    raise RuntimeError("moto_server did not listen within 30 s") from None
+                    raise RuntimeError(f"moto_server did not listen within 180 s: {self._tail()}") from None
                 time.sleep(0.05)
+
+    def __enter__(self) -> MotoServer:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def _tail(self) -> str:
+        self._log.seek(0)
+        return self._log.read()[-2000:].decode("utf-8", "replace")
 
     def client(self, **config: Any) -> Any:
         return boto3.client(
@@ -102,3 +116,4 @@ class MotoServer:
         if self.process.poll() is None:
             self.process.kill()
         self.process.wait(timeout=10)
+        self._log.close()

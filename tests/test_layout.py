@@ -471,3 +471,18 @@ def test_the_old_import_path_of_current_lease_is_the_runtime_s_own() -> None:
 
     assert context.current_lease is runtime.current_lease
     assert context.LeaseContext is runtime.LeaseContext
+
+
+def test_the_driver_is_imported_only_by_the_core_s_database_layer() -> None:
+    """psycopg2 is imported by ``core/db/`` alone (issue 24 item 2): the rest asks it for rows by name."""
+    db_layer = PACKAGE / "core" / "db"
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line} imports {module}"
+        for path in sorted(PACKAGE.rglob("*.py"))
+        if db_layer not in path.parents
+        for line, module in _imported_modules(path)
+        if module == "psycopg2" or module.startswith("psycopg2.")
+    ]
+    assert offenders == []
+    # The check sees an import where there is one.
+    assert any(m.startswith("psycopg2") for _, m in _imported_modules(db_layer / "database.py"))

@@ -19,6 +19,7 @@ from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.db import Database
 from airflow_lease_provider.core.errors import InvalidArgument, LeaseError
 from airflow_lease_provider.core.identity import RunRef, run_columns
+from airflow_lease_provider.core.types import from_columns
 
 log = logging.getLogger(__name__)
 
@@ -110,6 +111,10 @@ class EventCount:
     last_24h: int
     last_7d: int
 
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> EventCount:
+        return from_columns(cls, row)
+
 
 @dataclass(frozen=True)
 class HoldStats:
@@ -120,6 +125,10 @@ class HoldStats:
     worst_seconds: float
     p95_seconds: float
     last_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> HoldStats:
+        return from_columns(cls, row)
 
 
 class EventLedger:
@@ -225,19 +234,25 @@ class EventLedger:
         if isinstance(limit, bool) or not isinstance(limit, int) or not 1 <= limit <= 10_000:
             raise InvalidArgument("limit", limit, "must be an integer from 1 to 10000")
         self._prepare()
-        rows = self.db.records(
-            "query_events", {"key": key, "kind": kind, "since": since, "until": until, "limit": limit}
+        rows = self.db.run(
+            "event_page",
+            {
+                "key": key, "kind": kind, "since": since, "until": until, "limit": limit,
+                "before_at": None, "before_id": None, "dag_ids": None,
+            },
         )
         return [Event.from_row(r) for r in rows]
 
-    def counts(self) -> list[EventCount]:
-        """Per key and kind: how many events in the last 24 hours and the last 7 days."""
+    def counts(self, *, dag_ids: list[str] | None = None) -> list[EventCount]:
+        """Per key and kind: how many events in the last 24 hours and the last 7 days (of the events
+        of ``dag_ids`` when given: their ``dag_id`` column)."""
         self._prepare()
-        return [EventCount(r[0], r[1], int(r[2]), int(r[3])) for r in self.db.run("count_events", {})]
+        return [EventCount.from_row(r) for r in self.db.run("count_events", {"dag_ids": dag_ids})]
 
-    def hold_stats(self, window: timedelta = DEFAULT_RETENTION) -> list[HoldStats]:
-        """Per key: released holds within ``window`` (by the database clock), the longest and the p95."""
+    def hold_stats(self, window: timedelta = DEFAULT_RETENTION, *, dag_ids: list[str] | None = None) -> list[HoldStats]:
+        """Per key: released holds within ``window`` (by the database clock), the longest and the p95
+        (of the events of ``dag_ids`` when given)."""
         validation.positive_timedelta("window", window)
         self._prepare()
-        rows = self.db.run("hold_stats", {"window": window})
-        return [HoldStats(r[0], int(r[1]), float(r[2]), float(r[3]), r[4]) for r in rows]
+        rows = self.db.run("hold_stats", {"window": window, "dag_ids": dag_ids})
+        return [HoldStats.from_row(r) for r in rows]

@@ -21,11 +21,8 @@ from datetime import timedelta
 from types import TracebackType
 from typing import Any
 
-import psycopg2
-from psycopg2 import sql
-
 from airflow_lease_provider.core import validation
-from airflow_lease_provider.core.db import translate
+from airflow_lease_provider.core.db import CallerError, Row, callers_statements
 from airflow_lease_provider.core.errors import (
     DuplicatePublish,
     InvalidArgument,
@@ -120,15 +117,6 @@ def _bad_store_id(value: object) -> str:
     raise InvalidArgument("store_id", value, "must be a lease store's id (LeaseStore.store_id), a UUID")
 
 
-class _CallerError(Exception):
-    """Carries an error of the caller's own SQL inside :meth:`FenceStore.transaction` past the store's
-    error translation, so the caller gets the driver's exception itself."""
-
-    def __init__(self, error: psycopg2.Error) -> None:
-        super().__init__(str(error))
-        self.error = error
-
-
 class FenceStore(Store):
     """Fences on PostgreSQL: usually the database you publish to, so the fence and the write can share
     a transaction. One fence per (resource, lease key): pass the lease's key as ``key``.
@@ -197,18 +185,19 @@ class FenceStore(Store):
             "store_id": _store_id(store_id),
         }
 
-    def _decision(self, params: dict[str, Any], row: tuple[Any, ...]) -> FenceDecision:
+    def _decision(self, params: dict[str, Any], row: Row) -> FenceDecision:
+        """The decision of a ``fence_advance`` row (outcome, current_token, current_store, newest_grant)."""
         release = None
-        if row[0] == "accepted" and params["idempotency_key"] is not None:
+        if row["outcome"] == "accepted" and params["idempotency_key"] is not None:
 
             def release() -> bool:
                 return self._give_back(params)
 
+        current, store, newest = row["current_token"], row["current_store"], row["newest_grant"]
         return FenceDecision(
-            params["resource"], params["token"], row[0], int(row[1]) if row[1] is not None else None,
+            params["resource"], params["token"], row["outcome"], None if current is None else int(current),
             params["idempotency_key"], params["key"], params["store_id"],
-            str(row[2]) if len(row) > 2 and row[2] is not None else None,
-            int(row[3]) if len(row) > 3 and row[3] is not None else None,
+            None if store is None else str(store), None if newest is None else int(newest),
             release,
         )
 
@@ -231,8 +220,8 @@ class FenceStore(Store):
             )
         return given_back
 
-    def _decided(self, params: dict[str, Any], row: tuple[Any, ...], run: RunRef | None) -> FenceDecision:
-        decision = self._decision(params, row)
+    def _reported(self, params: dict[str, Any], decision: FenceDecision, run: RunRef | None) -> FenceDecision:
+        """``decision``, logged and recorded in the ledger when it is a rejection."""
         if not decision.accepted:
             log.warning(
                 "fence %r (lease key %r) rejected token %s (%s); it has accepted token %s",
@@ -284,7 +273,7 @@ class FenceStore(Store):
         """
         params = self._params(resource, key, token, owner, idempotency_key, store_id)
         rows = self._ready().run("fence_advance", params, durable=True, retry=False)
-        return self._decided(params, rows[0], run)
+        return self._reported(params, self._decision(params, rows[0]), run)
 
     def accept(
         self,
@@ -338,12 +327,12 @@ class FenceStore(Store):
         resource = validation.lookup_name("resource", resource)
         key = validation.lookup_name("key", key)
         rows = self._ready().run("fence_current", {"resource": resource, "key": key})
-        return int(rows[0][0]) if rows and rows[0][0] is not None else None
+        return int(rows[0]["token"]) if rows and rows[0]["token"] is not None else None
 
     def tokens(self, resource: str) -> dict[str, int]:
         """Every lease key's largest accepted token at ``resource`` (for status pages)."""
         resource = validation.lookup_name("resource", resource)
-        return {row[0]: int(row[1]) for row in self._ready().run("fence_tokens", {"resource": resource})}
+        return {row["key"]: int(row["token"]) for row in self._ready().run("fence_tokens", {"resource": resource})}
 
     @contextmanager
     def transaction(
@@ -383,25 +372,20 @@ class FenceStore(Store):
         rejected: FenceDecision | None = None
         try:
             with db.transaction() as cur:
-                cur.execute(db.query_text("fence_advance", cur.connection), params)
-                decision = replace(self._decision(params, cur.fetchone()), _release=None)
+                decision = replace(self._decision(params, db.run_in(cur, "fence_advance", params)[0]), _release=None)
                 if decision.accepted:
                     cur.execute(db.statement_timeout_sql(timeout))
-                    try:
+                    # A driver error of the caller's own SQL reaches the caller as it is; a connection
+                    # that died under it (the server crashed or was cut off) is the store unavailable.
+                    with callers_statements(cur):
                         yield cur
-                    except psycopg2.Error as exc:
-                        if cur.connection.closed:
-                            # The connection died under the caller's statement (the server crashed or
-                            # was cut off): the store is unavailable, whatever the statement was.
-                            raise
-                        raise _CallerError(exc) from exc
                 else:
                     rejected = decision
-        except _CallerError as wrapped:
+        except CallerError as wrapped:
             raise wrapped.error from None
         if rejected is not None:
             # Recorded after the (empty) transaction ended, on the autocommit connection.
-            self._decided(params, _row(rejected), run)
+            self._reported(params, rejected, run)
             rejected.raise_if_rejected()
 
     def advance_in(
@@ -422,21 +406,8 @@ class FenceStore(Store):
         The schema must already exist in that database (any store operation or ``ensure_schema`` makes it).
         """
         params = self._params(resource, key, token, owner, idempotency_key, store_id)
-        query = sql.SQL(
-            "SELECT outcome, current_token, current_store, newest_grant FROM {schema}.fence_advance("
-            "%(resource)s, %(key)s, %(token)s, %(owner)s, %(idempotency_key)s, %(store_id)s::uuid)"
-        ).format(schema=sql.Identifier(self.db.schema))
-        try:
-            cursor.execute(query, params)
-            row = cursor.fetchone()
-        except psycopg2.Error as exc:
-            raise translate(exc, self.db.where) from exc
-        decision = replace(self._decision(params, row), _release=None)
-        if not decision.accepted:
-            self._decided(params, _row(decision), run)
+        decision = replace(self._decision(params, self.db.run_in(cursor, "fence_advance", params)[0]), _release=None)
+        self._reported(params, decision, run)
         decision.raise_if_rejected()
         return decision
 
-
-def _row(decision: FenceDecision) -> tuple[Any, ...]:
-    return (decision.outcome, decision.current_token, decision.current_store, decision.newest_grant)

@@ -1,8 +1,8 @@
 """Reads of the event ledger by one lease key or one DAG and a time range: the timeline and the trends.
 
 Every read names a key or a DAG and a time range, so each is an index range scan however large the
-ledger (``event_key_at_idx``; ``event_dag_at_idx`` and ``event_fence_lease_key_at_idx`` of migration
-0005). What the rows mean (holdings, skip share) is worked out by the read model,
+ledger (``event_key_at_idx``; ``event_fence_lease_key_at_idx`` of migration 0005, ``event_dag_at_idx``
+of migration 0011). What the rows mean (holdings, skip share) is worked out by the read model,
 :mod:`airflow_lease_provider.plugins.timeline`.
 """
 
@@ -14,10 +14,11 @@ from datetime import datetime
 from typing import Any
 
 from airflow_lease_provider.core import validation
+from airflow_lease_provider.core.db import Row
 from airflow_lease_provider.core.errors import InvalidArgument
 from airflow_lease_provider.core.events import Event
 from airflow_lease_provider.core.store import Store
-from airflow_lease_provider.core.types import Lease, lease_from_row
+from airflow_lease_provider.core.types import Lease
 
 #: Trend buckets: hours or days, UTC.
 UNITS = ("hour", "day")
@@ -70,15 +71,15 @@ class LeaseHistory:
     def __init__(self, store: Store) -> None:
         self.store = store
 
-    def _run(self, name: str, params: dict[str, Any]) -> list[tuple[Any, ...]]:
+    def _run(self, name: str, params: dict[str, Any]) -> list[Row]:
         return self.store._ready().run(name, params)
 
     def _events(self, name: str, params: dict[str, Any]) -> list[Event]:
-        return [Event.from_row(r) for r in self.store._ready().records(name, params)]
+        return [Event.from_row(r) for r in self._run(name, params)]
 
     def now(self) -> datetime:
         """The database clock."""
-        value = self._run("db_now", {})[0][0]
+        value = self._run("db_now", {})[0]["now"]
         assert isinstance(value, datetime)
         return value
 
@@ -94,7 +95,7 @@ class LeaseHistory:
         """The events of ``key`` in ``[since, until)``, newest first: those recorded under the key and the
         fence rejections of its tokens. At most ``limit`` (the newest).
 
-        :param dag_ids: only the events of these DAGs (the detail's ``dag_id``, else the owner's DAG).
+        :param dag_ids: only the events of these DAGs (their ``dag_id`` column).
         """
         key = validation.lookup_name("key", key)
         _range(since, until)
@@ -125,7 +126,10 @@ class LeaseHistory:
         if params["unit"] not in UNITS:
             raise InvalidArgument("unit", params["unit"], f"must be one of {', '.join(UNITS)}")
         _range(params["since"], params["until"])
-        return [TrendRow(r[0], r[1], int(r[2]), int(r[3]), int(r[4])) for r in self._run(name, params)]
+        return [
+            TrendRow(r["bucket"], r["kind"], int(r["events"]), int(r["owners"]), int(r["slots"]))
+            for r in self._run(name, params)
+        ]
 
     def key_trend(
         self,
@@ -152,10 +156,11 @@ class LeaseHistory:
         validation.identifier("dag_id", dag_id)
         _range(since, until)
         params = {"dag_id": dag_id, "since": since, "until": until, "limit": _limit(limit, 10_000)}
-        return [KeyUse(r[0], int(r[1]), r[2]) for r in self._run("dag_keys", params)]
+        return [KeyUse(r["lease_key"], int(r["events"]), r["last_at"]) for r in self._run("dag_keys", params)]
 
     def dag_leases(self, dag_id: str, *, limit: int = 1000) -> list[Lease]:
-        """The lease rows whose holder (or last holder) is a run of ``dag_id``, in key order."""
+        """The lease rows whose holder (or last holder) is a run of ``dag_id`` (the run the acquire named:
+        the lease's ``dag_id`` column), in key order."""
         validation.identifier("dag_id", dag_id)
-        params = {"owner_prefix": dag_id + "/", "limit": _limit(limit, 100_000)}
-        return [lease_from_row(r) for r in self._run("dag_leases", params)]
+        params = {"dag_id": dag_id, "limit": _limit(limit, 100_000)}
+        return [Lease.from_row(r) for r in self._run("dag_leases", params)]

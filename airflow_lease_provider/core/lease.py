@@ -19,7 +19,7 @@ from airflow_lease_provider.core.events import Event, EventCount, EventKind, Hol
 from airflow_lease_provider.core.identity import RunRef, run_columns
 from airflow_lease_provider.core.keeper import LeaseKeeper
 from airflow_lease_provider.core.store import Store
-from airflow_lease_provider.core.types import Acquisition, Holding, Lease, TokenEpoch, checked, lease_from_row
+from airflow_lease_provider.core.types import Acquisition, Holding, Lease, TokenEpoch, checked
 
 __all__ = ["Acquisition", "Holding", "Lease", "LeaseStore", "TokenEpoch", "checked", "positive_limit"]
 
@@ -95,22 +95,23 @@ class LeaseStore(Store):
         # same owner re-entering, which only burns the unseen token.
         db = self._ready()
         sent_at = time.monotonic()  # before the request: the keeper counts the time left from here
-        params: dict[str, Any] = {"key": key, "owner": owner, "ttl": ttl}
+        # The holder's run goes to the lease row's run columns (and to the 'acquired' event's).
+        params: dict[str, Any] = {"key": key, "owner": owner, "ttl": ttl, **columns}
         if self.record_events:
             # The grant and its 'acquired' event in one transaction (one durable commit, one round trip);
             # the statement adds the expiry to this detail.
             params["detail"] = self._acquire_detail(ttl)
-            rows = db.run("acquire_logged", {**params, **columns}, durable=True)
+            rows = db.run("acquire_logged", params, durable=True)
         else:
             rows = db.run("acquire", params, durable=True)
         if not rows:
             # The row appeared between our snapshot and our insert: someone else just created it.
             return Acquisition(None, self.holder(key))
-        acquired, *state = rows[0]
-        lease = lease_from_row(tuple(state[:9]), sent_at)
-        if acquired:
+        row = rows[0]
+        lease = Lease.from_row(row, sent_at)
+        if row["acquired"]:
             if self.record_events:
-                self._logged(state[9], EventKind.ACQUIRED, key)
+                self._logged(row["logged"], EventKind.ACQUIRED, key)
             return Acquisition(lease, None)
         if not lease.held:
             # We lost a race to a holder our snapshot could not see yet: read who it is.
@@ -158,7 +159,7 @@ class LeaseStore(Store):
         db = self._ready()
         sent_at = time.monotonic()
         rows = db.run("holder", {"key": key})
-        return lease_from_row(rows[0], sent_at) if rows else None
+        return Lease.from_row(rows[0], sent_at) if rows else None
 
     def holds(self, key: str, owner: str, *, token: int | None = None) -> Holding:
         """Does ``owner`` (with ``token``, when given) hold ``key`` right now? One read of the store.
@@ -184,7 +185,7 @@ class LeaseStore(Store):
         rows = db.run(
             "renew", {"key": lease.key, "owner": lease.owner, "token": lease.token, "ttl": ttl}, durable=True
         )
-        return lease_from_row(rows[0], sent_at) if rows else None
+        return Lease.from_row(rows[0], sent_at) if rows else None
 
     def release(self, lease: Lease, *, run: RunRef | None = None) -> bool:
         """Free the lease. True only if owner and token still matched (so nobody else's lease is freed)."""
@@ -195,7 +196,7 @@ class LeaseStore(Store):
             # The release and its 'released' event (held_seconds, released_at) in one transaction.
             rows = self._ready().run("release_logged", {**params, "detail": "{}", **columns}, durable=True)
             if rows:
-                self._logged(rows[0][9], EventKind.RELEASED, lease.key)
+                self._logged(rows[0]["logged"], EventKind.RELEASED, lease.key)
         else:
             rows = self._ready().run("release", params, durable=True)
         return bool(rows)
@@ -207,7 +208,7 @@ class LeaseStore(Store):
         """
         key = validation.lookup_name("key", key)
         rows = self._ready().run("lease_by_key", {"key": key})
-        return lease_from_row(rows[0]) if rows else None
+        return Lease.from_row(rows[0]) if rows else None
 
     def force_release(
         self, key: str, *, by: str = "admin", reason: str = "", expected_token: int | None = None,
@@ -252,10 +253,10 @@ class LeaseStore(Store):
         )
         if not rows:
             return None
-        previous = lease_from_row(rows[0][:9])
-        if rows[0][9] is None:
+        previous = Lease.from_row(rows[0])
+        if rows[0]["new_token"] is None:
             raise LeaseChanged(key, expected_token, previous)
-        new_token = int(rows[0][9])
+        new_token = int(rows[0]["new_token"])
         if self.record_events:
             self.events.record(
                 EventKind.FORCE_RELEASED, key, owner=previous.owner, token=previous.token,
@@ -279,8 +280,8 @@ class LeaseStore(Store):
         :param after: the keys after this one (the last key of the previous page): keyset pagination,
             so every page costs one index range scan however many keys there are.
         :param held_only: only the leases valid right now.
-        :param dag_ids: only the leases whose owner's DAG (the owner up to its first ``/``) is one of
-            these; ``None`` for all, including owners that name no DAG.
+        :param dag_ids: only the leases whose holder's run (the ``run=`` its acquire passed, stored in the
+            lease's ``dag_id`` column) is of one of these DAGs; ``None`` for all, including leases of no run.
         """
         positive_limit(limit)
         if after is not None:
@@ -288,7 +289,7 @@ class LeaseStore(Store):
         params = {"limit": limit, "after": after, "held_only": bool(held_only), "dag_ids": _dag_list(dag_ids)}
         db = self._ready()
         sent_at = time.monotonic()
-        return [lease_from_row(row, sent_at) for row in db.run("lease_page", params)]
+        return [Lease.from_row(row, sent_at) for row in db.run("lease_page", params)]
 
     def event_page(
         self,
@@ -304,7 +305,7 @@ class LeaseStore(Store):
         """Events newest first, like :meth:`EventLedger.query`, keyset-paginated and scoped to DAGs.
 
         :param before: ``(at, id)`` of the last event of the previous page: the page continues after it.
-        :param dag_ids: only events of these DAGs (the detail's ``dag_id``, else the owner's DAG).
+        :param dag_ids: only events of these DAGs (their ``dag_id`` column: the run their writer passed).
         """
         if kind is not None:
             kind = event_kind(kind)
@@ -322,7 +323,7 @@ class LeaseStore(Store):
             _aware("before", before[0])
             before_at, before_id = before
         positive_limit(limit, maximum=10_000)
-        rows = self._ready().records(
+        rows = self._ready().run(
             "event_page",
             {
                 "key": key, "kind": kind, "since": since, "until": until, "limit": limit,
@@ -348,23 +349,21 @@ class LeaseStore(Store):
         _aware("since", since)
         _aware("until", until)
         positive_limit(limit, maximum=100_000)
-        rows = self._ready().records(
+        rows = self._ready().run(
             "run_events", {"dag_id": dag_id, "run_id": run_id, "since": since, "until": until, "limit": limit}
         )
         return [Event.from_row(r) for r in rows]
 
     def event_counts(self, *, dag_ids: Collection[str] | None = None) -> list[EventCount]:
         """:meth:`EventLedger.counts`, limited to the events of ``dag_ids`` when given."""
-        rows = self._ready().run("count_events_scoped", {"dag_ids": _dag_list(dag_ids)})
-        return [EventCount(r[0], r[1], int(r[2]), int(r[3])) for r in rows]
+        return self.events.counts(dag_ids=_dag_list(dag_ids))
 
     def hold_stats(
         self, window: timedelta, *, dag_ids: Collection[str] | None = None
     ) -> list[HoldStats]:
         """:meth:`EventLedger.hold_stats`, limited to the events of ``dag_ids`` when given."""
         validation.positive_timedelta("window", window)
-        rows = self._ready().run("hold_stats_scoped", {"window": window, "dag_ids": _dag_list(dag_ids)})
-        return [HoldStats(r[0], int(r[1]), float(r[2]), float(r[3]), r[4]) for r in rows]
+        return self.events.hold_stats(window, dag_ids=_dag_list(dag_ids))
 
     def keep(
         self,
@@ -393,7 +392,7 @@ class LeaseStore(Store):
         """
         db = self._ready()
         db.run("token_floor", {}, durable=True)
-        return TokenEpoch(*db.run("token_epoch", {})[0])
+        return TokenEpoch.from_row(db.run("token_epoch", {})[0])
 
     def bump_epoch(self, reason: str, *, above: int | None = None) -> TokenEpoch:
         """Start a new token epoch: every token issued from now on is larger than any issued before.
@@ -423,14 +422,12 @@ class LeaseStore(Store):
                 raise InvalidArgument("above", above, f"must be below {(MAX_EPOCH - 1) << 40} (the last token epoch)")
         db = self._ready()
         with db.transaction() as cur:
-            cur.execute(db.query_text("token_floor", cur.connection))
-            cur.execute(db.query_text("token_epoch_locked", cur.connection))
-            previous = TokenEpoch(*cur.fetchone())
+            db.run_in(cur, "token_floor")
+            previous = TokenEpoch.from_row(db.run_in(cur, "token_epoch_locked")[0])
             if above is None:
-                cur.execute(db.query_text("token_epoch_bump", cur.connection), {"reason": reason})
+                epoch = TokenEpoch.from_row(db.run_in(cur, "token_epoch_bump", {"reason": reason})[0])
             else:
-                cur.execute(db.query_text("token_epoch_raise", cur.connection), {"reason": reason, "above": above})
-            epoch = TokenEpoch(*cur.fetchone())
+                epoch = TokenEpoch.from_row(db.run_in(cur, "token_epoch_raise", {"reason": reason, "above": above})[0])
         log.warning("token epoch bumped from %d to %d (%s)", previous.epoch, epoch.epoch, reason)
         return previous, epoch
 
@@ -440,5 +437,5 @@ class LeaseStore(Store):
         for a store created again). Fenced publishes pass it (``store_id=``) so a fence records where its
         tokens came from. Read once per store object."""
         if self._store_id is None:
-            self._store_id = str(self._ready().run("store_id", {})[0][0])
+            self._store_id = str(self._ready().run("store_id", {})[0]["store_id"])
         return self._store_id

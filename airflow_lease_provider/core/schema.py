@@ -1,4 +1,11 @@
-"""Versioned migrations of the store's schema, applied safely when many processes start at once."""
+"""The store's schema: a fresh store is created from ``sql/schema.sql`` in one step; an existing store is
+upgraded by the migrations after its version (``sql/migrations/*.sql``). Both run under one advisory
+lock, so many processes starting at once create or migrate it exactly once.
+
+Every SQL file is filled in one way: ``{schema}`` becomes the schema's quoted name
+(:func:`~airflow_lease_provider.core.db.with_schema`). The migrations before 0011 name no schema and run
+with ``search_path`` set to it, as they always did.
+"""
 
 from __future__ import annotations
 
@@ -8,11 +15,7 @@ from functools import cache
 from importlib import resources
 from typing import Any
 
-import psycopg2
-import psycopg2.errors
-from psycopg2 import sql
-
-from airflow_lease_provider.core.db import Database, LeaseStoreError
+from airflow_lease_provider.core.db import Database, LeaseStoreError, names_missing_object, with_schema
 from airflow_lease_provider.core.errors import SchemaError
 
 # First key of the two-key advisory lock that serialises migrations; the second is the schema's hash.
@@ -48,7 +51,8 @@ def latest_version() -> int:
 
 
 def current_schema_sql() -> str:
-    """``schema.sql``: the current schema in one file, kept equal to the migrations by a test."""
+    """``schema.sql``: the current schema in one file, kept equal to the migrations by a test; ``{schema}``
+    is filled in by :func:`create_current_schema`."""
     return resources.files("airflow_lease_provider.core.sql").joinpath("schema.sql").read_text()
 
 
@@ -61,14 +65,42 @@ def fence_schema_sql() -> str:
     return resources.files("airflow_lease_provider.core.sql").joinpath("fence_schema.sql").read_text()
 
 
+def _run(cur: Any, text: str, schema: str, params: Any = None) -> None:
+    """Run ``text`` with ``{schema}`` filled in (the one templating scheme of the SQL files)."""
+    cur.execute(with_schema(text, schema, cur.connection), params)
+
+
+def _value(cur: Any, text: str, schema: str, params: Any = None) -> Any:
+    """The one value of a one-column, one-row statement (``{schema}`` filled in)."""
+    _run(cur, text, schema, params)
+    (value,) = cur.fetchone()
+    return value
+
+
+def _has_table(cur: Any, schema: str, table: str) -> bool:
+    return bool(_value(cur, "SELECT to_regclass(quote_ident(%s) || '.' || %s) IS NOT NULL", schema, (schema, table)))
+
+
 def _fence_only_version(cur: Any, schema: str) -> int:
     """The fence-only layout's version in ``schema`` (0: none), read inside the migration lock."""
-    cur.execute("SELECT to_regclass(quote_ident(%s) || '.fence_schema_version') IS NOT NULL", (schema,))
-    if not cur.fetchone()[0]:
+    if not _has_table(cur, schema, "fence_schema_version"):
         return 0
-    query = sql.SQL("SELECT coalesce(max(version), 0) FROM {}.fence_schema_version")
-    cur.execute(query.format(sql.Identifier(schema)))
-    return int(cur.fetchone()[0])
+    return int(_value(cur, "SELECT coalesce(max(version), 0) FROM {schema}.fence_schema_version", schema))
+
+
+def _create_schema(cur: Any, schema: str) -> None:
+    """``CREATE SCHEMA IF NOT EXISTS``, and ``search_path`` set to it for the rest of the transaction."""
+    _run(cur, "CREATE SCHEMA IF NOT EXISTS {schema}; SET LOCAL search_path TO {schema}", schema)
+
+
+def create_current_schema(cur: Any, schema: str) -> None:
+    """Create the whole store in ``schema`` (which exists and holds no store) from ``schema.sql``, and
+    record every migration's version as applied: a store created at version n is the store the
+    migrations make at version n (tests/core/test_schema.py)."""
+    _run(cur, current_schema_sql(), schema)
+    for migration in migrations():
+        _run(cur, "INSERT INTO {schema}.schema_version (version, name) VALUES (%s, %s)", schema,
+             (migration.version, migration.name))
 
 
 def _fence_only_error(db: Database) -> SchemaError:
@@ -89,11 +121,9 @@ def ensure_fence_schema(db: Database) -> int:
     version = installed_version(db)
     if version:
         return ensure_schema(db)
-    schema = sql.Identifier(db.schema)
     with db.transaction() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_MIGRATION_LOCK_CLASS, db.schema))
-        cur.execute("SELECT to_regclass(quote_ident(%s) || '.schema_version') IS NOT NULL", (db.schema,))
-        whole = bool(cur.fetchone()[0])
+        whole = _has_table(cur, db.schema, "schema_version")
         if not whole:
             found = _fence_only_version(cur, db.schema)
             if found > FENCE_ONLY_VERSION:
@@ -102,13 +132,10 @@ def ensure_fence_schema(db: Database) -> int:
                     f"({FENCE_ONLY_VERSION}): upgrade airflow-lease-provider"
                 )
             if found == 0:
-                cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
-                cur.execute(sql.SQL("SET LOCAL search_path TO {}").format(schema))
-                cur.execute(fence_schema_sql())
-                cur.execute(
-                    "INSERT INTO fence_schema_version (version, name) VALUES (%s, 'fence_only')",
-                    (FENCE_ONLY_VERSION,),
-                )
+                _create_schema(cur, db.schema)
+                _run(cur, fence_schema_sql(), db.schema)
+                _run(cur, "INSERT INTO {schema}.fence_schema_version (version, name) VALUES (%s, 'fence_only')",
+                     db.schema, (FENCE_ONLY_VERSION,))
             return FENCE_ONLY_VERSION
     # A whole store appeared meanwhile (another process made it): migrate it as every user does.
     return ensure_schema(db)
@@ -130,12 +157,10 @@ def installed_version(db: Database) -> int:
     try:
         rows = db.run("schema_version", {})
     except LeaseStoreError as exc:
-        # The cause is the driver's error, redacted (db.DriverError): its class is kept.
-        cause = getattr(exc.__cause__, "driver_type", None)
-        if cause is not None and issubclass(cause, psycopg2.errors.UndefinedTable | psycopg2.errors.InvalidSchemaName):
+        if names_missing_object(exc):  # no schema, or no version table in it
             return 0
         raise
-    return int(rows[0][0])
+    return int(rows[0]["version"])
 
 
 class SchemaMissing(SchemaError):
@@ -167,8 +192,10 @@ def check_schema(db: Database) -> int:
 def ensure_schema(db: Database) -> int:
     """Create or migrate the schema to the latest version. Cheap when it is already current.
 
-    Concurrent callers serialise on a transaction-scoped advisory lock, so ``CREATE SCHEMA`` and each
-    migration run exactly once; the others find the work done when they get the lock.
+    A schema without a store gets the whole of ``schema.sql`` in one step; a store of an older version
+    gets the migrations after its version, in order. Concurrent callers serialise on a
+    transaction-scoped advisory lock, so ``CREATE SCHEMA``, the creation and each migration run exactly
+    once; the others find the work done when they get the lock.
     """
     latest = latest_version()
     version = installed_version(db)
@@ -179,27 +206,20 @@ def ensure_schema(db: Database) -> int:
             f"schema {db.schema!r} is at version {version}, newer than this library knows ({latest}): "
             "upgrade airflow-lease-provider"
         )
-    schema = sql.Identifier(db.schema)
     with db.transaction() as cur:
         cur.execute("SELECT pg_advisory_xact_lock(%s, hashtext(%s))", (_MIGRATION_LOCK_CLASS, db.schema))
         if _fence_only_version(cur, db.schema):
             raise _fence_only_error(db)
-        cur.execute(sql.SQL("CREATE SCHEMA IF NOT EXISTS {}").format(schema))
-        cur.execute(sql.SQL("SET LOCAL search_path TO {}").format(schema))
-        cur.execute(
-            "CREATE TABLE IF NOT EXISTS schema_version ("
-            " version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        )
-        cur.execute("SELECT coalesce(max(version), 0) FROM schema_version")
-        version = int(cur.fetchone()[0])
+        _create_schema(cur, db.schema)
+        if not _has_table(cur, db.schema, "schema_version"):
+            create_current_schema(cur, db.schema)
+            return latest
+        version = int(_value(cur, "SELECT coalesce(max(version), 0) FROM {schema}.schema_version", db.schema))
         for migration in migrations():
             if migration.version > version:
-                cur.execute(migration.sql)
-                cur.execute(
-                    "INSERT INTO schema_version (version, name) VALUES (%s, %s)",
-                    (migration.version, migration.name),
-                )
+                _run(cur, migration.sql, db.schema)
+                _run(cur, "INSERT INTO {schema}.schema_version (version, name) VALUES (%s, %s)", db.schema,
+                     (migration.version, migration.name))
                 version = migration.version
     return version
 
@@ -207,4 +227,4 @@ def ensure_schema(db: Database) -> int:
 def drop_schema(db: Database) -> None:
     """Remove the schema and everything in it. For tests and uninstalls."""
     with db.transaction() as cur:
-        cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(db.schema)))
+        _run(cur, "DROP SCHEMA IF EXISTS {schema} CASCADE", db.schema)

@@ -35,6 +35,8 @@ class Store:
     :param prepare: prepare the hot statements on a connection from their second use on (``False``:
         plain text only, for a pooler that pins sessions on ``PREPARE``; see
         :class:`~airflow_lease_provider.core.db.Database`).
+    :param pool_size: share at most this many connections among this process's stores of the same server
+        (``None``: a connection of its own; see :mod:`airflow_lease_provider.core.db.pool`).
     :param host: the host name recorded with each lease this store acquires (default: this machine's),
         so that a skipped run can say where the holder runs.
     """
@@ -52,6 +54,7 @@ class Store:
         idle_close: timedelta | None = None,
         host: str | None = None,
         prepare: bool = True,
+        pool_size: int | None = None,
     ) -> None:
         self.db = Database(
             dsn,
@@ -60,6 +63,7 @@ class Store:
             statement_timeout=statement_timeout,
             idle_close=idle_close,
             prepare=prepare,
+            pool_size=pool_size,
         )
         self.events = EventLedger(self.db, retention=event_retention, prepare=self._ready)
         self.record_events = record_events

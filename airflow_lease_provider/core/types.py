@@ -6,12 +6,14 @@ those has to import the other.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
 from datetime import datetime, timedelta
-from typing import Any
+from typing import Any, TypeVar
 
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.errors import InvalidArgument
+from airflow_lease_provider.core.identity import RunRef
 
 
 @dataclass(frozen=True)
@@ -26,6 +28,11 @@ class Lease:
         ``sent_at + (expires_at - observed_at)`` is never later than the real expiry, however long the
         request and its reply took. Not part of equality, ``repr`` or :meth:`to_dict`: it means nothing in
         another process.
+    :ivar run: the holder's run as its acquire named it (``run=``; the lease's run columns, migration
+        0011), read with the lease's row (:meth:`LeaseStore.holder`, :meth:`~LeaseStore.lease`,
+        :meth:`~LeaseStore.leases`); ``None`` for a holder that named no run, and where the row was not read
+        from the lease table (an acquire's or renewal's answer, XCom, a dict). The DAG-scoped reads go by
+        it, never by the owner string. Not part of equality, ``repr`` or :meth:`to_dict`.
     """
 
     key: str
@@ -38,6 +45,7 @@ class Lease:
     released_at: datetime | None
     observed_at: datetime
     sent_at: float | None = field(default=None, compare=False, repr=False)
+    run: RunRef | None = field(default=None, compare=False, repr=False)
 
     @property
     def remaining(self) -> timedelta:
@@ -62,6 +70,17 @@ class Lease:
             "released_at": self.released_at.isoformat() if self.released_at else None,
             "observed_at": self.observed_at.isoformat(),
         }
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], sent_at: float | None = None) -> Lease:
+        """A lease from a row of the store's lease columns, read by name; ``sent_at`` as for
+        :attr:`sent_at` (when the request that read it was sent)."""
+        return cls(
+            key=row["key"], owner=row["owner"], token=int(row["token"]), ttl=row["ttl"],
+            acquired_at=row["acquired_at"], renewed_at=row["renewed_at"], expires_at=row["expires_at"],
+            released_at=row["released_at"], observed_at=row["observed_at"], sent_at=sent_at,
+            run=RunRef.from_columns(row) if "dag_id" in row else None,
+        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> Lease:
@@ -89,20 +108,12 @@ class Lease:
         )
 
 
-def lease_from_row(row: tuple[Any, ...], sent_at: float | None = None) -> Lease:
-    """A :class:`Lease` from the store's nine lease columns; ``sent_at`` as for :attr:`Lease.sent_at`."""
-    return Lease(
-        key=row[0],
-        owner=row[1],
-        token=int(row[2]),
-        ttl=row[3],
-        acquired_at=row[4],
-        renewed_at=row[5],
-        expires_at=row[6],
-        released_at=row[7],
-        observed_at=row[8],
-        sent_at=sent_at,
-    )
+_Row = TypeVar("_Row")
+
+
+def from_columns(cls: type[_Row], row: Mapping[str, Any]) -> _Row:
+    """The dataclass ``cls`` whose fields are named like the columns of ``row``, read by name."""
+    return cls(**{f.name: row[f.name] for f in fields(cls)})  # type: ignore[arg-type]
 
 
 def checked(lease: object, parameter: str = "lease") -> Lease:
@@ -174,6 +185,11 @@ class TokenEpoch:
     timeline: int
     changed_at: datetime
     reason: str
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> TokenEpoch:
+        """The epoch from a row of ``lease_epoch`` (or of a function returning its columns), by name."""
+        return from_columns(cls, row)
 
     @property
     def floor(self) -> int:

@@ -44,7 +44,8 @@ def _check(kwargs: dict[str, Any], *, ttl_required: bool) -> None:
     """
     defaults = task_defaults(kwargs.get("dag"), kwargs.get("task_group"), kwargs.get("default_args"))
     check_lease_arguments(kwargs, defaults if defaults is not None else kwargs.get("default_args"),
-                          ttl_may_be_mapped=defaults is None and not ttl_required)
+                          ttl_may_be_mapped=defaults is None and not ttl_required,
+                          outlets_known=ttl_required)
 
 
 class _LeasedTaskDecorator(TaskDecoratorBase):

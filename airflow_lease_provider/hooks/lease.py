@@ -28,12 +28,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
-import psycopg2.extensions
 from airflow.sdk import BaseHook
 
 from airflow_lease_provider import settings
 from airflow_lease_provider.core import FenceStore, LeaseStore, LeaseStoreUnavailable
-from airflow_lease_provider.core.db import describe_dsn
+from airflow_lease_provider.core.db import describe_dsn, make_dsn
 from airflow_lease_provider.core.embedded import EmbeddedPostgres
 from airflow_lease_provider.get_provider_info import CONN_TYPE, CONNECTION_FORM, DEFAULT_CONN_ID, HOOK_NAME
 from airflow_lease_provider.version_compat import AirflowNotFoundException, in_task_process
@@ -83,7 +82,7 @@ def dsn_from_connection(conn: Any) -> tuple[str, str | None]:
     if conn.password:
         params["password"] = conn.password
     params["dbname"] = conn.schema or extras.get("dbname") or "postgres"
-    return psycopg2.extensions.make_dsn(**params), extras.get("lease_schema") or None
+    return make_dsn(**params), extras.get("lease_schema") or None
 
 
 _embedded_lock = threading.Lock()

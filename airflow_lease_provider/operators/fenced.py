@@ -20,9 +20,9 @@ from collections.abc import Sequence
 from typing import Any
 
 from airflow.sdk import BaseOperator
-from psycopg2 import sql
 
 from airflow_lease_provider.core import DuplicatePublish, validation
+from airflow_lease_provider.core.db import with_identifiers
 from airflow_lease_provider.runtime.arguments import check_publish_arguments
 from airflow_lease_provider.runtime.context import LeaseContext
 from airflow_lease_provider.runtime.task_lease import publishing_lease
@@ -122,16 +122,8 @@ class FencedSQLOperator(BaseOperator):
                 parameters = {**(parameters or {}), "fencing_token": lease.token}
             rows = 0
             for statement in [self.sql] if isinstance(self.sql, str) else self.sql:
-                cur.execute(self._compose(statement), parameters)
+                cur.execute(with_identifiers(statement, self.identifiers), parameters)
                 rows += max(cur.rowcount, 0)
         return rows
 
-    def _compose(self, statement: str) -> str | sql.Composed:
-        if not self.identifiers:
-            return statement
-        names = {
-            placeholder: sql.Identifier(*([name] if isinstance(name, str) else name))
-            for placeholder, name in self.identifiers.items()
-        }
-        return sql.SQL(statement).format(**names)
 

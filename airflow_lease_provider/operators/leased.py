@@ -50,6 +50,9 @@ class LeasedOperator(BaseOperator):
     :param lease_wait_timeout: how long ``wait`` waits in total (default: the TTL).
     :param lease_poll_interval: how often the deferred wait checks the lease (default TTL/20, 1-60 s).
     :param lease_conn_id: the lease store's connection (default ``[lease] conn_id``).
+    :param lease_on: ``key`` (default): the lease is ``lease_key``. ``outlets``: one lease per asset outlet
+        of the task, keyed by the asset (and the run's partition), taken in sorted order, all or nothing
+        (:mod:`airflow_lease_provider.assets`); the task must have asset outlets and no ``lease_key``.
     :param lease_scope: ``task`` (default): this task acquires and releases its own lease. ``run``: the
         task joins the run-scoped lease acquired by :class:`AcquireRunLeaseOperator` and renews it while
         it runs, without releasing it.
@@ -64,6 +67,7 @@ class LeasedOperator(BaseOperator):
     lease_poll_interval: timedelta | None
     lease_conn_id: str | None
     lease_scope: str
+    lease_on: str
 
     def __init__(
         self,
@@ -76,6 +80,7 @@ class LeasedOperator(BaseOperator):
         lease_poll_interval: timedelta | None = None,
         lease_conn_id: str | None = None,
         lease_scope: str = "task",
+        lease_on: str = "key",
         **kwargs: Any,
     ) -> None:
         if "deferrable" in init_parameters(type(self)):
@@ -86,8 +91,11 @@ class LeasedOperator(BaseOperator):
             "lease_key": lease_key, "lease_ttl": lease_ttl, "lease_renew_every": lease_renew_every,
             "on_overlap": on_overlap, "lease_wait_timeout": lease_wait_timeout,
             "lease_poll_interval": lease_poll_interval, "lease_conn_id": lease_conn_id, "lease_scope": lease_scope,
+            "lease_on": lease_on,
         }
-        related = {"execution_timeout": self.execution_timeout, "mode": getattr(self, "mode", None)}
+        related = {
+            "execution_timeout": self.execution_timeout, "mode": getattr(self, "mode", None), "outlets": self.outlets,
+        }
         # The TTL as the task holds it: derived from execution_timeout when not given.
         arguments["lease_ttl"] = check_lease_arguments(
             {**arguments, **related}, sensor=isinstance(self, BaseSensorOperator)
@@ -131,6 +139,7 @@ class LeasedOperator(BaseOperator):
         return TaskLease.of(
             self, context, lease_key=self.lease_key, conn_id=self.lease_conn_id,
             run_scoped=self._run_owned or self.lease_scope == "run",
+            outlets=self.outlets if getattr(self, "lease_on", "key") == "outlets" else None,
         )
 
     def execute(self, context: Any) -> Any:

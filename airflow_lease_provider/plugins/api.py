@@ -33,7 +33,6 @@ from airflow_lease_provider.core import (
 from airflow_lease_provider.core.db import redact
 from airflow_lease_provider.core.lease import LeaseChanged
 from airflow_lease_provider.core.schema import SchemaMissing
-from airflow_lease_provider.identity import RunRef
 from airflow_lease_provider.plugins import authz, deps, timeline_api
 from airflow_lease_provider.plugins.authz import may_force_release
 from airflow_lease_provider.plugins.deps import ScopeDep, StoreDep
@@ -229,7 +228,7 @@ def _force_release(auth_manager: Any, user: Any, store: LeaseStore, body: ForceR
     current = store.lease(body.key)
     if current is None:
         raise HTTPException(status.HTTP_404_NOT_FOUND, f"no lease {body.key!r} in the store")
-    dag_id = reading.owner_dag(current.owner)
+    dag_id = reading.lease_dag(current)
     if dag_id is not None and not authz.may_edit_dag(auth_manager, user, dag_id):
         raise HTTPException(
             status.HTTP_403_FORBIDDEN, f"force-release needs edit rights on DAG {dag_id!r}, whose run holds it"
@@ -242,7 +241,7 @@ def _force_release(auth_manager: Any, user: Any, store: LeaseStore, body: ForceR
             raise LeaseChanged(body.key, expected, current)
         done = store.force_release_with_token(
             body.key, by=by, reason=body.reason or "force-released from the Airflow UI", expected_token=expected,
-            run=RunRef.parse(current.owner),
+            run=current.run,
         )
     except LeaseChanged as exc:
         raise HTTPException(

@@ -7,9 +7,9 @@
   ``Leases``, which its Admin role gets once the permission exists). The SimpleAuthManager answers every
   custom-view question as a read that any viewer may do; for it the user's own role must be ``admin``.
 - **Everyone else** sees the leases and events of the DAGs they may read
-  (``get_authorized_dag_ids(method="GET")``): a lease's DAG is its owner up to the first ``/``, an
-  event's DAG the ``dag_id`` of its detail, else its owner's. Keys whose owner names no DAG (core API
-  users, scripts) are for admins only: nothing says who else may see them.
+  (``get_authorized_dag_ids(method="GET")``): a lease's DAG is the run its holder's acquire named (its
+  ``dag_id`` column), an event's DAG its ``dag_id`` column; no owner string is parsed for it. Keys of no
+  run (core API users, scripts) are for admins only: nothing says who else may see them.
 - **Force-release** needs an admin *and* edit rights on the lease's DAG
   (``is_authorized_dag(method="PUT")``).
 

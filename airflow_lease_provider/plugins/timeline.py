@@ -240,14 +240,15 @@ def key_timeline(
     covers_from = events[-1].at if truncated else since
     before = [e for e in history.open_holding(key, covers_from) if _in_scope(e, dag_ids)]
     row = store.lease(key)
-    if row is not None and dag_ids is not None and reading.owner_dag(row.owner) not in dag_ids:
+    if row is not None and dag_ids is not None and reading.lease_dag(row) not in dag_ids:
         row = None
     holdings = [
         h for h in derive_holdings([*before, *events], since=covers_from, now=now, lease=row)
         if h.end >= since and h.start <= until
     ]
     markers = [marker(e) for e in reversed(events) if e.kind in MARKER_KINDS]
-    dags = {reading.owner_dag(h.owner) for h in holdings} | {reading.event_dag(e) for e in events}
+    # The DAGs of the holdings (each from its acquisition, or the lease row) and of the events.
+    dags = {reading.event_dag(e) for e in [*before, *events]} | {reading.lease_dag(row) if row is not None else None}
     dags.discard(None)
     shown = {m["id"] for m in markers}
     catchup = [
@@ -371,7 +372,7 @@ def key_trend(
     since, until = now - length, now + timedelta(seconds=1)
     rows = history.key_trend(key, since, until, unit=unit, dag_ids=dag_ids)
     row = store.lease(key)
-    dags = {d for d in [reading.owner_dag(row.owner) if row is not None else None] if d}
+    dags = {d for d in [reading.lease_dag(row) if row is not None else None] if d}
     if dag_ids is not None:
         dags &= set(dag_ids)
     own = store.event_page(

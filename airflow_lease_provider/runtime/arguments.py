@@ -29,7 +29,7 @@ LEASE_ARGUMENTS: dict[str, Any] = {
     "lease_wait_timeout": None, "lease_poll_interval": None, "lease_conn_id": None, "lease_scope": "task",
 }
 #: The task arguments the lease arguments depend on: a TTL derived from the timeout, a sensor's mode.
-_RELATED = {"execution_timeout": None, "mode": None}
+_RELATED: dict[str, Any] = {"execution_timeout": None, "mode": None, "outlets": None}
 
 
 def check_name(parameter: str, value: object, *, optional: bool = False) -> None:
@@ -52,6 +52,7 @@ def check_lease_arguments(
     *,
     sensor: bool = False,
     ttl_may_be_mapped: bool = False,
+    outlets_known: bool = True,
 ) -> timedelta | None:
     """Check a task's lease arguments when the DAG is parsed; returns the TTL (None: not known yet).
 
@@ -59,7 +60,10 @@ def check_lease_arguments(
     ``mode``); ``defaults``: its ``default_args``, which fill what ``arguments`` leaves out, as they do for
     the task itself. ``sensor``: the task is a sensor (a leased one must poke). ``ttl_may_be_mapped``: a
     missing TTL is not an error yet (``partial()``, a decorator outside a DAG). Errors name the parameter.
-    ``lease_key=None`` is the default key (see :mod:`airflow_lease_provider.identity`).
+    ``lease_key=None`` is the default key (see :mod:`airflow_lease_provider.identity`). ``lease_on="outlets"``
+    keys the lease on the task's asset outlets (:mod:`airflow_lease_provider.assets`): the task must have
+    one (unless not ``outlets_known``: a decorator whose ``.override`` may still give them), and it then
+    takes no ``lease_key`` and is not run-scoped.
     """
     relevant = {**LEASE_ARGUMENTS, **_RELATED}
     given = {**relevant, **{k: v for k, v in (defaults or {}).items() if k in relevant}, **arguments}
@@ -67,6 +71,7 @@ def check_lease_arguments(
         check_sensor_mode(given["mode"])
     lease_ttl, lease_renew_every, lease_scope = given["lease_ttl"], given["lease_renew_every"], given["lease_scope"]
     check_name("lease_key", given["lease_key"], optional=True)
+    check_lease_on(given, outlets_known=outlets_known)
     if given["on_overlap"] not in tuple(OVERLAP_POLICIES):  # a tuple: any value may be asked (an unhashable one)
         raise InvalidArgument("on_overlap", given["on_overlap"], f"must be one of {', '.join(OVERLAP_POLICIES)}")
     if lease_scope not in LEASE_SCOPES:
@@ -107,6 +112,27 @@ def check_lease_arguments(
     if lease_renew_every is not None:
         validation.renew_every(lease_renew_every, ttl, parameter="lease_renew_every")
     return ttl
+
+
+def check_lease_on(given: Mapping[str, Any], *, outlets_known: bool = True) -> None:
+    """``lease_on``: ``"key"`` or ``"outlets"``; the latter needs asset outlets, no key, the task scope."""
+    from airflow_lease_provider.assets import LEASE_ON, LEASE_ON_OUTLETS, check_outlets
+
+    lease_on = given.get("lease_on", "key")
+    if lease_on not in LEASE_ON:
+        raise InvalidArgument("lease_on", lease_on, f"must be one of {', '.join(LEASE_ON)}")
+    if lease_on != LEASE_ON_OUTLETS:
+        return
+    if given.get("lease_key") is not None:
+        raise InvalidArgument(
+            "lease_key", given["lease_key"], "cannot be given with lease_on='outlets' (the outlets are the key)"
+        )
+    if given.get("lease_scope", "task") != "task":
+        raise InvalidArgument(
+            "lease_scope", given["lease_scope"], "must be 'task' with lease_on='outlets' (a run lease has one key)"
+        )
+    if outlets_known or given.get("outlets"):
+        check_outlets(given.get("outlets"))
 
 
 def check_sensor_mode(mode: object) -> None:

@@ -75,6 +75,10 @@ class LeaseContext:
     conn_id: str | None = None
     detail: dict[str, Any] = field(default_factory=dict)
     run: RunRef | None = None
+    #: With ``lease_on="outlets"``: the context of every lease the task holds, by key (this one included).
+    leases: dict[str, LeaseContext] = field(default_factory=dict, repr=False, compare=False)
+    #: The run's partition key (Airflow 3.2+), part of an asset's lease key.
+    partition_key: str | None = None
     _loss_reported: bool = field(default=False, init=False, repr=False)
     _lease: Lease = field(init=False, repr=False, compare=False)
 
@@ -89,6 +93,23 @@ class LeaseContext:
     @property
     def token(self) -> int:
         return self.lease.token
+
+    def for_key(self, key: str) -> LeaseContext:
+        """The context of the task's lease on ``key`` (a task keyed by its outlets holds one per asset)."""
+        if key == self.key:
+            return self
+        try:
+            return self.leases[key]
+        except KeyError:
+            raise KeyError(f"this task holds no lease on {key!r} (it holds {sorted(self.leases) or [self.key]})") from None
+
+    def for_asset(self, asset: Any) -> LeaseContext:
+        """The lease of ``asset`` (an outlet of a task with ``lease_on="outlets"``): fence and publish what
+        you write to that asset with it, so the fence sees that asset's token. The context the task gets
+        (``lease``, ``current_lease()``) is the one of the first key in sorted order."""
+        from airflow_lease_provider.assets import asset_lease_key
+
+        return self.for_key(asset_lease_key(asset.uri, self.partition_key))
 
     def check(self) -> Lease:
         """The early safety net: raise :class:`LeaseLost` unless this owner still holds this token.

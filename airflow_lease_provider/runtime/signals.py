@@ -100,8 +100,9 @@ def stop_on_terminate() -> Iterator[Terminate]:
 
 
 @contextmanager
-def interrupt_on_loss(keeper: LeaseKeeper) -> Iterator[None]:
-    """While the body runs, a lost lease raises :class:`LeaseLost` in the main thread at once.
+def interrupt_on_loss(*keepers: LeaseKeeper) -> Iterator[None]:
+    """While the body runs, a lost lease (of any of ``keepers``) raises :class:`LeaseLost` in the main
+    thread at once.
 
     The keeper thread sends a signal to the main thread, whose handler raises; blocking system calls
     are interrupted too. Off the main thread (where handlers cannot be installed) the loss is
@@ -112,22 +113,28 @@ def interrupt_on_loss(keeper: LeaseKeeper) -> Iterator[None]:
         return
 
     def raise_lost(signum: int, frame: Any) -> None:
-        if keeper.lost:
-            keeper.check()
+        for keeper in keepers:
+            if keeper.lost:
+                keeper.check()
 
     previous = signal.signal(_LOST_SIGNAL, raise_lost)
     main = threading.main_thread().ident
-    original = keeper.on_lost
+    originals = [keeper.on_lost for keeper in keepers]
 
-    def on_lost(exc: LeaseLost) -> None:
-        if original is not None:
-            original(exc)
-        if main is not None:
-            signal.pthread_kill(main, _LOST_SIGNAL)
+    def on_lost_of(original: Any) -> Any:
+        def on_lost(exc: LeaseLost) -> None:
+            if original is not None:
+                original(exc)
+            if main is not None:
+                signal.pthread_kill(main, _LOST_SIGNAL)
 
-    keeper.on_lost = on_lost
+        return on_lost
+
+    for keeper, original in zip(keepers, originals, strict=True):
+        keeper.on_lost = on_lost_of(original)
     try:
         yield
     finally:
-        keeper.on_lost = original
+        for keeper, original in zip(keepers, originals, strict=True):
+            keeper.on_lost = original
         signal.signal(_LOST_SIGNAL, previous)

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from typing import Any, NoReturn
 
@@ -63,6 +63,10 @@ class TaskLease:
     :ivar key_given: the task named its key (a default key names one task, not the job).
     :ivar store: the lease store of the task's connection (``conn_id``).
     :ivar tags: the metric tags of its outcomes.
+    :ivar assets: with ``lease_on="outlets"``, the asset of each key, in the order they are taken (sorted
+        keys); ``key`` is then the first. Empty for a task with one key.
+    :ivar partition_key: the run's partition key (Airflow 3.2+ partitioned runs), or None.
+    :ivar outlets: the task's asset outlets, whose events get the lease in their ``extra``.
     """
 
     task: Any
@@ -74,23 +78,41 @@ class TaskLease:
     store: LeaseStore
     conn_id: str | None
     tags: dict[str, str]
+    assets: dict[str, Any] = field(default_factory=dict)
+    partition_key: str | None = None
+    outlets: list[Any] = field(default_factory=list)
+    others: list[Lease] = field(default_factory=list)
 
     @classmethod
     def of(
-        cls, task: Any, context: Any, *, lease_key: str | None, conn_id: str | None, run_scoped: bool
+        cls, task: Any, context: Any, *, lease_key: str | None, conn_id: str | None, run_scoped: bool,
+        outlets: Any = None,
     ) -> TaskLease:
-        """The task's lease, from its context: the owner is the DAG run's with ``run_scoped``."""
+        """The task's lease, from its context: the owner is the DAG run's with ``run_scoped``; with
+        ``outlets`` (``lease_on="outlets"``) one lease per asset outlet (:mod:`airflow_lease_provider.assets`)."""
+        from airflow_lease_provider import assets
         from airflow_lease_provider.hooks import LeaseHook
 
         ti = context["ti"]
         run = RunRef.of_task(ti)
         holder = RunRef.of_run(ti) if run_scoped else run
-        # A templated key is known only now (rendered); the store would refuse a bad one too.
-        key = holder.default_key() if lease_key is None else validation.name("lease_key", lease_key)
+        partition_key = context.get("partition_key") if hasattr(context, "get") else None
+        by_asset: dict[str, Any] = {}
+        if outlets is not None:
+            assets.check_outlets(outlets)
+            by_asset = assets.outlet_keys(outlets, partition_key)
+            key = next(iter(by_asset))
+        else:
+            # A templated key is known only now (rendered); the store would refuse a bad one too.
+            key = holder.default_key() if lease_key is None else validation.name("lease_key", lease_key)
         store = LeaseHook(conn_id).get_store()
         share_connection(store, getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
         tags = {"dag_id": ti.dag_id, "task_id": ti.task_id, "lease_key": key}
-        return cls(task, ti, run, holder.owner(), key, lease_key is not None, store, conn_id, tags)
+        return cls(
+            task, ti, run, holder.owner(), key, lease_key is not None or bool(by_asset), store, conn_id, tags,
+            assets=by_asset, partition_key=partition_key,
+            outlets=assets.outlet_assets(getattr(task, "outlets", None)),
+        )
 
     # -- what the task's outcomes say --------------------------------------------------------------
 
@@ -102,17 +124,19 @@ class TaskLease:
         """Who an event is about: the task instance (and its try), plus ``extra``."""
         return {**self.run.detail(), "try_number": getattr(self.ti, "try_number", None), **extra}
 
-    def report(self, outcome: Outcome, message: str, *, owner: str | None = None, **kwargs: Any) -> None:
+    def report(
+        self, outcome: Outcome, message: str, *, owner: str | None = None, key: str | None = None, **kwargs: Any
+    ) -> None:
         """Report ``outcome`` of this task's lease (the one path: :func:`.outcomes.report`)."""
         kwargs.setdefault("logger", self.log)
-        report(outcome, store=self.store, key=self.key, owner=owner or self.owner, tags=self.tags, message=message,
-               **kwargs)
+        report(outcome, store=self.store, key=key or self.key, owner=owner or self.owner, tags=self.tags,
+               message=message, **kwargs)
 
     def context(self, lease: Lease, keeper: LeaseKeeper | None) -> LeaseContext:
         """What the task's code sees (``current_lease()``, the ``lease`` argument): the lease and its fences."""
         return LeaseContext(
             lease=lease, store=self.store, keeper=keeper, tags=self.tags, conn_id=self.conn_id,
-            detail=self.detail(), run=self.run,
+            detail=self.detail(), run=self.run, partition_key=self.partition_key,
         )
 
     def record_catchup(self, context: Any) -> None:
@@ -141,19 +165,35 @@ class TaskLease:
         return every or lease.ttl * settings.renew_fraction()
 
     def acquire(self, terminate: Terminate, *, waited: str | None = None) -> Lease:
-        """Take the lease; when another run holds it, the task's overlap policy decides (it does not return)."""
-        terminate.check()  # told to stop already: never take the lease
-        outcome = self.store.try_acquire(self.key, self.owner, self.ttl(), run=self.run)
-        schema_checked(self.store)
-        if outcome.lease is None:
-            self.overlap(outcome.holder, waited=waited)
-        assert outcome.lease is not None
-        return outcome.lease
+        """Take the lease; when another run holds it, the task's overlap policy decides (it does not return).
 
-    def overlap(self, holder: Lease | None, *, waited: str | None) -> NoReturn:
-        """Another run holds the lease: wait (deferred), skip or fail, per ``on_overlap``."""
+        With several keys (``lease_on="outlets"``) every one is taken in sorted order; when one is held,
+        those taken are released first (all or nothing: nobody waits while holding, so nothing deadlocks).
+        The first key's lease is returned; the others are :attr:`others`.
+        """
+        terminate.check()  # told to stop already: never take the lease
+        taken: list[Lease] = []
+        for key in self.assets or (self.key,):
+            outcome = self.store.try_acquire(key, self.owner, self.ttl(), run=self.run)
+            schema_checked(self.store)
+            if outcome.lease is None:
+                for lease in reversed(taken):
+                    try:
+                        self.store.release(lease, run=self.run)
+                    except Exception:  # it expires with its TTL; the overlap policy still decides
+                        self.log.exception("lease: could not give back %r token %s", lease.key, lease.token)
+                self.overlap(outcome.holder, waited=waited, key=key)
+            assert outcome.lease is not None
+            taken.append(outcome.lease)
+        self.others = taken[1:]
+        return taken[0]
+
+    def overlap(self, holder: Lease | None, *, waited: str | None, key: str | None = None) -> NoReturn:
+        """Another run holds the lease (``key``, default :attr:`key`): wait (deferred), skip or fail, per
+        ``on_overlap``."""
         from airflow_lease_provider.version_compat import AirflowSkipException
 
+        key = key or self.key
         policy = OVERLAP_POLICIES[self.task.on_overlap]
         who = holder.describe() if holder else "held by another run (it was released just now)"
         holder_host = self.store.holder_host(holder) if holder else None
@@ -163,10 +203,10 @@ class TaskLease:
             now = datetime.now(timezone.utc)
             end = datetime.fromisoformat(waited) if waited else now + (self.task.lease_wait_timeout or self.ttl())
             if now < end:
-                self.defer_until_free(holder, end, first=waited is None)
-        reason = f"lease {self.key!r} is {who}; this run ({self.owner}) is skipped so the two never overlap"
+                self.defer_until_free(holder, end, first=waited is None, key=key)
+        reason = f"lease {key!r} is {who}; this run ({self.owner}) is skipped so the two never overlap"
         if waited:
-            reason = f"waited until {waited} and lease {self.key!r} is still {who}; this run ({self.owner}) is skipped"
+            reason = f"waited until {waited} and lease {key!r} is still {who}; this run ({self.owner}) is skipped"
         detail = self.detail(
             reason=reason,
             holder_owner=holder.owner if holder else None,
@@ -175,23 +215,24 @@ class TaskLease:
             holder_host=holder_host,
             policy=self.task.on_overlap,
         )
-        self.report(policy.outcome, f"{policy.says}: {reason}", detail=detail, run=self.run)
+        self.report(policy.outcome, f"{policy.says}: {reason}", detail=detail, run=self.run, key=key)
         if policy.outcome is Outcome.OVERLAP_FAILED:
-            raise LeaseHeld(self.key, holder, reason)
+            raise LeaseHeld(key, holder, reason)
         self.ti.xcom_push(key=XCOM_SKIP_REASON, value=detail)
         raise AirflowSkipException(reason)
 
-    def defer_until_free(self, holder: Lease | None, end: datetime, *, first: bool) -> None:
-        """Defer the task until the lease frees (or ``end``); it resumes in ``execute_after_wait``."""
+    def defer_until_free(self, holder: Lease | None, end: datetime, *, first: bool, key: str | None = None) -> None:
+        """Defer the task until the lease (``key``) frees (or ``end``); it resumes in ``execute_after_wait``."""
         from airflow_lease_provider.triggers.lease_free import RESUME_SETTLE, LeaseFreeTrigger
 
+        key = key or self.key
         message = (
-            f"{self.key!r} is {holder.describe() if holder else 'held'}; deferring until it frees "
+            f"{key!r} is {holder.describe() if holder else 'held'}; deferring until it frees "
             f"(at most until {end.isoformat()})"
         )
         if first:
             self.report(
-                Outcome.WAITING, message, run=self.run,
+                Outcome.WAITING, message, run=self.run, key=key,
                 detail=self.detail(
                     holder_owner=holder.owner if holder else None,
                     holder_token=holder.token if holder else None, until=end.isoformat(),
@@ -202,7 +243,7 @@ class TaskLease:
         poll = self.task.lease_poll_interval or min(max(self.ttl() / 20, timedelta(seconds=1)), timedelta(seconds=60))
         self.task.defer(
             trigger=LeaseFreeTrigger(
-                key=self.key, conn_id=self.conn_id, schema=self.store.schema,
+                key=key, conn_id=self.conn_id, schema=self.store.schema,
                 poll_interval=poll.total_seconds(), deadline=end.isoformat(),
                 not_before=(datetime.now(timezone.utc) + RESUME_SETTLE).isoformat(),
             ),
@@ -246,32 +287,42 @@ class TaskLease:
         """
         from airflow_lease_provider.version_compat import TaskDeferred
 
-        key = lease.key
-        keeper: LeaseKeeper | None = None
+        # With lease_on="outlets": every lease taken (sorted keys), each with its keeper and context.
+        leases = [lease, *self.others] if release else [lease]
+        keepers: list[LeaseKeeper] = []
         try:
-            self.warn_on_clock_skew(lease)
-            if release:
-                self.report(
-                    Outcome.ACQUIRED,
-                    f"acquired {key!r} with token {lease.token} (owner {lease.owner}, TTL {lease.ttl})",
-                    owner=lease.owner,
-                )
+            for held in leases:
+                self.warn_on_clock_skew(held)
+                if release:
+                    self.report(
+                        Outcome.ACQUIRED,
+                        f"acquired {held.key!r} with token {held.token} (owner {held.owner}, TTL {held.ttl})",
+                        owner=held.owner, key=held.key,
+                    )
             self.ti.xcom_push(key=XCOM_LEASE, value=lease.to_dict())
-            keeper = LeaseKeeper(self.store, lease, renew_every=self.renew_every(lease), run=self.run)
-            ctx = self.context(lease, keeper)
+            for held in leases:
+                keepers.append(LeaseKeeper(self.store, held, renew_every=self.renew_every(held), run=self.run))
+            contexts = {held.key: self.context(held, k) for held, k in zip(leases, keepers, strict=True)}
+            ctx = contexts[lease.key]
+            ctx.leases = contexts
+            for other in contexts.values():
+                other.leases = contexts
             context[XCOM_LEASE] = ctx
             started = time.monotonic()
-            keeper.start()
+            for k in keepers:
+                k.start()
             terminate.check()  # told to stop while it acquired or got ready: do not start the body
         except BaseException:
-            self.give_back(lease, keeper, release=release)
+            for i, held in enumerate(leases):
+                self.give_back(held, keepers[i] if i < len(keepers) else None, release=release)
             raise
-        released = False
+        released: dict[str, bool] = {}
         try:
-            with activated(ctx), interrupt_on_loss(keeper), terminate.armed():
+            with activated(ctx), interrupt_on_loss(*keepers), terminate.armed():
                 # A loss declared before the interrupt was in place (the lease ran out while the task got
                 # ready: a slow XCom push, a join with little time left) sent no signal: look once more.
-                keeper.check()
+                for k in keepers:
+                    k.check()
                 try:
                     result = body()
                 except TaskDeferred:
@@ -279,28 +330,53 @@ class TaskLease:
                         f"{type(self.task).__name__} cannot hold a lease while the wrapped operator is deferred "
                         "(nothing would renew it): run it with deferrable=False"
                     ) from None
-            keeper.check()
+            for k in keepers:
+                k.check()
+            self.stamp_outlet_events(context, contexts)  # still held: the events carry live tokens
         except LeaseLost as lost:
-            ctx.report_loss(lost, self.log)  # once, however many times the loss was seen
+            contexts.get(lost.key, ctx).report_loss(lost, self.log)  # once, however many times it was seen
+            if len(keepers) > 1:  # the leases still ours are freed at once (all or nothing)
+                for k in keepers:
+                    if k.lease.key != lost.key:
+                        released[k.lease.key] = self.stop_keeper(k, release=release)
             try:
                 self.task.on_kill()  # stop what the wrapped operator started (a subprocess, a pod, ...)
             except Exception:
                 self.log.exception("on_kill after the lease was lost failed")
             raise
         except BaseException:
-            released = self.stop_keeper(keeper, release=release)
+            for k in keepers:
+                released[k.lease.key] = self.stop_keeper(k, release=release)
             raise
         else:
-            released = self.stop_keeper(keeper, release=release)
+            for k in keepers:
+                released[k.lease.key] = self.stop_keeper(k, release=release)
         finally:
-            keeper.stop()
+            for k in keepers:
+                k.stop()
             metrics.timing("lease.held", timedelta(seconds=time.monotonic() - started), self.tags)
-            if release and released:
-                self.report(Outcome.RELEASED, f"{key!r} token {lease.token} released", owner=lease.owner)
-            elif release:
-                self.log.info("lease: %r token %s not released", key, lease.token)
+            for held in leases:
+                if release and released.get(held.key):
+                    self.report(Outcome.RELEASED, f"{held.key!r} token {held.token} released", owner=held.owner,
+                                key=held.key)
+                elif release:
+                    self.log.info("lease: %r token %s not released", held.key, held.token)
             self.store.close()  # the shared connection (share_connection): not left open for its grace
         return result
+
+    def stamp_outlet_events(self, context: Any, contexts: dict[str, LeaseContext]) -> None:
+        """Put the lease into the ``extra`` of the task's asset events: each asset its own lease's when
+        keyed by outlets, else the task's one lease (:mod:`airflow_lease_provider.assets`)."""
+        from airflow_lease_provider import assets
+
+        by_uri = {asset.uri: key for key, asset in self.assets.items()}
+        for asset in self.outlets:
+            held = contexts.get(by_uri.get(asset.uri, self.key)) or contexts[self.key]
+            try:
+                assets.stamp(context, asset, held.lease, store_id=self.store.store_id,
+                             partition_key=self.partition_key)
+            except Exception:  # informational: an event without the token must not fail a finished task
+                self.log.warning("lease: could not put the lease on the event of %s", asset, exc_info=True)
 
     def keep_for_run(self, lease: Lease, terminate: Terminate) -> dict[str, Any]:
         """The run lease's acquire task: leave ``lease`` held for the run (its later tasks join it); but if
@@ -366,6 +442,7 @@ class TaskLease:
 
     def warn_on_clock_skew(self, lease: Lease) -> None:
         warn_on_clock_skew(lease, datetime.now(timezone.utc), self.log)
+
 
 def share_connection(store: LeaseStore, ttl: timedelta | None, renew_every: timedelta | None) -> None:
     """Let one execute's operations share a connection, and skip a schema check done in this process.

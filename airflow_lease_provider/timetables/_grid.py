@@ -4,22 +4,28 @@ A *grid* is the set of instants at which a schedule fires. The timetable only ev
 questions of it (the newest slot at or before an instant, the oldest at or after, the next, the
 previous), plus one for the skipped-slot record: how many slots lie strictly between two instants.
 
-Cron grids reuse Airflow's own ``CronMixin`` for stepping, so daylight-saving behaviour is exactly
-the core timetables' (fold hours, missing hours). Counting does **not** step through the slots: a
-year of per-minute slots is counted day by day in local wall-clock time, and only the few hours
-around a daylight-saving transition are stepped through, so the answer still matches stepping.
+A cron grid is one set of instants, defined from croniter's naive wall-clock matches and three rules
+for the times a zone's clock skips or repeats (:class:`CronGrid`); every question is answered from that
+set, so the answers agree with each other across daylight-saving changes. Counting does **not** step
+through the slots: inside each stretch of constant UTC offset, slots are counted by wall-clock
+arithmetic (day by day, or in O(1) where every day matches).
 """
 
 from __future__ import annotations
 
+import bisect
 import calendar
+import copy
 import datetime
-from typing import TYPE_CHECKING, Protocol
+import functools
+import zoneinfo
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import pendulum
 from croniter import croniter
 
-from airflow_lease_provider.version_compat import CronMixin, convert_to_utc, make_aware, make_naive
+from airflow_lease_provider.version_compat import CronMixin
 
 if TYPE_CHECKING:
     from pendulum import DateTime
@@ -29,10 +35,9 @@ if TYPE_CHECKING:
 _UTC = pendulum.UTC
 _EPOCH = pendulum.datetime(1970, 1, 1, tz=_UTC)
 _ONE_DAY = datetime.timedelta(days=1)
-# Wall-clock times within this distance of a UTC-offset change can be missing or doubled; slots there
-# are stepped through with Airflow's own logic instead of counted. Three hours covers every real
-# offset change (the largest, Antarctica/Troll, is two hours).
-_TRANSITION_MARGIN = datetime.timedelta(hours=3)
+_TICK = datetime.timedelta(microseconds=1)
+_SECOND = datetime.timedelta(seconds=1)
+_STD_UTC = datetime.timezone.utc
 
 
 def epoch_us(moment: datetime.datetime) -> int:
@@ -129,12 +134,100 @@ class DeltaGrid:
         return 0
 
 
-class CronGrid(CronMixin):
-    """Slots of a cron expression in a timezone, stepped exactly like Airflow's cron timetables.
+class _Transition(NamedTuple):
+    """A change of UTC offset: at ``at`` (naive UTC) the offset goes from ``before`` to ``after``."""
 
-    ``CronMixin`` (and the timezone helpers it uses) are this package's private Airflow imports: they
-    carry the DST fixes of the core cron timetables, and re-deriving them would make our slots drift
-    from Airflow's on the two days a year that matter.
+    at: datetime.datetime
+    before: datetime.timedelta
+    after: datetime.timedelta
+
+
+class _Segment(NamedTuple):
+    """A stretch ``[start, end)`` (naive UTC) of constant UTC offset, and what DST changes make of it."""
+
+    start: datetime.datetime
+    end: datetime.datetime
+    offset: datetime.timedelta
+    #: ``[low, high)`` ranges whose wall-clock matches are not slots (the earlier half of a fold).
+    dropped: tuple[tuple[datetime.datetime, datetime.datetime], ...]
+    #: The one run standing for a spring-forward gap's missing slots, if it falls in this segment.
+    gap_run: datetime.datetime | None
+
+
+def _offset(key: str, moment: datetime.datetime) -> datetime.timedelta:
+    """The UTC offset of zone ``key`` at ``moment`` (naive UTC)."""
+    offset = moment.replace(tzinfo=_STD_UTC).astimezone(zoneinfo.ZoneInfo(key)).utcoffset()
+    assert offset is not None
+    return offset
+
+
+@functools.lru_cache(maxsize=1024)
+def _transitions(key: str, year: int) -> tuple[_Transition, ...]:
+    """The offset changes of zone ``key`` in ``(1 January year, 1 January year + 1]`` UTC.
+
+    Found by looking at the offset once a day and bisecting to the second where it differs (no zone
+    changes its offset twice within a day); about 400 offset look-ups per zone and year, cached.
+    """
+    low = datetime.datetime(year, 1, 1)
+    end = datetime.datetime(year + 1, 1, 1)
+    found: list[_Transition] = []
+    before = _offset(key, low)
+    while low < end:
+        high = min(low + _ONE_DAY, end)
+        after = _offset(key, high)
+        if after != before:
+            a, b = low, high
+            while b - a > datetime.timedelta(seconds=1):
+                middle = a + (b - a) // 2
+                middle = middle.replace(microsecond=0)
+                if _offset(key, middle) == before:
+                    a = middle
+                else:
+                    b = middle
+            found.append(_Transition(b, before, after))
+        low, before = high, after
+    return tuple(found)
+
+
+def _naive_utc(moment: datetime.datetime) -> datetime.datetime:
+    """``moment`` as a naive UTC datetime (naive input is UTC already); no pendulum arithmetic."""
+    naive = datetime.datetime(
+        moment.year, moment.month, moment.day, moment.hour, moment.minute, moment.second, moment.microsecond
+    )
+    offset = moment.utcoffset()
+    return naive if offset is None else naive - offset
+
+
+def _aware(moment: datetime.datetime) -> DateTime:
+    return pendulum.DateTime(
+        moment.year,
+        moment.month,
+        moment.day,
+        moment.hour,
+        moment.minute,
+        moment.second,
+        moment.microsecond,
+        tzinfo=_UTC,
+    )
+
+
+class CronGrid(CronMixin):
+    """Slots of a cron expression in a timezone: one well-defined set of instants, across every offset change.
+
+    The slots are croniter's wall-clock matches (naive, exact) read in the zone, with three rules where the
+    zone's clock is not one-to-one (``docs/timetable.md``, "Daylight saving"):
+
+    * a wall-clock time that exists once is that instant;
+    * a wall-clock time that exists twice (a fall-back fold) is its later instant, or both for a schedule
+      that fires every hour (hour field ``*``): Airflow's own rule (``CronMixin``, ``make_aware(fold=1)``);
+    * the wall-clock times a spring-forward gap skips run once, together, at the first of them moved forward
+      by the gap (``02:30`` becomes ``03:30``, as Airflow moves it), unless a real slot after the gap comes
+      first or at the same time, which then stands for them (never a slot after a real slot it would skip).
+
+    The timeline is cut into *segments* of constant UTC offset (at each offset change and at every 1 January
+    UTC); inside one, slots are croniter's, stepped on one iterator and counted by wall-clock arithmetic.
+    Every question is answered from that one set, so :meth:`at_or_before` never returns a slot after its
+    argument and ``after``/``before`` are each other's inverse.
 
     :param expression: a cron expression or an Airflow preset such as ``@hourly`` (already validated).
     :param timezone: the timezone the expression is read in.
@@ -142,190 +235,238 @@ class CronGrid(CronMixin):
 
     def __init__(self, expression: str, timezone: Timezone | FixedTimezone) -> None:
         super().__init__(expression, timezone)
-        self._fields = croniter(self._expression).expanded
+        # Parsed once: each walk copies it (a copy is a quarter of the cost of parsing the expression again).
+        self._template = croniter(self._expression)
+        self._fields = self._template.expanded
         # Day of month, month and day of week all "*": every day has the same slots (counted by arithmetic).
         self._every_day = len(self._fields) == 5 and all(field == ["*"] for field in self._fields[2:])
-        self._fixed_offset = isinstance(timezone, pendulum.FixedTimezone) or getattr(timezone, "name", "") in (
-            "UTC",
-            "Etc/UTC",
+        # Airflow's test (_covers_every_hour): such a schedule runs both instants of a fold hour.
+        self._every_hour = self._fields[1] == ["*"]
+        name = getattr(timezone, "name", "")
+        self._zone_key: str | None = (
+            None if isinstance(timezone, pendulum.FixedTimezone) or name in ("UTC", "Etc/UTC") else name
         )
-        # The slot before the one the last walk back returned (back_from), so that its data interval
-        # (whose start is the slot before it) costs no croniter construction of its own.
-        self._previous: dict[DateTime, DateTime] = {}
-        # A croniter iterator left at the slot the last at_or_before returned, for the walk back from
-        # it (UTC and fixed offsets only): taken by the first walk that starts there, used once.
-        self._positioned: tuple[DateTime, croniter] | None = None
+        self._fixed = (
+            timezone.utcoffset(None)
+            if isinstance(timezone, pendulum.FixedTimezone)
+            else datetime.timedelta(0)
+        )
+        minutes, hours = self._fields[0], self._fields[1]
+        self._minute_list = list(range(60)) if minutes == ["*"] else [int(m) for m in minutes]
+        self._hour_list = list(range(24)) if hours == ["*"] else [int(h) for h in hours]
+        self._segments: dict[datetime.datetime, _Segment] = {}
+        self._gap_runs: dict[_Transition, datetime.datetime | None] = {}
 
     @property
     def expression(self) -> str:
         """The expression with Airflow presets expanded (``@hourly`` becomes ``0 * * * *``)."""
         return self._expression
 
+    # -- the four questions, on naive UTC datetimes inside --------------------------------------------------
+
     def at_or_before(self, moment: DateTime) -> DateTime:
-        if not self._fixed_offset or len(self._fields) != 5:
-            return self._align_to_prev(moment)
-        # At a fixed UTC offset Airflow's _align_to_prev is the wall-clock answer: for a moment that
-        # cannot be a slot (seconds past the minute), croniter's previous. One croniter, kept for a walk
-        # back from that slot.
-        offset = self._offset(moment)
-        assert offset is not None
-        zone = datetime.timezone(offset)
-        local = moment.astimezone(zone).replace(tzinfo=None)
-        if local.second == 0 and local.microsecond == 0:
-            return self._align_to_prev(moment)  # possibly a slot itself: Airflow's own check
-        iterator = croniter(self._expression, start_time=local)
-        slot = from_epoch_us(epoch_us(iterator.get_prev(datetime.datetime).replace(tzinfo=zone)))
-        self._positioned = (slot, iterator)
-        return slot
+        return _aware(next(self._backward(_naive_utc(moment) + _TICK)))
 
     def at_or_after(self, moment: DateTime) -> DateTime:
-        return self._align_to_next(moment)
+        return _aware(next(self._forward(_naive_utc(moment) - _TICK)))
 
     def after(self, moment: DateTime) -> DateTime:
-        return self._get_next(moment)
+        return _aware(next(self._forward(_naive_utc(moment))))
 
     def before(self, moment: DateTime) -> DateTime:
-        known = self._previous.get(moment)
-        if known is not None:
-            return known
-        previous = self._get_prev(moment)
-        if previous < moment:
-            return previous
-        # Airflow only ever steps forward, where a wall-clock slot inside a spring-forward gap is moved
-        # forward (02:30 becomes 03:30). Stepping back from that moved slot, croniter names the same
-        # 02:30 again; keep asking for earlier wall-clock times until one lies before ``moment``.
-        iterator = croniter(self._expression, start_time=make_naive(moment, self._timezone))
-        while True:
-            candidate = iterator.get_prev(datetime.datetime)
-            previous = convert_to_utc(make_aware(candidate, self._timezone))
-            if previous < moment:
-                return previous
+        return _aware(next(self._backward(_naive_utc(moment))))
 
     def back_from(self, slot: DateTime, steps: int, stop: DateTime) -> DateTime:
-        """Walk back with one croniter iterator in wall-clock time where the UTC offset cannot change.
-
-        One croniter construction for the whole walk instead of one per step (Airflow's ``_get_prev``
-        builds one per call): this keeps a capped catch-up near the cost of latest-only. Near a change
-        of UTC offset the walk steps with Airflow's own DST-fixed logic (:meth:`before`) instead.
-        """
+        """``steps`` slots back on one croniter iterator per segment of constant offset."""
         if steps <= 0 or slot <= stop:
             return slot
-        if len(self._fields) == 5:
-            walked = self._walk_back(slot, steps, stop)
-            if walked is not None:
-                return walked
+        stop_utc = _naive_utc(stop)
+        found = _naive_utc(slot)
+        walk = self._backward(found)
         for _ in range(steps):
-            if slot <= stop:
+            if found <= stop_utc:
                 break
-            slot = self.before(slot)
-        return slot
-
-    def _walk_back(self, slot: DateTime, steps: int, stop: DateTime) -> DateTime | None:
-        """:meth:`back_from` on one iterator, or None when the UTC offset changes within the walk."""
-        offset = self._offset(slot)
-        if offset is None:
-            return None
-        zone = datetime.timezone(offset)
-        stop_local = stop.astimezone(zone).replace(tzinfo=None)
-        oldest = slot.astimezone(zone).replace(tzinfo=None)  # wall-clock time, at the constant offset
-        positioned, self._positioned = self._positioned, None
-        if positioned is not None and positioned[0] == slot:
-            iterator = positioned[1]  # at_or_before left it at this slot
-        else:
-            iterator = croniter(self._expression, start_time=oldest)
-        for _ in range(steps):
-            if oldest <= stop_local:
-                break
-            oldest = iterator.get_prev(datetime.datetime)
-        before_oldest = iterator.get_prev(datetime.datetime)  # the start of the oldest one's interval
-        # Only the two slots the caller uses become UTC DateTimes (pendulum arithmetic is the slow part).
-        found, previous = (from_epoch_us(epoch_us(m.replace(tzinfo=zone))) for m in (oldest, before_oldest))
-        if not self._fixed_offset and (
-            self._offset(previous) != offset or self._transition_windows(previous, slot)
-        ):
-            return None  # an offset change inside the walk: Airflow's stepping decides those slots
-        self._previous = {found: previous}
-        return found
+            found = next(walk)
+        return _aware(found)
 
     def count_between(self, start: DateTime, end: DateTime) -> int:
         if end <= start:
             return 0
-        total = self._count_up_to(start, end)
-        if self.at_or_before(end) == end:
-            total -= 1  # _count_up_to includes ``end`` itself
+        low, high = _naive_utc(start), _naive_utc(end)
+        if len(self._fields) != 5:
+            # Seconds or years fields: rare in Airflow; counted by stepping (O(slots), documented).
+            count = 0
+            for slot in self._forward(low):
+                if slot >= high:
+                    return count
+                count += 1
+        total = 0
+        segment = self._segment_at(low)
+        while segment.start < high:
+            # Real slots of the segment in (low, high), minus a dropped fold, plus its gap run.
+            a, b = max(low, segment.start - _TICK), min(high, segment.end)
+            total += self._wall_count(a, b, segment.offset)
+            for drop_low, drop_high in segment.dropped:
+                total -= self._wall_count(max(a, drop_low - _TICK), min(b, drop_high), segment.offset)
+            if segment.gap_run is not None and low < segment.gap_run < high:
+                total += 1
+            segment = self._segment_at(segment.end)
         return total
 
     def count_cost(self, start: DateTime, end: DateTime, limit: int) -> int:
         if len(self._fields) != 5:
             return limit  # counted by stepping
-        # One croniter call per day spanned (none where every day matches), two to test the end; checked
-        # before the (pricier) scan for offset changes, which are stepped through and so priced at the limit.
-        cost = 3 if self._every_day else (end.date() - start.date()).days + 3
-        if cost >= limit or self._transition_windows(start, end):
-            return limit
-        return cost
+        # One croniter call per day spanned (none where every day matches), a few per segment.
+        years = end.year - start.year + 1
+        cost = (3 if self._every_day else (end.date() - start.date()).days + 3) + 2 * years
+        return min(cost, limit)
 
-    # -- counting -------------------------------------------------------------------------------------
+    # -- segments ----------------------------------------------------------------------------------------
 
-    def _count_up_to(self, start: DateTime, end: DateTime) -> int:
-        """Slots in ``(start, end]``: wall-clock arithmetic away from offset changes, stepping near them."""
-        if len(self._fields) != 5:
-            # Seconds or years fields: rare in Airflow; count by stepping (O(slots), documented).
-            return self._step_count(start, end)
-        total = 0
-        cursor = start
-        for low, high in self._transition_windows(start, end):
-            total += self._wall_clock_count(cursor, low)
-            total += self._step_count(low, high)
-            cursor = high
-        return total + self._wall_clock_count(cursor, end)
+    def _segment_at(self, moment: datetime.datetime) -> _Segment:
+        """The segment of constant offset holding ``moment`` (naive UTC): ``start <= moment < end``."""
+        year_start = datetime.datetime(moment.year, 1, 1)
+        boundaries = [year_start, datetime.datetime(moment.year + 1, 1, 1)]
+        transitions: tuple[_Transition, ...] = ()
+        if self._zone_key is not None:
+            # The year's changes, and its neighbours' (a gap run or a fold may reach across 1 January).
+            transitions = tuple(
+                t
+                for year in (moment.year - 1, moment.year, moment.year + 1)
+                for t in _transitions(self._zone_key, year)
+            )
+            boundaries += [t.at for t in transitions if year_start < t.at < boundaries[1]]
+        boundaries.sort()
+        index = bisect.bisect_right(boundaries, moment) - 1
+        start, end = boundaries[index], boundaries[index + 1]
+        cached = self._segments.get(start)
+        if cached is not None and cached.end == end:
+            return cached
+        offset = self._offset_at(start)
+        dropped: list[tuple[datetime.datetime, datetime.datetime]] = []
+        gap_run = None
+        for transition in transitions:
+            if transition.before > transition.after and not self._every_hour:
+                # A fold: the earlier instants of the doubled wall-clock times are not slots.
+                fold = (transition.at - (transition.before - transition.after), transition.at)
+                if fold[0] < end and fold[1] > start:
+                    dropped.append((max(fold[0], start), min(fold[1], end)))
+            elif (
+                transition.before < transition.after
+                and start <= transition.at + (transition.after - transition.before)
+                and transition.at < end
+            ):
+                run = self._gap_run(transition)
+                if run is not None and start <= run < end:
+                    gap_run = run
+        segment = _Segment(start, end, offset, tuple(dropped), gap_run)
+        if len(self._segments) > 64:
+            self._segments.clear()
+        self._segments[start] = segment
+        return segment
 
-    def _step_count(self, start: DateTime, end: DateTime) -> int:
-        count = 0
-        slot = self.after(start)
-        while slot <= end:
-            count += 1
-            slot = self.after(slot)
-        return count
+    def _offset_at(self, moment: datetime.datetime) -> datetime.timedelta:
+        if self._zone_key is None:
+            return self._fixed
+        return _offset(self._zone_key, moment)
 
-    def _offset(self, moment: DateTime) -> datetime.timedelta | None:
-        return moment.in_timezone(self._timezone).utcoffset()
+    def _gap_run(self, transition: _Transition) -> datetime.datetime | None:
+        """The one run for the wall-clock times a spring-forward gap skips, or None (none, or merged)."""
+        gap_low = transition.at + transition.before  # wall-clock, the first missing time
+        gap_high = transition.at + transition.after  # wall-clock, the first time after the gap
+        if transition in self._gap_runs:
+            return self._gap_runs[transition]
+        run: datetime.datetime | None = None
+        first = self._wall_after(gap_low - _TICK)
+        if first < gap_high:
+            moved = (
+                first - transition.before
+            )  # the first missing slot moved forward by the gap, as an instant
+            # A real slot after the gap that comes first (or at once) stands for them.
+            if self._wall_after(gap_high - _TICK) - transition.after > moved:
+                run = moved
+        self._gap_runs[transition] = run
+        return run
 
-    def _transition_windows(self, start: DateTime, end: DateTime) -> list[tuple[DateTime, DateTime]]:
-        """UTC ranges around each offset change in ``(start, end]``, widened by the margin and merged."""
-        if self._fixed_offset:
-            return []  # UTC, Etc/UTC or a fixed offset: no day to look at
-        windows: list[tuple[DateTime, DateTime]] = []
-        low, low_offset = start, self._offset(start)
-        while low < end:
-            high = min(low + _ONE_DAY, end)
-            high_offset = self._offset(high)
-            if high_offset != low_offset:
-                # Bisect to the second; offsets change at most once a day anywhere on Earth.
-                before, after = low, high
-                while after - before > datetime.timedelta(seconds=1):
-                    middle = before + (after - before) / 2
-                    if self._offset(middle) == low_offset:
-                        before = middle
-                    else:
-                        after = middle
-                window = (max(start, after - _TRANSITION_MARGIN), min(end, after + _TRANSITION_MARGIN))
-                if windows and window[0] <= windows[-1][1]:
-                    windows[-1] = (windows[-1][0], window[1])
-                else:
-                    windows.append(window)
-            low, low_offset = high, high_offset
-        return windows
+    def _wall_after(self, wall: datetime.datetime) -> datetime.datetime:
+        """The first wall-clock match strictly after ``wall`` (naive): arithmetic where every day matches."""
+        if not self._every_day:
+            iterator = self._cron_at(wall.replace(microsecond=0))
+            while True:
+                found = iterator.get_next(datetime.datetime)
+                if found > wall:
+                    return found
+        day = wall.date()
+        for _ in range(2):
+            for hour in self._hour_list:
+                for minute in self._minute_list:
+                    candidate = datetime.datetime.combine(day, datetime.time(hour, minute))
+                    if candidate > wall:
+                        return candidate
+            day += _ONE_DAY
+        raise AssertionError("an every-day schedule matches every day")
 
-    def _wall_clock_count(self, start: DateTime, end: DateTime) -> int:
-        """Slots in ``(start, end]`` where the UTC offset is constant: count matching wall-clock minutes."""
-        if end <= start:
+    def _cron_at(self, wall: datetime.datetime) -> croniter:
+        """A croniter iterator of the expression positioned at ``wall`` (naive wall-clock time)."""
+        iterator = copy.copy(self._template)
+        iterator.set_current(wall, force=True)
+        return iterator
+
+    # -- walking -------------------------------------------------------------------------------------------
+
+    def _forward(self, moment: datetime.datetime) -> Iterator[datetime.datetime]:
+        """Slots strictly after ``moment`` (naive UTC), oldest first."""
+        segment = self._segment_at(moment)
+        low = moment
+        while True:
+            if segment.gap_run is not None and segment.gap_run > low:
+                yield segment.gap_run
+            offset = segment.offset
+            low = max(low, segment.start - _TICK)
+            # Slots are whole seconds: croniter (whose clock is a float) starts at a whole second.
+            iterator = self._cron_at(low.replace(microsecond=0) + offset)
+            while True:
+                slot = iterator.get_next(datetime.datetime) - offset
+                if slot >= segment.end:
+                    break
+                if slot > low and not any(a <= slot < b for a, b in segment.dropped):
+                    yield slot
+            segment = self._segment_at(segment.end)
+            low = segment.start - _TICK
+
+    def _backward(self, moment: datetime.datetime) -> Iterator[datetime.datetime]:
+        """Slots strictly before ``moment`` (naive UTC), newest first."""
+        segment = self._segment_at(moment - _TICK)
+        high = moment
+        while True:
+            offset = segment.offset
+            high = min(high, segment.end)
+            ceiling = high if high.microsecond == 0 else high.replace(microsecond=0) + _SECOND
+            iterator = self._cron_at(ceiling + offset)
+            while True:
+                slot = iterator.get_prev(datetime.datetime) - offset
+                if slot < segment.start:
+                    break
+                if slot < high and not any(a <= slot < b for a, b in segment.dropped):
+                    yield slot
+            if segment.gap_run is not None and segment.gap_run < high:
+                yield segment.gap_run
+            high = segment.start
+            segment = self._segment_at(segment.start - _TICK)
+
+    # -- counting ------------------------------------------------------------------------------------------
+
+    def _wall_count(self, low: datetime.datetime, high: datetime.datetime, offset: datetime.timedelta) -> int:
+        """Wall-clock matches whose instant (at ``offset``) lies strictly between ``low`` and ``high``."""
+        if high <= low:
             return 0
-        first = start.in_timezone(self._timezone).naive()
-        last = end.in_timezone(self._timezone).naive()
-        minutes, hours = self._fields[0], self._fields[1]
-        minute_list = list(range(60)) if minutes == ["*"] else [int(m) for m in minutes]
-        hour_list = list(range(24)) if hours == ["*"] else [int(h) for h in hours]
+        return self._wall_clock_count(low + offset, high + offset - _TICK)
+
+    def _wall_clock_count(self, first: datetime.datetime, last: datetime.datetime) -> int:
+        """Matching naive wall-clock minutes in ``(first, last]``."""
+        if last <= first:
+            return 0
+        minute_list, hour_list = self._minute_list, self._hour_list
         if self._every_day:
             # Every day matches (day of month, month and day of week are all "*"): the days strictly between
             # the first and the last day hold the same slots each, so only those two days are looked at.

@@ -1,9 +1,10 @@
 """What :class:`~airflow_lease_provider.timetables.CappedCatchupTimetable` reads through the scheduler's
-session, and only when it moves a stale stored run forward.
+session, and only when the stored next run is older than the newest due slot (it may move it forward).
 
 ``Timetable.next_run_info_from_dag_model`` (Airflow 3.2+; 3.1 never calls it) receives only the ``dag``
-row. When the cap moves the stored next run, the timetable needs two facts the row does not carry: the
-DAG's ``end_date`` (and ``catchup``) and the logical dates its runs already have. Both are read with
+row. When the cap may move the stored next run, the timetable needs facts the row does not carry: the
+DAG's ``catchup`` flag (``catchup=False`` keeps only the newest slot) and ``end_date``, and the logical
+dates its runs already have. Both are read with
 the session that loaded the row (the scheduler's, inside its transaction): one ``serialized_dag`` read
 and one ``dag_run`` read. When the row has no session (``airflow dags next-execution`` closes its session
 first; a plain object in a test) nothing is read and the answer is None. The Airflow names come from

@@ -9,9 +9,10 @@ Rules the implementation keeps (``docs/timetable.md`` explains the choices):
 
 * **Pure, but for one move.** :meth:`next_dagrun_info` and every other method read no database; the
   clock is read in one place, :func:`_utcnow`, which tests replace. The one exception is
-  :meth:`next_run_info_from_dag_model` when it moves a stale stored run forward: it then reads the DAG's
-  ``end_date`` (``serialized_dag``) and the logical dates its runs already have (``dag_run``) through the
-  scheduler's session, as :mod:`airflow_lease_provider.timetables._scheduler` says; nothing otherwise.
+  :meth:`next_run_info_from_dag_model` when the stored run is older than the newest due slot: it then
+  reads the DAG's ``catchup`` and ``end_date`` (``serialized_dag``) and, when it moves the run, the logical
+  dates its runs already have (``dag_run``) through the scheduler's session, as
+  :mod:`airflow_lease_provider.timetables._scheduler` says; nothing otherwise.
 * **O(max_backfill) steps.** The newest slots are found by stepping *back* from now, never by walking
   the gap forward, so a year-long outage of a per-minute schedule costs a handful of croniter calls.
 * **Backfills are not clipped.** Airflow asks with ``restriction.latest`` set for ``airflow backfill``;
@@ -526,24 +527,27 @@ class CappedCatchupTimetable(Timetable):
         stored = to_utc(info.data_interval.end)
         grid = self._grid(anchor=stored)
         now = self._now()
-        # The DAG's catchup flag is not used here; the cap (1 for catchup=False DAGs when they are
-        # asked next) keeps at most one extra, still-capped run for catchup=False with max_backfill > 1.
-        slot = self._apply_cap(grid, stored, now, self._max_backfill)
-        if slot == stored:
+        # With one slot kept the stored run stays only if it is the newest due slot (or not due yet); that
+        # holds for every cap and both catchup flags, and then nothing is read.
+        if self._apply_cap(grid, stored, now, 1) == stored:
             return info
         # Moving the run forward: the scheduler has checked only the stored run for an existing run and
-        # hands us no end_date, so read both where it reads them (its session; nothing when detached).
+        # hands us neither the DAG's catchup flag nor its end_date, so read them where it reads them (its
+        # session; nothing when detached). catchup=False keeps only the newest slot, as next_dagrun_info
+        # does: keeping max_backfill here would let one older run in before the schedule jumps to the newest.
         from airflow_lease_provider.timetables import _scheduler
 
         restriction = _scheduler.dag_time_restriction(dag_model)
+        cap = self._max_backfill if restriction is None or restriction.catchup else 1
         latest = restriction.latest if restriction is not None else None
+        newest = None
         if latest is not None:
             # The newest slot the end_date allows (Airflow's rule: its logical date is not after it).
             start = grid.at_or_before(to_utc(latest))
             newest = grid.after(start) if self._data_interval else start
-            slot = max(stored, self._apply_cap(grid, stored, now, self._max_backfill, newest=newest))
-            if slot == stored:
-                return info
+        slot = max(stored, self._apply_cap(grid, stored, now, cap, newest=newest))
+        if slot == stored:
+            return info
         moved = self._info(grid, slot)
         assert moved.logical_date is not None
         taken = _scheduler.taken_logical_dates(dag_model, moved.logical_date)
@@ -557,7 +561,7 @@ class CappedCatchupTimetable(Timetable):
             "capped catch-up: the stored next run (slot %s) is older than the newest %d slots; "
             "scheduling slot %s instead",
             stored.isoformat(),
-            self._max_backfill,
+            cap,
             slot.isoformat(),
         )
         return moved

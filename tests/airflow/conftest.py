@@ -5,21 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.airflow.harness import AirflowHome, make_home, migrate_template
-from tests.pg import scratch_dir
+from tests.airflow.harness import AirflowHome, make_home
 
 pytestmark = pytest.mark.airflow
-
-
-@pytest.fixture(scope="session")
-def airflow_template() -> Iterator[Path]:
-    root = scratch_dir("lease-airflow-template-")
-    try:
-        yield migrate_template(root)
-    finally:
-        import shutil
-
-        shutil.rmtree(root, ignore_errors=True)
 
 
 @pytest.fixture

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import httpx
 import psycopg2
@@ -38,6 +38,9 @@ from sqlalchemy.engine import URL
 
 from demo.deployment import free_port
 from tests.airflow.harness import StatsdListener
+
+if TYPE_CHECKING:
+    from demo.deployment import MetadataTemplate
 
 VENV_BIN = Path(sys.executable).parent
 REPO = Path(__file__).parents[2]
@@ -58,14 +61,20 @@ def wait_until(predicate: Callable[[], Any], timeout: float, what: str, interval
 
 
 @contextlib.contextmanager
-def metadata_database(server_dsn: str) -> Iterator[str]:
-    """A fresh database on the server of ``server_dsn`` (a libpq DSN or URI), yielded as a SQLAlchemy URL."""
+def metadata_database(server_dsn: str, template: MetadataTemplate | None = None) -> Iterator[str]:
+    """A fresh database on the server of ``server_dsn`` (a libpq DSN or URI), yielded as a SQLAlchemy URL:
+    empty, or with ``template`` a copy of that migrated metadata database (on the same server)."""
     name = f"airflow_meta_{secrets.token_hex(6)}"
     admin = psycopg2.connect(server_dsn, connect_timeout=5)
     admin.autocommit = True
     try:
         with admin.cursor() as cur:
-            cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            if template is None:
+                cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            else:
+                cur.execute(
+                    sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template.name))
+                )
         params = parse_dsn(make_dsn(server_dsn))
         host = params.get("host")
         query = {"host": host} if host and host.startswith("/") else {}
@@ -99,10 +108,12 @@ class LiveAirflow:
     @classmethod
     @contextlib.contextmanager
     def create(
-        cls, root: Path, dags: Path, *, lease_dsn: str, lease_schema: str, extra_env: dict[str, str] | None = None
+        cls, root: Path, dags: Path, *, lease_dsn: str, lease_schema: str, extra_env: dict[str, str] | None = None,
+        template: MetadataTemplate | None = None,
     ) -> Iterator[LiveAirflow]:
-        """A migrated deployment reading ``dags``, its lease store at ``lease_dsn``/``lease_schema``."""
-        with metadata_database(lease_dsn) as metadata_url:
+        """A migrated deployment reading ``dags``, its lease store at ``lease_dsn``/``lease_schema``; its
+        metadata database a copy of ``template`` (the ``metadata_template`` fixture), else migrated here."""
+        with metadata_database(lease_dsn, template) as metadata_url:
             home = root / "home"
             home.mkdir(parents=True)
             password = secrets.token_urlsafe(12)
@@ -142,7 +153,8 @@ class LiveAirflow:
             env.update(extra_env or {})
             airflow = cls(root=root, env=env, port=port, password=password, statsd=statsd)
             try:
-                airflow.cli("db", "migrate", timeout=600)
+                if template is None:
+                    airflow.cli("db", "migrate", timeout=600)
                 yield airflow
             except BaseException:
                 print(airflow.tails())  # pytest shows it with the failure

@@ -127,11 +127,13 @@ def test_run_scoped_lease_spans_three_tasks_and_an_overlapping_run_is_skipped_wh
 def test_example_dags_load_and_pass_airflow_dags_test(airflow_home, store: LeaseStore, schema, tmp_path) -> None:
     home = airflow_home("examples", dags=EXAMPLES, extra_env={"LEASE_EXAMPLES_SCHEMA": schema})
     assert import_errors(home) == {}
-    for dag_id in ("article_publisher", "billing_close"):
+    for dag_id in ("article_publisher", "billing_close", "sales_publisher"):
         result = home.dags_test(dag_id, "2026-11-29T10:00:00+00:00")
         states = {t: s for (t, _), s in home.task_states().items()}
         assert states and set(states.values()) == {"success"}, result.stdout[-4000:]
-    assert {lease.key for lease in store.leases()} == {"article-publisher", "billing-close"}
+    assert {lease.key for lease in store.leases()} == {
+        "article-publisher", "billing-close", "asset:s3://example-lake/sales/daily", "asset:s3://example-lake/sales/summary",
+    }
 
 
 def test_bad_dag_arguments_fail_at_parse_time_naming_the_parameter(airflow_home) -> None:
@@ -140,6 +142,9 @@ def test_bad_dag_arguments_fail_at_parse_time_naming_the_parameter(airflow_home)
     assert "lease_ttl=datetime.timedelta(days=-1, seconds=86395)" in errors["bad_negative_ttl.py"]
     assert "lease_key=''" in errors["bad_empty_key.py"]
     assert "on_overlap='queue'" in errors["bad_unknown_policy.py"]
+    assert "lease_on='outlets': takes the lease on the task's asset outlets, and this task has none" in errors[
+        "bad_lease_on_outlets.py"
+    ]
     assert "lease_ttl=datetime.timedelta(days=30)" in errors["bad_operator_ttl.py"]
     # Mapped (partial/expand) tasks are checked when parsed too.
     assert "lease_ttl=datetime.timedelta(days=-1, seconds=86393)" in errors["bad_mapped_negative_ttl.py"]

@@ -28,11 +28,8 @@ TTL = timedelta(minutes=5)
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[MotoServer]:
-    server = MotoServer()
-    try:
+    with MotoServer() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from airflow_lease_provider.core import EventKind, LeaseStore
+from demo.deployment import MetadataTemplate
 from tests.airflow.live import LiveAirflow, wait_until
 from tests.pg import drop_schema, execute, new_schema_name, q, scratch_dir
 
@@ -41,7 +42,7 @@ def markers() -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
-def live(pg_dsn: str, live_schema: str, markers: Path) -> Iterator[LiveAirflow]:
+def live(pg_dsn: str, live_schema: str, markers: Path, metadata_template: MetadataTemplate) -> Iterator[LiveAirflow]:
     root = scratch_dir("lease-live-")
     extra = {
         "LEASE_TEST_MARKERS": str(markers),
@@ -51,7 +52,9 @@ def live(pg_dsn: str, live_schema: str, markers: Path) -> Iterator[LiveAirflow]:
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",
     }
     try:
-        with LiveAirflow.create(root, DAGS, lease_dsn=pg_dsn, lease_schema=live_schema, extra_env=extra) as airflow:
+        with LiveAirflow.create(
+            root, DAGS, lease_dsn=pg_dsn, lease_schema=live_schema, extra_env=extra, template=metadata_template
+        ) as airflow:
             with LeaseStore(pg_dsn, schema=live_schema) as store:
                 store.ensure_schema()  # once, before parallel tasks would race to create it
             airflow.start()

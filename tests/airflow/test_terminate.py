@@ -84,6 +84,7 @@ CHILD = textwrap.dedent(
         op.on_kill()
 
     signal.signal(signal.SIGTERM, _on_term)
+    (markers / "ready").write_text("")  # imported and set up (tens of seconds on a loaded machine)
     try:
         run_task(op, ti)
     except BaseException as exc:
@@ -111,7 +112,9 @@ def _child(markers: Path, pg_dsn: str, schema: str, *args: str) -> subprocess.Po
 
 
 def _wait_for(child: subprocess.Popen[str], marker: Path) -> None:
-    end = time.monotonic() + 120
+    # Bounded by the child's life (it fails if the child exits) and the test's timeout; the child's
+    # Airflow imports alone take tens of seconds when the machine is loaded.
+    end = time.monotonic() + 240
     while not marker.exists():
         assert child.poll() is None, child.stdout.read() if child.stdout else ""
         assert time.monotonic() < end, f"{marker.name} never came"
@@ -201,6 +204,8 @@ def test_sigterm_during_the_acquire_with_an_on_kill_that_raises_still_gives_the_
             cur.execute(sql.SQL("SELECT 1 FROM {}.lease WHERE key = 'term-key' FOR UPDATE").format(
                 sql.Identifier(schema)))
         child = _child(markers, pg_dsn, schema, "raising-on-kill")
+        # The 60 s are for the acquire to reach the lock, not for the child's Airflow imports before it.
+        _wait_for(child, markers / "ready")
         wait_until_waiting = time.monotonic() + 60
         # This task's acquire (its statement names this test's schema), not another test's session.
         while not execute(pg_dsn, "SELECT 1 FROM pg_stat_activity WHERE wait_event_type = 'Lock' "

@@ -7,15 +7,17 @@ from collections.abc import Iterator
 import pytest
 
 from airflow_lease_provider.core import LeaseStore
+from demo.deployment import MetadataTemplate
 from tests.celery.deployment import LEASE_SCHEMA, Deployment, ensure_redis, new_root
 
 
 @pytest.fixture(scope="module")
-def celery_deployment(pg_dsn: str) -> Iterator[Deployment]:
-    """One CeleryExecutor deployment for the module (see tests/celery/deployment.py)."""
+def celery_deployment(pg_dsn: str, metadata_template: MetadataTemplate) -> Iterator[Deployment]:
+    """One CeleryExecutor deployment for the module (see tests/celery/deployment.py), its metadata
+    database copied from the session's migrated template."""
     ensure_redis()
     root = new_root()
-    deployment = Deployment(pg_dsn, root)
+    deployment = Deployment(pg_dsn, root, template=metadata_template.name)
     started = time.monotonic()
     try:
         deployment.start()

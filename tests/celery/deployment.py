@@ -78,8 +78,11 @@ def _upstream(info: dict[str, str]) -> tuple[str, int] | str:
 
 
 class Deployment:
-    def __init__(self, server_dsn: str, root: Path) -> None:
+    def __init__(self, server_dsn: str, root: Path, template: str | None = None) -> None:
+        """``template``: a migrated metadata database on the same server (the ``metadata_template``
+        fixture's name) to copy, instead of migrating this deployment's own."""
         self.root = root
+        self.template = template
         self.id = secrets.token_hex(8)
         self.server_dsn = server_dsn
         self.dbname = f"lease_celery_{self.id}"
@@ -160,7 +163,11 @@ class Deployment:
         admin.autocommit = True
         try:
             with admin.cursor() as cur:
-                cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.dbname)))
+                if self.template is None:
+                    cur.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(self.dbname)))
+                else:
+                    cur.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(
+                        sql.Identifier(self.dbname), sql.Identifier(self.template)))
         finally:
             admin.close()
 
@@ -205,7 +212,8 @@ class Deployment:
 
     def start(self) -> None:
         self.create_database()
-        self.airflow("db", "migrate")
+        if self.template is None:
+            self.airflow("db", "migrate")
         self.spawn("api-server", ["api-server", "--host", "127.0.0.1", "--port", str(self.api_port)])
         self.spawn("scheduler", ["scheduler", "--skip-serve-logs"])
         self.spawn("dag-processor", ["dag-processor"])

@@ -50,15 +50,18 @@ def run(pg_dsn: str, schema: str, capsys: pytest.CaptureFixture[str]) -> Run:
 
 @pytest.fixture
 def many(pg_dsn: str, schema: str) -> Iterator[LeaseStore]:
-    """1,005 keys (``key-0000`` .. ``key-1004``), each acquired once; the last one is the one we look up."""
+    """1,005 keys (``key-0000`` .. ``key-1004``), each acquired once by a task of a run (its run columns
+    written as an acquire writes them); the last one is the one we look up."""
     store = LeaseStore(pg_dsn, schema=schema, record_events=False)
     store.ensure_schema()
     execute(
         pg_dsn,
         q(
-            "INSERT INTO {schema}.lease (key, owner, token, ttl, acquired_at, renewed_at, expires_at) "
+            "INSERT INTO {schema}.lease (key, owner, token, ttl, acquired_at, renewed_at, expires_at,"
+            " dag_id, run_id, task_id, map_index) "
             "SELECT 'key-' || lpad(i::text, 4, '0'), 'dag_' || mod(i, 7) || '/run_' || i || '/t', 1, "
-            "interval '10 minutes', clock_timestamp(), clock_timestamp(), clock_timestamp() + interval '10 minutes' "
+            "interval '10 minutes', clock_timestamp(), clock_timestamp(), clock_timestamp() + interval '10 minutes', "
+            "'dag_' || mod(i, 7), 'run_' || i, 't', -1 "
             "FROM generate_series(0, %s) AS i",
             schema,
         ),

@@ -20,8 +20,8 @@ from airflow_lease_provider.core import (
     LeaseStoreUnavailable,
     StaleFencingToken,
 )
-from airflow_lease_provider.core.schema import latest_version, migrations
-from tests.pg import execute, q
+from airflow_lease_provider.core.schema import latest_version
+from tests.pg import execute, q, store_at_version
 
 TTL = timedelta(minutes=5)
 
@@ -186,17 +186,10 @@ def test_the_key_is_required_and_validated(fences: FenceStore) -> None:
 
 
 def _schema_at_version_2(pg_dsn: str, schema: str) -> None:
+    store_at_version(pg_dsn, schema, 2)
     conn = psycopg2.connect(pg_dsn)
     with conn, conn.cursor() as cur:
-        cur.execute(sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(schema)))
         cur.execute(sql.SQL("SET LOCAL search_path TO {}").format(sql.Identifier(schema)))
-        cur.execute(
-            "CREATE TABLE schema_version (version integer PRIMARY KEY, name text NOT NULL,"
-            " applied_at timestamptz NOT NULL DEFAULT clock_timestamp())"
-        )
-        for migration in migrations()[:2]:
-            cur.execute(migration.sql)
-            cur.execute("INSERT INTO schema_version (version, name) VALUES (%s, %s)", (migration.version, migration.name))
         cur.execute("SELECT outcome FROM fence_advance('blog', 7, 'run-7', NULL)")
     conn.close()
 

@@ -168,6 +168,14 @@ def test_the_fence_only_layout_has_the_stores_fence_tables(
     )
     assert execute(pg_dsn, columns, (target.schema,)) == execute(pg_dsn, columns, (store.schema,))
     assert execute(pg_dsn, functions, (target.schema,)) == execute(pg_dsn, functions, (store.schema,))
+    # fence_token is the same code in both files (fence_advance differs by the newest-grant check only).
+    body = (
+        "SELECT p.prosrc FROM pg_proc p JOIN pg_namespace n ON n.oid = p.pronamespace"
+        " WHERE n.nspname = %s AND p.proname = 'fence_token'"
+    )
+    (own,), = execute(pg_dsn, body, (target.schema,))
+    (full,), = execute(pg_dsn, body, (store.schema,))
+    assert str(own).replace(target.schema, "{schema}") == str(full).replace(store.schema, "{schema}")
 
 
 def test_rejections_of_a_fence_kept_elsewhere_go_to_the_lease_stores_ledger(

@@ -10,6 +10,7 @@ from psycopg2 import sql
 
 from airflow_lease_provider.core import EventKind, FenceStore, InvalidArgument, LeaseStore
 from airflow_lease_provider.core.history import LeaseHistory
+from airflow_lease_provider.core.identity import RunRef
 from airflow_lease_provider.plugins import timeline
 from tests.pg import execute
 
@@ -30,21 +31,25 @@ def _last_id(store: LeaseStore) -> int:
 
 @pytest.fixture
 def seeded(store: LeaseStore, fences: FenceStore, pg_dsn: str, schema: str) -> LeaseStore:
-    """Through the core API: a hold 30 h ago (before a 24 h range), a released one, a skip, a fence
-    rejection and a catch-up record; events moved back in time by SQL."""
-    first = store.acquire(KEY, A, timedelta(hours=2))
+    """Through the core API, naming each run as the Airflow layer does (``run=``): a hold 30 h ago (before
+    a 24 h range), a released one, a skip, a fence rejection and a catch-up record; events moved back in
+    time by SQL."""
+    run_a, run_b = RunRef.parse(A), RunRef.parse(B)
+    first = store.acquire(KEY, A, timedelta(hours=2), run=run_a)
     assert first is not None
     _shift(pg_dsn, schema, _last_id(store), 30)
-    assert store.release(first)
+    assert store.release(first, run=run_a)
     _shift(pg_dsn, schema, _last_id(store), 29)
-    second = store.acquire(KEY, B, timedelta(minutes=10))
+    second = store.acquire(KEY, B, timedelta(minutes=10), run=run_b)
     assert second is not None
-    store.events.record(EventKind.SKIPPED_OVERLAP, KEY, owner=A, detail={"dag_id": "etl", "run_id": "r3", "task_id": "load"})
-    assert fences.accept("warehouse", second.token + 1, key=KEY)
-    assert not fences.accept("warehouse", second.token, key=KEY, owner=B)
+    store.events.record(EventKind.SKIPPED_OVERLAP, KEY, owner=A, detail={"dag_id": "etl", "run_id": "r3", "task_id": "load"},
+                        run=RunRef("etl", "r3", task_id="load"))
+    assert fences.accept("warehouse", second.token + 1, key=KEY, run=run_b)
+    assert not fences.accept("warehouse", second.token, key=KEY, owner=B, run=run_b)
     store.events.record(EventKind.SKIPPED_CATCHUP, "etl", owner="etl/scheduled__x",
-                        detail={"dag_id": "etl", "run_id": "scheduled__x", "count": 6})
-    store.events.record(EventKind.SKIPPED_OVERLAP, "other.key", owner="other/r/t", detail={"dag_id": "other", "run_id": "r"})
+                        detail={"dag_id": "etl", "run_id": "scheduled__x", "count": 6}, run=RunRef("etl", "scheduled__x"))
+    store.events.record(EventKind.SKIPPED_OVERLAP, "other.key", owner="other/r/t", detail={"dag_id": "other", "run_id": "r"},
+                        run=RunRef("other", "r", task_id="t"))
     return store
 
 

@@ -135,9 +135,9 @@ def test_the_watchdog_outlives_a_store_whose_idle_close_fails(pg_dsn: str, schem
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # the death is the point
 def test_a_watchdog_thread_that_died_is_started_again_by_the_next_store(pg_dsn: str, schema: str,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    from airflow_lease_provider.core import db as db_module
+    from airflow_lease_provider.core.db import watchdog as watchdog_module
 
-    watchdog = db_module._watchdog
+    watchdog = watchdog_module.watchdog
     first = _named(LeaseStore(pg_dsn, schema=schema, idle_close=timedelta(seconds=0.2)))
     assert first.acquire("a", "w", timedelta(seconds=10)) is not None  # the thread runs
     thread = watchdog._thread

@@ -34,11 +34,8 @@ STORE = str(uuid.uuid4())
 
 @pytest.fixture(scope="module")
 def moto() -> Iterator[MotoServer]:
-    server = MotoServer()
-    try:
+    with MotoServer() as server:
         yield server
-    finally:
-        server.stop()
 
 
 @pytest.fixture

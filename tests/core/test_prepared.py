@@ -14,13 +14,8 @@ import pytest
 from psycopg2 import sql
 
 from airflow_lease_provider.core import FenceStore, LeaseStore
-from airflow_lease_provider.core.db import (
-    PREPARE_AFTER,
-    _Prepared,
-    _stale_plan,
-    named_queries,
-    prepared_queries,
-)
+from airflow_lease_provider.core.db import PREPARE_AFTER, named_queries, prepared_queries
+from airflow_lease_provider.core.db.sqltext import PreparedTexts, stale_plan
 from airflow_lease_provider.core.errors import InvalidArgument
 from tests.pg import execute
 
@@ -47,7 +42,7 @@ def test_the_marked_queries_are_single_statements_with_every_value_a_parameter()
         prepared_queries()
     )
     for name in prepared_queries():
-        prepared = _Prepared("", queries[name])
+        prepared = PreparedTexts("", queries[name])
         body = prepared.prepare.split(" AS ", 1)[1].rsplit("; EXECUTE", 1)[0]
         assert ";" not in body, f"{name}: a PREPARE holds exactly one statement"
         assert "%(" not in body and "%s" not in body, f"{name}: a value left as text in the prepared statement"
@@ -125,7 +120,7 @@ def test_a_statement_the_session_already_has_is_executed_not_prepared_twice(
     """A pooler's session may hold a statement this client never prepared there (another client did)."""
     caplog.set_level(logging.DEBUG, logger="airflow_lease_provider.core.db")
     store.acquire("job", "a", TTL)
-    text = _Prepared("", store.db.query_text("holder", store.db._conn))
+    text = PreparedTexts("", store.db.query_text("holder", store.db._conn))
     with store.db._conn.cursor() as cur:  # as if another client of the pooler had prepared it here
         cur.execute(text.prepare.split("; EXECUTE", 1)[0])
     store.db._uses[text.name] = PREPARE_AFTER  # this client would prepare now
@@ -144,8 +139,9 @@ def stale_plan_after_a_migration(dsn: str, schema: str, caplog: pytest.LogCaptur
     store.acquire("job", "a", TTL)
     store.acquire("job", "b", TTL)
     assert _name(store, "acquire") in _session_statements(store)
-    definition = execute(dsn, "SELECT pg_get_functiondef(%s::regprocedure)",
-                         (f'"{schema}".lease_acquire(text, text, interval)',))[0][0]
+    # The function acquire calls (migrations/0011: with the holder's run columns).
+    signature = "lease_acquire(text, text, interval, text, text, text, integer)"
+    definition = execute(dsn, "SELECT pg_get_functiondef(%s::regprocedure)", (f'"{schema}".{signature}',))[0][0]
     changed = definition.replace("observed_at timestamp with time zone)",
                                  "observed_at timestamp with time zone, extra integer)", 1)
     changed = changed.replace("pg_catalog.clock_timestamp();", "pg_catalog.clock_timestamp(), 0;")
@@ -156,7 +152,8 @@ def stale_plan_after_a_migration(dsn: str, schema: str, caplog: pytest.LogCaptur
     conn.autocommit = True
     try:
         with conn.cursor() as cur:
-            cur.execute(sql.SQL("DROP FUNCTION {}.lease_acquire(text, text, interval)").format(sql.Identifier(schema)))
+            cur.execute(sql.SQL("DROP FUNCTION {}.lease_acquire(text, text, interval, text, text, text, integer)")
+                        .format(sql.Identifier(schema)))
             cur.execute(changed)
     finally:
         conn.close()
@@ -229,9 +226,9 @@ def test_a_stale_plan_is_told_by_where_the_server_raised_it_not_by_its_words(pg_
                 cur.execute("EXECUTE p")
     finally:
         conn.close()
-    assert _stale_plan(raised.value)
+    assert stale_plan(raised.value)
     german = SimpleNamespace(pgcode="0A000", diag=SimpleNamespace(source_function="RevalidateCachedQuery"),
                              args=("FEHLER:  gecachter Plan darf den Ergebnistyp nicht ändern",))
-    assert _stale_plan(german)  # type: ignore[arg-type]
+    assert stale_plan(german)  # type: ignore[arg-type]
     other = SimpleNamespace(pgcode="0A000", diag=SimpleNamespace(source_function="exec_stmt_raise"))
-    assert not _stale_plan(other)  # type: ignore[arg-type]  # the same code from a RAISE inside a function
+    assert not stale_plan(other)  # type: ignore[arg-type]  # the same code from a RAISE inside a function

@@ -11,8 +11,9 @@ import pytest
 from airflow_lease_provider.core import EventKind, FenceStore, InvalidArgument, LeaseStore, StaleFencingToken
 from airflow_lease_provider.core import schema as core_schema
 from airflow_lease_provider.core.db import Database
+from airflow_lease_provider.core.history import LeaseHistory
 from airflow_lease_provider.core.identity import RunRef
-from tests.pg import execute, q
+from tests.pg import execute, q, store_at_version
 
 TASK = RunRef("etl", "manual__2026-12-01T10:00:00+00:00", 2, task_id="load")
 OTHER = RunRef("etl", "manual__2026-12-02T10:00:00+00:00", task_id="load")
@@ -134,8 +135,7 @@ def test_migration_7_fills_in_the_events_written_before_it(
 ) -> None:
     every = core_schema.migrations()
     assert every[6].version == 7
-    monkeypatch.setattr(core_schema, "migrations", lambda: every[:6])
-    assert core_schema.ensure_schema(Database(pg_dsn, schema=schema)) == 6
+    store_at_version(pg_dsn, schema, 6)
     old = [
         # (kind, owner, detail) as version 6 wrote them
         ("acquired", "etl/r1/load[3]", {}),
@@ -178,3 +178,77 @@ def test_migration_7_fills_in_the_events_written_before_it(
         ]
     finally:
         store.close()
+
+
+def test_a_lease_names_its_holders_run_and_the_dag_scoping_reads_it_not_the_owner(store: LeaseStore) -> None:
+    """The run the acquire passed is the lease's DAG (migration 0011), whatever its owner string says: the
+    status pages, the DAG tab, the counts and the ledger's pages scope by the run columns."""
+    run = RunRef("real", "r1", task_id="t")
+    assert store.acquire("k1", "decoy/r1/t", timedelta(seconds=30), run=run) is not None
+    assert store.acquire("k2", "real/r1/t", timedelta(seconds=30)) is not None  # a core user's: no run
+    lease = store.lease("k1")
+    assert lease is not None and lease.run == run
+    assert [x.key for x in store.leases(dag_ids={"real"})] == ["k1"]
+    assert store.leases(dag_ids={"decoy"}) == []
+    assert [x.key for x in store.leases()] == ["k1", "k2"]
+    assert [x.key for x in LeaseHistory(store).dag_leases("real")] == ["k1"]
+    assert LeaseHistory(store).dag_leases("decoy") == []
+    assert [(e.kind, e.key) for e in store.event_page(dag_ids={"real"})] == [("acquired", "k1")]
+    assert store.event_page(dag_ids={"decoy"}) == []
+    assert [(c.key, c.kind) for c in store.event_counts(dag_ids={"real"})] == [("k1", "acquired")]
+    assert store.event_counts(dag_ids={"decoy"}) == []
+    # A grant to another run moves the lease to that run's DAG.
+    holder = store.acquire("k1", "decoy/r1/t", timedelta(seconds=30), run=RunRef("other", "r2", task_id="t"))
+    assert holder is not None
+    assert store.leases(dag_ids={"real"}) == [] and [x.key for x in store.leases(dag_ids={"other"})] == ["k1"]
+
+
+def test_migration_11_fills_in_the_lease_run_columns_once_from_the_owners(pg_dsn: str, schema: str) -> None:
+    """A store at version 10: its leases' run columns come from their owners (the one place an owner is
+    read for a run), and the events version 7 left without a run get the DAG the reads gave them."""
+    store_at_version(pg_dsn, schema, 10)
+    owners = ["etl/r1/load[3]", "etl/r1", "etl/r1/3", "a script", "a/b/c/d", "b/r2/load"]
+    for n, owner in enumerate(owners):
+        execute(pg_dsn, q(
+            "INSERT INTO {schema}.lease (key, owner, token, ttl, acquired_at, renewed_at, expires_at)"
+            " VALUES (%s, %s, 1, '1 minute', now(), now(), now() + interval '1 minute')", schema), (f"k{n}", owner))
+    insert = q("INSERT INTO {schema}.event (kind, key, owner, detail) VALUES ('waiting', 'job', %s, %s)", schema)
+    execute(pg_dsn, insert, ("a/b/c/d", "{}"))
+    execute(pg_dsn, insert, ("x", json.dumps({"dag_id": "d"})))
+    execute(pg_dsn, insert, ("a script", "{}"))
+    store = LeaseStore(pg_dsn, schema=schema)
+    try:
+        assert store.ensure_schema() == core_schema.latest_version()
+        rows = execute(pg_dsn, q("SELECT key, dag_id, run_id, task_id, map_index FROM {schema}.lease ORDER BY key", schema))
+        assert rows == [
+            ("k0", "etl", "r1", "load", 3),
+            ("k1", "etl", "r1", None, None),
+            ("k2", "etl", "r1", None, 3),
+            ("k3", None, None, None, None),
+            ("k4", "a", "b", None, None),
+            ("k5", "b", "r2", "load", -1),
+        ]
+        events = execute(pg_dsn, q("SELECT owner, dag_id, run_id FROM {schema}.event ORDER BY id", schema))
+        assert events == [("a/b/c/d", "a", "b"), ("x", "d", ""), ("a script", None, None)]
+        assert [x.key for x in store.leases(dag_ids={"etl"})] == ["k0", "k1", "k2"]
+        assert [x.key for x in store.leases(dag_ids={"a", "b"})] == ["k4", "k5"]
+        assert [e.owner for e in store.event_page(dag_ids={"a", "d"})] == ["x", "a/b/c/d"]
+        # Filled once: a lease granted from now on takes the run its acquire names, or none.
+        assert store.acquire("k1", "etl/r1", timedelta(seconds=30)) is not None  # its holder again, naming no run
+        assert execute(pg_dsn, q("SELECT dag_id FROM {schema}.lease WHERE key = 'k1'", schema)) == [(None,)]
+    finally:
+        store.close()
+
+
+def test_no_current_query_reads_a_run_out_of_an_owner() -> None:
+    """The DAG of a row is its run columns: no query, and nothing in the current schema, splits or matches
+    an owner string (only migration 0011 did, once, to fill in the old rows)."""
+    from airflow_lease_provider.core.db import named_queries
+
+    texts = {f"query {name}": text for name, text in named_queries().items()}
+    texts["schema.sql"] = core_schema.current_schema_sql()
+    texts["fence_schema.sql"] = core_schema.fence_schema_sql()
+    for where, text in texts.items():
+        code = "\n".join(line.split("--", 1)[0] for line in text.splitlines())
+        for parse in ("split_part(", "strpos(", "starts_with(", "regexp_", "position(", " like ", "~"):
+            assert parse not in code.lower(), (where, parse)

@@ -12,9 +12,9 @@ still in ``DagModel`` (the trap). Two schedulers share the metadata database (Ai
   tasks with different keys call the record at the same time, and ``scheduled.skipped_catchup`` reaches
   statsd once with the same count (issue 10 item 11).
 
-LocalExecutor cannot run on SQLite in Airflow 3, so the test creates a throwaway database on the
-PostgreSQL at ``LEASE_E2E_PG_ADMIN_DSN`` (default ``postgresql://postgres@127.0.0.1:5432/postgres``) and
-drops it afterwards; it skips when that server is unreachable. Tasks reach the scheduler through the
+LocalExecutor cannot run on SQLite in Airflow 3, so the test copies a throwaway database from the
+session's migrated metadata template on the suite's PostgreSQL (``metadata_template``) and drops it
+afterwards. Tasks reach the scheduler through the
 execution API, so an ``airflow api-server --apps execution`` runs too. Every process is started in its
 own session and stopped by its process group id, also when the test fails.
 """
@@ -39,11 +39,10 @@ from typing import Any
 
 import pytest
 
-from demo.deployment import free_port
+from demo.deployment import MetadataTemplate, drop_database, free_port
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(600)]
 
-ADMIN_DSN = os.environ.get("LEASE_E2E_PG_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 DAG_ID = "capped_catchup_e2e"
 CAP = 3
 OUTAGE_SLOTS = 9
@@ -147,30 +146,17 @@ with create_session() as session:
 
 
 @pytest.fixture
-def metadata_dsn() -> Iterator[str]:
-    """A fresh PostgreSQL database for Airflow's metadata (and the ledger), dropped afterwards."""
+def metadata_dsn(metadata_template: MetadataTemplate) -> Iterator[str]:
+    """A PostgreSQL database for Airflow's metadata (and the ledger), copied from the session's migrated
+    template (``CREATE DATABASE ... TEMPLATE``), dropped afterwards."""
     probe = subprocess.run([AIRFLOW, "version"], capture_output=True, text=True, timeout=120, check=False)
     if probe.returncode != 0 and "get_provider_info" in probe.stderr:
         pytest.skip("airflow_lease_provider.get_provider_info is missing, so the airflow CLI cannot start")
-    psycopg2 = pytest.importorskip("psycopg2")
+    name, dsn = metadata_template.copy()
     try:
-        admin = psycopg2.connect(ADMIN_DSN, connect_timeout=3)
-    except psycopg2.OperationalError as exc:
-        pytest.skip(f"no PostgreSQL at {ADMIN_DSN} for the Airflow metadata database: {exc}")
-    admin.autocommit = True
-    name = f"lease_e2e_{secrets.token_hex(6)}"
-    with admin.cursor() as cursor:
-        cursor.execute(f'CREATE DATABASE "{name}"')  # a generated name, not user input
-    base, _, _ = ADMIN_DSN.rpartition("/")
-    try:
-        yield f"{base}/{name}"
+        yield dsn
     finally:
-        with admin.cursor() as cursor:
-            cursor.execute(
-                "SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s", (name,)
-            )
-            cursor.execute(f'DROP DATABASE IF EXISTS "{name}"')
-        admin.close()
+        drop_database(metadata_template.admin_dsn, name)
 
 
 class StatsdListener:
@@ -330,8 +316,7 @@ def test_scheduler_runs_only_the_newest_slots_after_an_outage(
 
 
 def _check_capped_catch_up(processes: Processes, statsd: StatsdListener) -> None:
-    processes.run("db", "migrate")
-    processes.run("dags", "reserialize")
+    processes.run("dags", "reserialize")  # the metadata database is migrated (a copy of the template)
     from airflow_lease_provider.core import LeaseStore
 
     with LeaseStore(processes.env["LEASE_E2E_DSN"], schema=LEDGER_SCHEMA) as store:

@@ -34,6 +34,7 @@ pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(600)]
 
 END_DATE_DAG = "capped_end_date_passed"
 COLLISION_DAG = "capped_manual_in_the_gap"
+LATEST_ONLY_DAG = "capped_catchup_false"
 
 DAG_FILE = f'''
 from __future__ import annotations
@@ -59,6 +60,14 @@ with DAG("{COLLISION_DAG}", schedule=CappedCatchupTimetable("0 * * * *", max_bac
         pass
 
     hourly()
+
+with DAG("{LATEST_ONLY_DAG}", schedule=CappedCatchupTimetable("0 * * * *", max_backfill=5),
+         start_date=pendulum.datetime(2025, 1, 1, tz="UTC"), catchup=False, max_active_runs=1):
+    @task
+    def latest():
+        pass
+
+    latest()
 '''
 
 # The DagModel row a scheduler leaves when it stops right after creating a run: the next run it stored.
@@ -86,7 +95,7 @@ def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
         template, [source], extra_env={"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600"}
     )
     try:
-        deployment.start({END_DATE_DAG, COLLISION_DAG})
+        deployment.start({END_DATE_DAG, COLLISION_DAG, LATEST_ONLY_DAG})
         yield deployment
     except BaseException:
         print(deployment.tails())
@@ -144,6 +153,33 @@ def test_a_manual_run_on_the_slot_the_stale_run_moves_to_does_not_stop_the_sched
     assert [r["dag_run_id"] for r in runs if r["run_type"] == "manual"] == [manual]
     log = (airflow.logs / "scheduler.log").read_text(errors="replace")
     assert "Failed creating DagRun" not in log, log[-5000:]
+
+
+def test_catchup_false_with_max_backfill_runs_only_the_newest_slot_after_an_outage(airflow: Deployment) -> None:
+    """catchup=False means latest-only whatever max_backfill says: one run for the newest slot, as Airflow.
+
+    Before the fix the stored run (five hours stale) was moved only to the oldest of the newest 5 slots;
+    the scheduler created it, and then the catchup=False schedule jumped to the newest: two runs.
+    """
+    api = airflow.api
+    hour = pendulum.now("UTC").start_of("hour")
+    if pendulum.now("UTC") > hour.add(minutes=56):
+        hour = hour.add(hours=1)
+        wait(lambda: pendulum.now("UTC"), lambda now: now >= hour.add(seconds=5), 300, "the next hour")
+    result = subprocess.run([sys.executable, "-c", STALE, LATEST_ONLY_DAG, hour.subtract(hours=5).isoformat()],
+                            env=airflow.env, capture_output=True, text=True, timeout=120, check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    api.unpause(LATEST_ONLY_DAG)
+    # The schedule has caught up once the next run it stores is the one due at hour + 1h; by then every
+    # run it would create for the outage exists (one at a time: max_active_runs=1).
+    wait(lambda: api.get(f"/dags/{LATEST_ONLY_DAG}")["next_dagrun_logical_date"],
+         lambda nxt: nxt == _z(hour), 150, f"the schedule of {LATEST_ONLY_DAG} to reach the newest slot")
+    runs = wait(lambda: api.runs(LATEST_ONLY_DAG),
+                lambda found: found and all(r["state"] in ("success", "failed") for r in found), 120,
+                f"the runs of {LATEST_ONLY_DAG} to finish")
+    assert [(r["run_type"], r["logical_date"], r["data_interval_end"]) for r in runs] == [
+        ("scheduled", _z(hour.subtract(hours=1)), _z(hour)),
+    ], runs
 
 
 def _z(moment: datetime.datetime) -> str:

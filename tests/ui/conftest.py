@@ -3,6 +3,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -40,8 +41,10 @@ def _seed(store: LeaseStore) -> None:
                 owner=f"{DAG_ID}/scheduled__2026-11-28T00:00:00+00:00/publish",
                 token=1,
                 detail={"held_seconds": seconds},
+                run=RunRef(DAG_ID, "scheduled__2026-11-28T00:00:00+00:00", task_id="publish"),
             )
-        assert store.acquire(key, f"{DAG_ID}/scheduled__2026-11-29T00:00:00+00:00/publish", ttl) is not None
+        holder = RunRef(DAG_ID, "scheduled__2026-11-29T00:00:00+00:00", task_id="publish")
+        assert store.acquire(key, holder.owner(), ttl, run=holder) is not None
     assert store.acquire(SCRIPT_KEY, "nightly-script", timedelta(minutes=5)) is not None
     store.events.record(
         EventKind.SKIPPED_CATCHUP,
@@ -57,6 +60,7 @@ def _seed(store: LeaseStore) -> None:
             "run_id": "scheduled__2026-11-29T06:00:00+00:00",
             "max_backfill": 1,
         },
+        run=RunRef(DAG_ID, "scheduled__2026-11-29T06:00:00+00:00"),
     )
 
 
@@ -67,7 +71,7 @@ def _zombie_publish(store: LeaseStore, holder: Lease) -> None:
     """
     fences = FenceStore(store.db.dsn, schema=store.schema)
     try:
-        assert fences.accept("blog", holder.token + 1, key=holder.key)
+        assert fences.accept("blog", holder.token + 1, key=holder.key, run=RunRef.parse(holder.owner))
         assert not fences.accept(
             "blog", holder.token, key=holder.key, owner=holder.owner, run=RunRef.parse(holder.owner)
         )
@@ -76,9 +80,9 @@ def _zombie_publish(store: LeaseStore, holder: Lease) -> None:
 
 
 @pytest.fixture(scope="session")
-def world(pg_dsn: str) -> Iterator[World]:
+def world(pg_dsn: str, airflow_template: Path) -> Iterator[World]:
     schema = new_schema_name()
-    server = make_server(pg_dsn, schema)
+    server = make_server(pg_dsn, schema, airflow_template)
     store = LeaseStore(pg_dsn, schema=schema)
     try:
         store.ensure_schema()

@@ -172,9 +172,9 @@ with get_application_builder() as appbuilder:
 """
 
 
-def make_fab_server(pg_dsn: str, schema: str) -> AirflowServer:
+def make_fab_server(pg_dsn: str, schema: str, template: Path | None = None) -> AirflowServer:
     """An api-server under the FAB auth manager, with users of different roles (FAB_USERS)."""
-    server = _prepare(pg_dsn, schema, fab=True)
+    server = _prepare(pg_dsn, schema, fab=True, template=template)
     try:
         # The DAGs must be in the metadata database: DAG-level access is checked against it.
         server.airflow("dags", "reserialize")
@@ -188,12 +188,16 @@ def make_fab_server(pg_dsn: str, schema: str) -> AirflowServer:
     return server
 
 
-def make_server(pg_dsn: str, schema: str) -> AirflowServer:
-    """Prepare the home (migrate, users, connection); the caller starts the server and runs the DAGs."""
-    return _prepare(pg_dsn, schema)
+def make_server(pg_dsn: str, schema: str, template: Path | None = None) -> AirflowServer:
+    """Prepare the home (migrate, users, connection); the caller starts the server and runs the DAGs.
+
+    With ``template`` (an AIRFLOW_HOME whose ``airflow.db`` is migrated: the ``airflow_template``
+    fixture) the home's metadata database is a copy of it instead of a migration of its own."""
+    return _prepare(pg_dsn, schema, template=template)
 
 
-def _prepare(pg_dsn: str, schema: str, *, fab: bool = False, conn_uri: str | None = None) -> AirflowServer:
+def _prepare(pg_dsn: str, schema: str, *, fab: bool = False, conn_uri: str | None = None,
+             template: Path | None = None) -> AirflowServer:
     root = scratch_dir("lease-ui-")
     home = root / "home"
     home.mkdir()
@@ -217,7 +221,11 @@ def _prepare(pg_dsn: str, schema: str, *, fab: bool = False, conn_uri: str | Non
         env["AIRFLOW__CORE__AUTH_MANAGER"] = FAB_AUTH_MANAGER
     server = AirflowServer(root=root, env=env, port=free_port(), log=root / "api-server.log")
     try:
-        server.airflow("db", "migrate")
+        if template is not None:
+            shutil.copy(template / "airflow.db", home / "airflow.db")
+        if template is None or fab:
+            # FAB's own tables (the FAB auth manager migrates them) are not in the template.
+            server.airflow("db", "migrate")
         # In the metadata database, not in an env var: the api-server must find it there by itself.
         server.airflow("connections", "add", "lease_default", "--conn-uri", conn_uri or pg_dsn)
     except BaseException:

@@ -9,6 +9,7 @@ from urllib.parse import quote
 import pytest
 
 from airflow_lease_provider.core import EventKind
+from airflow_lease_provider.core.identity import RunRef
 from airflow_lease_provider.reading import encode_cursor
 from tests.pg import execute, q
 from tests.ui.conftest import API_KEY, SCRIPT_KEY, World
@@ -154,13 +155,15 @@ BULK = 1005
 def test_more_than_a_thousand_keys_page_through_and_look_up(world: World) -> None:
     server, store = world.server, world.store
     insert = q(
-        "INSERT INTO {schema}.lease (key, owner, token, ttl, acquired_at, renewed_at, expires_at) "
-        "SELECT 'zz-bulk-' || lpad(i::text, 4, '0'), %s || i || '/publish', 1, interval '10 minutes', "
-        "clock_timestamp(), clock_timestamp(), clock_timestamp() + interval '10 minutes' "
+        "INSERT INTO {schema}.lease (key, owner, token, ttl, acquired_at, renewed_at, expires_at,"
+        " dag_id, run_id, task_id, map_index) "
+        "SELECT 'zz-bulk-' || lpad(i::text, 4, '0'), %s || '/bulk_' || i || '/publish', 1, interval '10 minutes', "
+        "clock_timestamp(), clock_timestamp(), clock_timestamp() + interval '10 minutes', "
+        "%s, 'bulk_' || i, 'publish', -1 "  # the run columns, as an acquire with run= writes them
         "FROM generate_series(0, %s) AS i",
         store.schema,
     )
-    execute(store.db.dsn, insert, (f"{DAG_ID}/bulk_", BULK - 1))
+    execute(store.db.dsn, insert, (DAG_ID, DAG_ID, BULK - 1))
     try:
         seen: list[str] = []
         cursor = None
@@ -315,7 +318,9 @@ def test_an_owner_whose_task_id_is_a_unicode_digit_is_read_everywhere(world: Wor
     shows the lease or its events (for everyone who could see it), and ``map_index=²`` on the task tab."""
     server, store = world.server, world.store
     key, owner = "unicode-digit-key", f"{DAG_ID}/manual__2026-12-01/²"
-    assert store.acquire(key, owner, timedelta(minutes=5)) is not None
+    # As the operator writes it: the task instance passed as the run.
+    run = RunRef(DAG_ID, "manual__2026-12-01", task_id="²")
+    assert store.acquire(key, owner, timedelta(minutes=5), run=run) is not None
     try:
         task = {"dag_id": DAG_ID, "run_id": "manual__2026-12-01", "task_id": "²"}
         for path, params in (

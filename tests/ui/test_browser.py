@@ -204,13 +204,15 @@ def test_the_page_pages_through_more_leases_than_one_page(browser: Any, world: W
     execute(
         store.db.dsn,
         q(
-            "INSERT INTO {schema}.lease (key, owner, token, ttl, acquired_at, renewed_at, expires_at) "
-            "SELECT 'zz-page-' || lpad(i::text, 4, '0'), %s || i || '/publish', 1, interval '10 minutes', "
-            "clock_timestamp(), clock_timestamp(), clock_timestamp() + interval '10 minutes' "
+            "INSERT INTO {schema}.lease (key, owner, token, ttl, acquired_at, renewed_at, expires_at,"
+            " dag_id, run_id, task_id, map_index) "
+            "SELECT 'zz-page-' || lpad(i::text, 4, '0'), %s || '/page_' || i || '/publish', 1, interval '10 minutes', "
+            "clock_timestamp(), clock_timestamp(), clock_timestamp() + interval '10 minutes', "
+            "%s, 'page_' || i, 'publish', -1 "  # the run columns, as an acquire with run= writes them
             "FROM generate_series(0, %s) AS i",
             store.schema,
         ),
-        (f"{DAG_ID}/page_", bulk - 1),
+        (DAG_ID, DAG_ID, bulk - 1),
     )
     page = login(browser, world, "viewer")
     try:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import timedelta
+from pathlib import Path
 
 import pytest
 
@@ -33,9 +34,9 @@ class Fab:
 
 
 @pytest.fixture(scope="module")
-def fab(pg_dsn: str) -> Iterator[Fab]:
+def fab(pg_dsn: str, airflow_template: Path) -> Iterator[Fab]:
     schema = new_schema_name()
-    server = make_fab_server(pg_dsn, schema)
+    server = make_fab_server(pg_dsn, schema, airflow_template)
     store = LeaseStore(pg_dsn, schema=schema)
     try:
         store.ensure_schema()
@@ -45,7 +46,8 @@ def fab(pg_dsn: str) -> Iterator[Fab]:
             (OTHER_KEY, f"{OTHER_DAG_ID}/{OTHER_RUN}/work"),
             (SCRIPT_KEY, "nightly-script"),
         ):
-            assert store.acquire(key, owner, ttl) is not None
+            # as the operator writes it: the task instance as the run (a script passes none)
+            assert store.acquire(key, owner, ttl, run=RunRef.parse(owner)) is not None
         store.events.record(
             EventKind.SKIPPED_OVERLAP,
             OTHER_KEY,
@@ -56,7 +58,8 @@ def fab(pg_dsn: str) -> Iterator[Fab]:
             run=RunRef(OTHER_DAG_ID, "manual__2026-12-01T11:05:00+00:00", task_id="work"),
         )
         for key, owner in ((DEMO_KEY, f"{DAG_ID}/r0/publish"), (OTHER_KEY, f"{OTHER_DAG_ID}/r0/work")):
-            store.events.record(EventKind.RELEASED, key, owner=owner, token=1, detail={"held_seconds": 60})
+            store.events.record(EventKind.RELEASED, key, owner=owner, token=1, detail={"held_seconds": 60},
+                                run=RunRef.parse(owner))
         server.start()
         server.wait_healthy()
         yield Fab(server, store)

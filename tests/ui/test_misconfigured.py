@@ -9,6 +9,7 @@ host or password.
 from __future__ import annotations
 
 from collections.abc import Iterator
+from pathlib import Path
 from urllib.parse import quote
 
 import psycopg2.extensions
@@ -31,14 +32,14 @@ ROUTES = [
 
 
 @pytest.fixture(scope="module")
-def typo(pg_dsn: str) -> Iterator[tuple[AirflowServer, str, dict[str, str]]]:
+def typo(pg_dsn: str, airflow_template: Path) -> Iterator[tuple[AirflowServer, str, dict[str, str]]]:
     info = psycopg2.extensions.parse_dsn(pg_dsn)
     schema = new_schema_name()  # never created by anyone
     uri = (
         f"postgresql://{info.get('user', 'postgres')}:{quote(PASSWORD, safe='')}@"
         f"{info.get('host', '127.0.0.1')}:{info.get('port', '5432')}/{info.get('dbname', 'postgres')}"
     )
-    server = _prepare(pg_dsn, schema, conn_uri=uri)
+    server = _prepare(pg_dsn, schema, conn_uri=uri, template=airflow_template)
     try:
         server.start()
         server.wait_healthy()

@@ -1,5 +1,6 @@
--- Named queries of the lease store. "-- name: x" starts a query; {schema} is filled in with
--- psycopg2.sql.Identifier, values are always %(name)s parameters. Every expiry decision compares
+-- Named queries of the lease store. "-- name: x" starts a query; {schema} is replaced by the schema's
+-- name as a quoted identifier (core/db/sqltext.py, with_schema), values are always %(name)s parameters.
+-- Rows are read by column name (core/db/database.py): every column a query returns has a name of its own. Every expiry decision compares
 -- against clock_timestamp(): the database clock at the moment of the comparison (now() would be the
 -- transaction start time, stale inside a transaction).
 -- "-- name: x [prepared]" marks a query a connection prepares from its second use on (core/db.py): only
@@ -13,7 +14,9 @@
 -- same owner holds: a retry re-enters and gets a larger token), or the INSERT creates a new key.
 -- clock_timestamp() is called where it is used, never captured up front: an UPDATE that waited for a
 -- row lock re-evaluates its WHERE and SET on the new row version, and must do so with the time *then*.
-SELECT * FROM {schema}.lease_acquire(%(key)s, %(owner)s, %(ttl)s);
+-- The holder's run columns (migrations/0011) are written with every grant.
+SELECT * FROM {schema}.lease_acquire(%(key)s, %(owner)s, %(ttl)s,
+                                     %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
 
 -- name: acquire_logged [prepared]
 -- acquire with the ledger on: the grant and its 'acquired' event (%(detail)s plus the expiry) in one
@@ -34,7 +37,7 @@ UPDATE {schema}.lease AS l
  WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s
    AND l.expires_at > pg_catalog.clock_timestamp() AND l.released_at IS NULL
 RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-          pg_catalog.clock_timestamp();
+          pg_catalog.clock_timestamp() AS observed_at;
 
 -- name: release [prepared]
 -- Frees the lease only if owner and token still match (decision 7). The row and its token stay.
@@ -44,7 +47,7 @@ UPDATE {schema}.lease AS l
    SET expires_at = LEAST(l.expires_at, pg_catalog.clock_timestamp()), released_at = pg_catalog.clock_timestamp()
  WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s AND l.released_at IS NULL
 RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-          l.released_at;
+          l.released_at AS observed_at;
 
 -- name: release_logged [prepared]
 -- release with the ledger on: the release and its 'released' event (held_seconds, released_at by the
@@ -52,34 +55,11 @@ RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires
 SELECT * FROM {schema}.lease_release_logged(%(key)s, %(owner)s, %(token)s, %(detail)s,
                                             %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
 
--- name: force_release
--- Admin action: frees the lease whoever holds it and bumps the token, so the old holder's renew and
--- release fail and its keeper reports the lease lost. Returns the state before the change.
-WITH old AS (
-    SELECT key, owner, token, ttl, acquired_at, renewed_at, expires_at, released_at
-      FROM {schema}.lease WHERE key = %(key)s FOR UPDATE
-)
-UPDATE {schema}.lease AS l
-   SET token = greatest(l.token + 1, {schema}.lease_token_floor() + 1),
-       expires_at = LEAST(l.expires_at, clock_timestamp()), released_at = clock_timestamp()
-  FROM old
- WHERE l.key = old.key
-RETURNING old.key, old.owner, old.token, old.ttl, old.acquired_at, old.renewed_at, old.expires_at,
-          old.released_at, clock_timestamp(), l.token;
-
 -- name: holder [prepared]
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp()
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index
   FROM {schema}.lease l
  WHERE l.key = %(key)s AND l.expires_at > clock_timestamp();
-
--- name: list_leases
--- Every key the store knows, held or not, for status pages.
-SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp()
-  FROM {schema}.lease l
- ORDER BY l.key
- LIMIT %(limit)s;
 
 -- name: fence_advance [prepared]
 -- A fence per (resource, lease key): the token is compared only with tokens of the same lease key. A larger
@@ -99,13 +79,13 @@ DELETE FROM {schema}.fence_publish
 RETURNING token;
 
 -- name: store_id
-SELECT e.store_id::text FROM {schema}.lease_epoch e;
+SELECT e.store_id::text AS store_id FROM {schema}.lease_epoch e;
 
 -- name: token_epoch_raise
 SELECT * FROM {schema}.lease_epoch_raise(%(reason)s, %(above)s);
 
 -- name: fence_current [prepared]
-SELECT {schema}.fence_token(%(resource)s, %(key)s);
+SELECT {schema}.fence_token(%(resource)s, %(key)s) AS token;
 
 -- name: fence_tokens
 SELECT key, token FROM {schema}.fence WHERE resource = %(resource)s AND key <> '' ORDER BY key;
@@ -129,27 +109,9 @@ RETURNING id, at;
 DELETE FROM {schema}.event
  WHERE id IN (SELECT id FROM {schema}.event WHERE at < clock_timestamp() - %(retention)s LIMIT 10000);
 
--- name: query_events
-SELECT id, at, kind, key, owner, token, detail, dag_id, run_id, task_id, map_index
-  FROM {schema}.event
- WHERE (%(key)s::text IS NULL OR key = %(key)s)
-   AND (%(kind)s::text IS NULL OR kind = %(kind)s)
-   AND (%(since)s::timestamptz IS NULL OR at >= %(since)s)
-   AND (%(until)s::timestamptz IS NULL OR at < %(until)s)
- ORDER BY at DESC, id DESC
- LIMIT %(limit)s;
-
--- name: count_events
-SELECT key, kind, count(*) FILTER (WHERE at >= clock_timestamp() - interval '24 hours'),
-       count(*) FILTER (WHERE at >= clock_timestamp() - interval '7 days')
-  FROM {schema}.event
- WHERE at >= clock_timestamp() - interval '7 days'
- GROUP BY key, kind
- ORDER BY key, kind;
-
 -- name: token_floor
 -- The floor of the tokens issued now (migrations/0006); bumps the epoch first on a new server history.
-SELECT {schema}.lease_token_floor();
+SELECT {schema}.lease_token_floor() AS floor;
 
 -- name: token_epoch
 SELECT e.epoch, e.system_identifier, e.timeline, e.changed_at, e.reason FROM {schema}.lease_epoch e;
@@ -163,27 +125,16 @@ SELECT e.epoch, e.system_identifier, e.timeline, e.changed_at, e.reason FROM {sc
 SELECT * FROM {schema}.lease_epoch_bump(%(reason)s);
 
 -- name: schema_version
-SELECT coalesce(max(version), 0) FROM {schema}.schema_version;
+SELECT coalesce(max(version), 0) AS version FROM {schema}.schema_version;
 
--- name: hold_stats
--- Per key, from the released events within the window: how many holds, the longest and the 95th
--- percentile of held_seconds. Feeds TTL advice (TTL = 1.5-2x the worst normal hold).
-SELECT key, count(*), max((detail->>'held_seconds')::float8),
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY (detail->>'held_seconds')::float8), max(at)
-  FROM {schema}.event
- WHERE kind = 'released' AND at >= clock_timestamp() - %(window)s
-   AND jsonb_typeof(detail->'held_seconds') = 'number'
- GROUP BY key
- ORDER BY key;
-
--- Reads of the status pages and the CLI. A row's DAG is the part of its owner before the first '/'
--- (owners are dag_id/run_id/task_id[map_index] or dag_id/run_id); an owner with no '/' (a core API
--- user) belongs to no DAG. %(dag_ids)s NULL means "every row"; an array keeps the rows of those DAGs.
+-- Reads of the status pages, the CLI and the ledger. A row's DAG is its dag_id column (migrations/0007
+-- for events, 0011 for leases): the run its writer passed; a row of no run (a core API user's) belongs to
+-- no DAG. A dag_ids parameter NULL means "every row"; an array keeps the rows of those DAGs.
 
 -- name: lease_by_key [prepared]
 -- The row of one key, held or not (see Lease.held): one index lookup, however many keys there are.
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp()
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index
   FROM {schema}.lease l
  WHERE l.key = %(key)s;
 
@@ -192,7 +143,8 @@ SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at
 -- given) and released with its token bumped, or left alone. Returns the state before, and the new
 -- token (NULL when the token did not match: nothing was written). No row: the key was never acquired.
 WITH old AS (
-    SELECT key, owner, token, ttl, acquired_at, renewed_at, expires_at, released_at
+    SELECT key, owner, token, ttl, acquired_at, renewed_at, expires_at, released_at, dag_id, run_id, task_id,
+           map_index
       FROM {schema}.lease WHERE key = %(key)s FOR UPDATE
 ), upd AS (
     UPDATE {schema}.lease AS l
@@ -204,24 +156,23 @@ WITH old AS (
  RETURNING l.token
 )
 SELECT old.key, old.owner, old.token, old.ttl, old.acquired_at, old.renewed_at, old.expires_at,
-       old.released_at, clock_timestamp(), (SELECT token FROM upd)
+       old.released_at, clock_timestamp() AS observed_at, (SELECT token FROM upd) AS new_token,
+       old.dag_id, old.run_id, old.task_id, old.map_index
   FROM old;
 
 -- name: lease_page
 -- Keyset pagination by key: the keys after %(after)s (NULL: from the first), at most %(limit)s.
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp()
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index
   FROM {schema}.lease l
  WHERE (%(after)s::text IS NULL OR l.key > %(after)s::text)
    AND (NOT %(held_only)s OR (l.released_at IS NULL AND l.expires_at > clock_timestamp()))
-   AND (%(dag_ids)s::text[] IS NULL
-        OR (CASE WHEN strpos(l.owner, '/') > 1 THEN split_part(l.owner, '/', 1) END) = ANY(%(dag_ids)s::text[]))
+   AND (%(dag_ids)s::text[] IS NULL OR l.dag_id = ANY(%(dag_ids)s::text[]))
  ORDER BY l.key
  LIMIT %(limit)s;
 
 -- name: event_page
 -- Newest first, keyset-paginated by (at, id): the events older than the cursor (NULL: the newest).
--- An event's DAG is its detail's dag_id when the operator wrote one, else its owner's.
 SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
   FROM {schema}.event e
  WHERE (%(key)s::text IS NULL OR e.key = %(key)s::text)
@@ -230,9 +181,7 @@ SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id
    AND (%(until)s::timestamptz IS NULL OR e.at < %(until)s::timestamptz)
    AND (%(before_at)s::timestamptz IS NULL OR (e.at, e.id) < (%(before_at)s::timestamptz, %(before_id)s::bigint))
    AND (%(dag_ids)s::text[] IS NULL
-        OR coalesce(e.detail->>'dag_id',
-                    CASE WHEN strpos(e.owner, '/') > 1 THEN split_part(e.owner, '/', 1) END)
-           = ANY(%(dag_ids)s::text[]))
+        OR e.dag_id = ANY(%(dag_ids)s::text[]))
  ORDER BY e.at DESC, e.id DESC
  LIMIT %(limit)s;
 
@@ -247,35 +196,33 @@ SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id
  ORDER BY e.at DESC, e.id DESC
  LIMIT %(limit)s;
 
--- name: count_events_scoped
--- count_events limited to the events of some DAGs (see event_page for an event's DAG).
-SELECT e.key, e.kind, count(*) FILTER (WHERE e.at >= clock_timestamp() - interval '24 hours'),
-       count(*) FILTER (WHERE e.at >= clock_timestamp() - interval '7 days')
+-- name: count_events
+-- Per key and kind, the events of the last 24 hours and 7 days (of some DAGs, or all).
+SELECT e.key, e.kind, count(*) FILTER (WHERE e.at >= clock_timestamp() - interval '24 hours') AS last_24h,
+       count(*) FILTER (WHERE e.at >= clock_timestamp() - interval '7 days') AS last_7d
   FROM {schema}.event e
  WHERE e.at >= clock_timestamp() - interval '7 days'
    AND (%(dag_ids)s::text[] IS NULL
-        OR coalesce(e.detail->>'dag_id',
-                    CASE WHEN strpos(e.owner, '/') > 1 THEN split_part(e.owner, '/', 1) END)
-           = ANY(%(dag_ids)s::text[]))
+        OR e.dag_id = ANY(%(dag_ids)s::text[]))
  GROUP BY e.key, e.kind
  ORDER BY e.key, e.kind;
 
--- name: hold_stats_scoped
--- hold_stats limited to the released events of some DAGs.
-SELECT e.key, count(*), max((e.detail->>'held_seconds')::float8),
-       percentile_cont(0.95) WITHIN GROUP (ORDER BY (e.detail->>'held_seconds')::float8), max(e.at)
+-- name: hold_stats
+-- Per key, from the released events within the window (of some DAGs, or all): how many holds, the longest
+-- and the 95th percentile of held_seconds. Feeds TTL advice (TTL = 1.5-2x the worst normal hold).
+SELECT e.key, count(*) AS holds, max((e.detail->>'held_seconds')::float8) AS worst_seconds,
+       percentile_cont(0.95) WITHIN GROUP (ORDER BY (e.detail->>'held_seconds')::float8) AS p95_seconds,
+       max(e.at) AS last_at
   FROM {schema}.event e
  WHERE e.kind = 'released' AND e.at >= clock_timestamp() - %(window)s
    AND jsonb_typeof(e.detail->'held_seconds') = 'number'
    AND (%(dag_ids)s::text[] IS NULL
-        OR coalesce(e.detail->>'dag_id',
-                    CASE WHEN strpos(e.owner, '/') > 1 THEN split_part(e.owner, '/', 1) END)
-           = ANY(%(dag_ids)s::text[]))
+        OR e.dag_id = ANY(%(dag_ids)s::text[]))
  GROUP BY e.key
  ORDER BY e.key;
 
 -- Timeline and trends (core/history.py, docs/ui.md). Always one key or one DAG and a time range, so
--- each reads by index: event_key_at_idx for a key, event_dag_at_idx (migrations/0005) for a DAG,
+-- each reads by index: event_key_at_idx for a key, event_dag_at_idx (migrations/0011) for a DAG,
 -- event_fence_lease_key_at_idx for the fence rejections of a key (recorded under the fence's resource).
 
 -- name: timeline_events
@@ -292,9 +239,7 @@ SELECT t.id, t.at, t.kind, t.key, t.owner, t.token, t.detail, t.dag_id, t.run_id
        AND e.at >= %(since)s AND e.at < %(until)s
 ) t
  WHERE (%(dag_ids)s::text[] IS NULL
-        OR coalesce(t.detail->>'dag_id',
-                    CASE WHEN strpos(t.owner, '/') > 1 THEN split_part(t.owner, '/', 1) END)
-           = ANY(%(dag_ids)s::text[]))
+        OR t.dag_id = ANY(%(dag_ids)s::text[]))
  ORDER BY t.at DESC, t.id DESC
  LIMIT %(limit)s;
 
@@ -319,7 +264,7 @@ SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id
 -- The skipped catch-up records of some DAGs in [since, until) (one per gap), newest first.
 SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
   FROM {schema}.event e
- WHERE e.kind = 'skipped_catchup' AND e.detail->>'dag_id' = ANY(%(dag_ids)s::text[])
+ WHERE e.kind = 'skipped_catchup' AND e.dag_id = ANY(%(dag_ids)s::text[])
    AND e.at >= %(since)s AND e.at < %(until)s
  ORDER BY e.at DESC, e.id DESC
  LIMIT %(limit)s;
@@ -327,25 +272,26 @@ SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id
 -- name: trend_key
 -- Per %(unit)s ('hour' or 'day', UTC) and kind, and for the whole range (bucket NULL): how many events,
 -- how many distinct owners (runs, for acquisitions) and how many catch-up slots, of one lease key.
-SELECT date_trunc(%(unit)s, e.at AT TIME ZONE 'UTC') AS bucket, e.kind, count(*), count(DISTINCT e.owner),
+SELECT date_trunc(%(unit)s, e.at AT TIME ZONE 'UTC') AS bucket, e.kind, count(*) AS events,
+       count(DISTINCT e.owner) AS owners,
        coalesce(sum(CASE WHEN jsonb_typeof(e.detail->'count') = 'number' THEN (e.detail->>'count')::bigint END), 0)
+           AS slots
   FROM {schema}.event e
  WHERE e.key = %(key)s AND e.at >= %(since)s AND e.at < %(until)s
    AND e.kind IN ('acquired', 'skipped_overlap', 'overlap_failed', 'skipped_catchup', 'lost', 'force_released')
    AND (%(dag_ids)s::text[] IS NULL
-        OR coalesce(e.detail->>'dag_id',
-                    CASE WHEN strpos(e.owner, '/') > 1 THEN split_part(e.owner, '/', 1) END)
-           = ANY(%(dag_ids)s::text[]))
+        OR e.dag_id = ANY(%(dag_ids)s::text[]))
  GROUP BY GROUPING SETS ((1, 2), (2))
  ORDER BY 1 NULLS FIRST, 2;
 
 -- name: trend_dag
 -- trend_key for one DAG's events (every key its runs used), by event_dag_at_idx.
-SELECT date_trunc(%(unit)s, e.at AT TIME ZONE 'UTC') AS bucket, e.kind, count(*), count(DISTINCT e.owner),
+SELECT date_trunc(%(unit)s, e.at AT TIME ZONE 'UTC') AS bucket, e.kind, count(*) AS events,
+       count(DISTINCT e.owner) AS owners,
        coalesce(sum(CASE WHEN jsonb_typeof(e.detail->'count') = 'number' THEN (e.detail->>'count')::bigint END), 0)
+           AS slots
   FROM {schema}.event e
- WHERE coalesce(e.detail->>'dag_id', CASE WHEN strpos(e.owner, '/') > 1 THEN split_part(e.owner, '/', 1) END)
-       = %(dag_id)s
+ WHERE e.dag_id = %(dag_id)s
    AND e.at >= %(since)s AND e.at < %(until)s
    AND e.kind IN ('acquired', 'skipped_overlap', 'overlap_failed', 'skipped_catchup', 'lost', 'force_released')
  GROUP BY GROUPING SETS ((1, 2), (2))
@@ -355,24 +301,23 @@ SELECT date_trunc(%(unit)s, e.at AT TIME ZONE 'UTC') AS bucket, e.kind, count(*)
 -- The lease keys one DAG's runs used in [since, until), most recently used first: the event's key, or for
 -- a fence rejection the lease key in its detail. Catch-up records name the DAG, not a lease: left out.
 SELECT CASE WHEN e.kind = 'fence_rejected' THEN coalesce(e.detail->>'lease_key', e.key) ELSE e.key END AS lease_key,
-       count(*), max(e.at)
+       count(*) AS events, max(e.at) AS last_at
   FROM {schema}.event e
- WHERE coalesce(e.detail->>'dag_id', CASE WHEN strpos(e.owner, '/') > 1 THEN split_part(e.owner, '/', 1) END)
-       = %(dag_id)s
+ WHERE e.dag_id = %(dag_id)s
    AND e.at >= %(since)s AND e.at < %(until)s AND e.kind <> 'skipped_catchup'
  GROUP BY 1
  ORDER BY max(e.at) DESC, 1
  LIMIT %(limit)s;
 
 -- name: dag_leases
--- The lease rows held (or last held) by one DAG's runs: the owner's DAG is its part before the first '/'.
+-- The lease rows held (or last held) by one DAG's runs (lease_dag_key_idx, migrations/0011).
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp()
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index
   FROM {schema}.lease l
- WHERE starts_with(l.owner, %(owner_prefix)s)
+ WHERE l.dag_id = %(dag_id)s
  ORDER BY l.key
  LIMIT %(limit)s;
 
 -- name: db_now
 -- The database clock: the time ranges of the timeline and trends end here, as every expiry is measured.
-SELECT clock_timestamp();
+SELECT clock_timestamp() AS now;

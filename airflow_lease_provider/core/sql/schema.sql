@@ -1,6 +1,18 @@
--- The current schema in one file: what applying every migration in order produces.
--- tests/core/test_schema.py checks that the two stay equal. Update both when adding a migration.
-CREATE TABLE lease (
+-- The current schema of a lease store in one file: a fresh store is created from it in one step
+-- (core/schema.py ensure_schema), and records every migration's version as applied. The migrations
+-- (migrations/*.sql) only upgrade an existing store; tests/core/test_schema.py checks that applying them
+-- all produces exactly this. Update both when adding a migration.
+--
+-- {schema} stands for the store's schema: before the file runs it is replaced by the schema's name as a
+-- quoted identifier (core/db/sqltext.py, with_schema), as in queries.sql and the migrations. It is the
+-- only templating here, and nothing depends on the session's search_path: every name is qualified.
+CREATE TABLE {schema}.schema_version (
+    version     integer     PRIMARY KEY,
+    name        text        NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT clock_timestamp()
+);
+
+CREATE TABLE {schema}.lease (
     key          text        PRIMARY KEY,
     owner        text        NOT NULL,
     token        bigint      NOT NULL CHECK (token > 0),
@@ -8,12 +20,21 @@ CREATE TABLE lease (
     acquired_at  timestamptz NOT NULL,
     renewed_at   timestamptz NOT NULL,
     expires_at   timestamptz NOT NULL,
-    released_at  timestamptz
+    released_at  timestamptz,
+    -- The DAG run (and task instance) of the holder (migrations/0011), as the acquire passed it (the
+    -- event table's run columns): NULL for a holder that named no run (a core API user's).
+    dag_id       text,
+    run_id       text,
+    task_id      text,
+    map_index    integer
 ) WITH (fillfactor = 50);
+-- The leases of one DAG (migrations/0011): the DAG-scoped status pages and the DAG tab.
+CREATE INDEX lease_dag_key_idx ON {schema}.lease (dag_id, key);
 
 -- One row per (resource, lease key): tokens are only compared within one lease key (version 3). key ''
 -- marks a row from before version 3, a floor for the keys of that resource without a row of their own.
-CREATE TABLE fence (
+-- The same tables as fence_schema.sql (tests/core/test_fence_grants.py compares them).
+CREATE TABLE {schema}.fence (
     resource     text        NOT NULL,
     token        bigint      NOT NULL CHECK (token > 0),
     owner        text,
@@ -25,7 +46,7 @@ CREATE TABLE fence (
     PRIMARY KEY (resource, key)
 ) WITH (fillfactor = 50);
 
-CREATE TABLE fence_publish (
+CREATE TABLE {schema}.fence_publish (
     resource         text        NOT NULL,
     idempotency_key  text        NOT NULL,
     token            bigint      NOT NULL,
@@ -34,7 +55,7 @@ CREATE TABLE fence_publish (
     PRIMARY KEY (resource, idempotency_key)
 );
 
-CREATE TABLE event (
+CREATE TABLE {schema}.event (
     id      bigint      GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     at      timestamptz NOT NULL DEFAULT clock_timestamp(),
     kind    text        NOT NULL,
@@ -49,22 +70,21 @@ CREATE TABLE event (
     task_id   text,
     map_index integer
 );
-CREATE INDEX event_at_idx ON event (at);
-CREATE INDEX event_key_at_idx ON event (key, at);
+CREATE INDEX event_at_idx ON {schema}.event (at);
+CREATE INDEX event_key_at_idx ON {schema}.event (key, at);
 -- One skipped-catch-up record per gap (the run after it) per DAG (migrations/0004).
-CREATE UNIQUE INDEX event_skipped_catchup_uq ON event ((detail->>'dag_id'), (detail->>'run_id'))
+CREATE UNIQUE INDEX event_skipped_catchup_uq ON {schema}.event ((detail->>'dag_id'), (detail->>'run_id'))
  WHERE kind = 'skipped_catchup';
--- The lease timeline and trends (migrations/0005): one DAG's events by time (the DAG as the DAG-scoped
--- reads compute it), and fence rejections by the lease key in their detail.
-CREATE INDEX event_dag_at_idx ON event
-    ((coalesce(detail->>'dag_id', CASE WHEN strpos(owner, '/') > 1 THEN split_part(owner, '/', 1) END)), at);
-CREATE INDEX event_fence_lease_key_at_idx ON event ((detail->>'lease_key'), at) WHERE kind = 'fence_rejected';
--- The events of one DAG run by time, and of one DAG (migrations/0007).
-CREATE INDEX event_run_at_idx ON event (dag_id, run_id, at);
+-- One DAG's events by time (migrations/0011): the DAG tab, the DAG's trends and the DAG-scoped reads.
+CREATE INDEX event_dag_at_idx ON {schema}.event (dag_id, at);
+-- Fence rejections by the lease key in their detail (migrations/0005): a key's timeline.
+CREATE INDEX event_fence_lease_key_at_idx ON {schema}.event ((detail->>'lease_key'), at) WHERE kind = 'fence_rejected';
+-- The events of one DAG run by time (migrations/0007).
+CREATE INDEX event_run_at_idx ON {schema}.event (dag_id, run_id, at);
 
 -- The token epoch (migrations/0006): every token is at least (epoch << 40) + 1, and the epoch changes
 -- when the store finds itself on another system identifier or timeline (a failover), or by hand.
-CREATE TABLE lease_epoch (
+CREATE TABLE {schema}.lease_epoch (
     id                 boolean     PRIMARY KEY DEFAULT true CHECK (id),
     epoch              integer     NOT NULL CHECK (epoch >= 0 AND epoch < 8388608),
     system_identifier  bigint      NOT NULL,
@@ -77,21 +97,22 @@ CREATE TABLE lease_epoch (
 );
 
 -- The timeline WAL is written on now: the first 8 hex digits of the current WAL file's name.
-CREATE FUNCTION lease_timeline()
+CREATE FUNCTION {schema}.lease_timeline()
 RETURNS integer
 LANGUAGE sql VOLATILE
 AS $$
     SELECT ('x' || substr(pg_walfile_name(pg_current_wal_lsn()), 1, 8))::bit(32)::integer
 $$;
 
-INSERT INTO lease_epoch (epoch, system_identifier, timeline, changed_at, reason)
-VALUES (0, (pg_control_system()).system_identifier, lease_timeline(), clock_timestamp(), 'created');
+INSERT INTO {schema}.lease_epoch (epoch, system_identifier, timeline, changed_at, reason)
+VALUES (0, (pg_control_system()).system_identifier, {schema}.lease_timeline(), clock_timestamp(), 'created');
 
--- The operator's step after a failover the store cannot see: the next epoch, recorded with its reason.
-CREATE FUNCTION lease_epoch_bump(p_reason text)
+-- The operator's commands after a failover the store cannot see (they pin their search_path; the hot
+-- functions below do not). lease_epoch_bump: the next epoch, recorded with its reason.
+CREATE FUNCTION {schema}.lease_epoch_bump(p_reason text)
 RETURNS TABLE (epoch integer, system_identifier bigint, timeline integer, changed_at timestamptz, reason text)
 LANGUAGE sql VOLATILE
-SET search_path FROM CURRENT
+SET search_path = {schema}
 AS $$
     UPDATE lease_epoch e
        SET epoch = greatest(e.epoch + 1, lease_timeline()), system_identifier = (pg_control_system()).system_identifier,
@@ -101,10 +122,10 @@ $$;
 
 -- A new epoch whose floor is above p_above (migrations/0010): after the store was recreated while a fence
 -- kept elsewhere has its old tokens.
-CREATE FUNCTION lease_epoch_raise(p_reason text, p_above bigint)
+CREATE FUNCTION {schema}.lease_epoch_raise(p_reason text, p_above bigint)
 RETURNS TABLE (epoch integer, system_identifier bigint, timeline integer, changed_at timestamptz, reason text)
 LANGUAGE sql VOLATILE
-SET search_path FROM CURRENT
+SET search_path = {schema}
 AS $$
     UPDATE lease_epoch e
        SET epoch = greatest(e.epoch + 1, lease_timeline(), (p_above >> 40)::integer + 1),
@@ -113,79 +134,71 @@ AS $$
     RETURNING e.epoch, e.system_identifier, e.timeline, e.changed_at, e.reason
 $$;
 
--- The functions every lease and fence call runs (migrations/0009, from 0003, 0006 and 0008): no
--- `SET search_path` clause (it cost 30-40 % of a call on the server), so every name in them is qualified:
--- the store's objects with the schema (built with format('%I'), the schema's name is the user's) and
--- pg_catalog's functions and types with pg_catalog. acquire reads first (a key someone else holds costs one
--- index lookup, no row lock, no write), then the conditional UPDATE takes a free, expired or own lease, or
--- the INSERT creates a new key; each statement takes its own READ COMMITTED snapshot, and an UPDATE that
--- finds nothing starts over, at most three times. The token floor is computed only for a row written.
-DO $migration$
-DECLARE
-    s text := current_schema();
-BEGIN
-    IF s IS NULL THEN
-        RAISE EXCEPTION 'no current schema: the migrator sets search_path to the store''s schema';
-    END IF;
+-- The functions every lease and fence call runs (migrations/0009, 0010, 0011): no `SET search_path`
+-- clause (it cost 30-40 % of a call on the server), so every name in them is qualified: the store's
+-- objects with {schema}, pg_catalog's functions and types with pg_catalog.
 
-    -- The floor of every token issued now (migrations/0006), unchanged but for the qualified names.
-    EXECUTE format($def$
-CREATE OR REPLACE FUNCTION %1$I.lease_token_floor()
+-- The floor of every token issued now (migrations/0006): epoch << 40. Bumps the epoch first when the
+-- server history changed.
+CREATE FUNCTION {schema}.lease_token_floor()
 RETURNS bigint
 LANGUAGE plpgsql VOLATILE
-AS %2$L
-$def$, s, format($body$
+AS $$
 DECLARE
     -- The system identifier never changes while a server runs: read from the control file once per
     -- session. The timeline does (a promoted standby keeps its sessions): read on every call.
     v_system bigint := nullif(pg_catalog.current_setting('airflow_lease.system_identifier', true), '')::bigint;
-    v_timeline integer := %1$I.lease_timeline();
+    v_timeline integer := {schema}.lease_timeline();
     v_epoch integer;
 BEGIN
     IF v_system IS NULL THEN
         v_system := (pg_catalog.pg_control_system()).system_identifier;
         PERFORM pg_catalog.set_config('airflow_lease.system_identifier', v_system::pg_catalog.text, false);
     END IF;
-    SELECT e.epoch INTO v_epoch FROM %1$I.lease_epoch e
+    SELECT e.epoch INTO v_epoch FROM {schema}.lease_epoch e
      WHERE e.system_identifier = v_system AND e.timeline = v_timeline;
     IF NOT FOUND THEN
-        UPDATE %1$I.lease_epoch e
+        UPDATE {schema}.lease_epoch e
            SET epoch = greatest(e.epoch + 1, v_timeline), system_identifier = v_system, timeline = v_timeline,
                changed_at = pg_catalog.clock_timestamp(), reason = 'new server history'
          WHERE e.system_identifier <> v_system OR e.timeline <> v_timeline
         RETURNING e.epoch INTO v_epoch;
         IF NOT FOUND THEN
-            SELECT e.epoch INTO v_epoch FROM %1$I.lease_epoch e;
+            SELECT e.epoch INTO v_epoch FROM {schema}.lease_epoch e;
         END IF;
     END IF;
     RETURN v_epoch::bigint << 40;
 END;
-$body$, s));
+$$;
 
-    -- acquire (migrations/0008): the read first, then the conditional UPDATE, then the INSERT.
-    EXECUTE format($def$
-CREATE OR REPLACE FUNCTION %1$I.lease_acquire(p_key text, p_owner text, p_ttl interval)
+-- acquire (migrations/0008, 0011): the read first (a key someone else holds costs one index lookup, no
+-- row lock, no write), then the conditional UPDATE takes a free, expired or own lease, or the INSERT
+-- creates a new key; each statement takes its own READ COMMITTED snapshot, and an UPDATE that finds
+-- nothing starts over, at most three times. The token floor is computed only for a row written. The
+-- holder's run columns are written with every grant.
+CREATE FUNCTION {schema}.lease_acquire(p_key text, p_owner text, p_ttl interval, p_dag_id text, p_run_id text,
+                                       p_task_id text, p_map_index integer)
 RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz)
 LANGUAGE plpgsql
-AS %2$L
-$def$, s, format($body$
+AS $$
 #variable_conflict use_column
 BEGIN
     FOR attempt IN 1..3 LOOP
         RETURN QUERY
         SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
                pg_catalog.clock_timestamp()
-          FROM %1$I.lease l
+          FROM {schema}.lease l
          WHERE l.key = p_key AND l.expires_at > pg_catalog.clock_timestamp() AND l.owner <> p_owner;
         IF FOUND THEN
             RETURN;
         END IF;
         RETURN QUERY
-        UPDATE %1$I.lease AS l
-           SET owner = p_owner, token = greatest(l.token + 1, %1$I.lease_token_floor() + 1), ttl = p_ttl,
+        UPDATE {schema}.lease AS l
+           SET owner = p_owner, token = greatest(l.token + 1, {schema}.lease_token_floor() + 1), ttl = p_ttl,
                acquired_at = pg_catalog.clock_timestamp(), renewed_at = pg_catalog.clock_timestamp(),
-               expires_at = pg_catalog.clock_timestamp() + p_ttl, released_at = NULL
+               expires_at = pg_catalog.clock_timestamp() + p_ttl, released_at = NULL,
+               dag_id = p_dag_id, run_id = p_run_id, task_id = p_task_id, map_index = p_map_index
          WHERE l.key = p_key AND (l.expires_at <= pg_catalog.clock_timestamp() OR l.owner = p_owner)
         RETURNING true, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
                   pg_catalog.clock_timestamp();
@@ -193,9 +206,11 @@ BEGIN
             RETURN;
         END IF;
         RETURN QUERY
-        INSERT INTO %1$I.lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at)
-        VALUES (p_key, p_owner, %1$I.lease_token_floor() + 1, p_ttl, pg_catalog.clock_timestamp(),
-                pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() + p_ttl)
+        INSERT INTO {schema}.lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at,
+                                         dag_id, run_id, task_id, map_index)
+        VALUES (p_key, p_owner, {schema}.lease_token_floor() + 1, p_ttl, pg_catalog.clock_timestamp(),
+                pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() + p_ttl,
+                p_dag_id, p_run_id, p_task_id, p_map_index)
         ON CONFLICT (key) DO NOTHING
         RETURNING true, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
                   pg_catalog.clock_timestamp();
@@ -206,91 +221,94 @@ BEGIN
     RETURN QUERY
     SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
            pg_catalog.clock_timestamp()
-      FROM %1$I.lease l
+      FROM {schema}.lease l
      WHERE l.key = p_key;
 END;
-$body$, s));
+$$;
 
-    -- renew: extends a lease only while it is still this owner's, with this token, and unexpired (decision 6).
-    EXECUTE format($def$
-CREATE OR REPLACE FUNCTION %1$I.lease_renew(p_key text, p_owner text, p_token bigint, p_ttl interval)
+-- The three-argument call of version 10 (migrations/0011), for processes still running its code: a
+-- grant that names no run.
+CREATE FUNCTION {schema}.lease_acquire(p_key text, p_owner text, p_ttl interval)
+RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
+               renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz)
+LANGUAGE sql
+AS $$
+    SELECT * FROM {schema}.lease_acquire(p_key, p_owner, p_ttl, NULL::pg_catalog.text, NULL::pg_catalog.text,
+                                         NULL::pg_catalog.text, NULL::pg_catalog.int4)
+$$;
+
+-- renew: extends a lease only while it is still this owner's, with this token, and unexpired (decision 6).
+-- The store's own calls send this UPDATE as a statement (queries.sql renew); kept for older clients.
+CREATE FUNCTION {schema}.lease_renew(p_key text, p_owner text, p_token bigint, p_ttl interval)
 RETURNS TABLE (key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz)
 LANGUAGE plpgsql
-AS %2$L
-$def$, s, format($body$
+AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    UPDATE %1$I.lease AS l
+    UPDATE {schema}.lease AS l
        SET renewed_at = pg_catalog.clock_timestamp(), expires_at = pg_catalog.clock_timestamp() + p_ttl, ttl = p_ttl
      WHERE l.key = p_key AND l.owner = p_owner AND l.token = p_token
        AND l.expires_at > pg_catalog.clock_timestamp() AND l.released_at IS NULL
     RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
               pg_catalog.clock_timestamp();
 END;
-$body$, s));
+$$;
 
-    -- release: frees the lease only if owner and token still match (decision 7). The row and its token stay.
-    EXECUTE format($def$
-CREATE OR REPLACE FUNCTION %1$I.lease_release(p_key text, p_owner text, p_token bigint)
+-- release: frees the lease only if owner and token still match (decision 7). The row and its token stay.
+CREATE FUNCTION {schema}.lease_release(p_key text, p_owner text, p_token bigint)
 RETURNS TABLE (key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz)
 LANGUAGE plpgsql
-AS %2$L
-$def$, s, format($body$
+AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    UPDATE %1$I.lease AS l
+    UPDATE {schema}.lease AS l
        SET expires_at = LEAST(l.expires_at, pg_catalog.clock_timestamp()), released_at = pg_catalog.clock_timestamp()
      WHERE l.key = p_key AND l.owner = p_owner AND l.token = p_token AND l.released_at IS NULL
     RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
               l.released_at;
 END;
-$body$, s));
+$$;
 
-    -- The ledger's one INSERT (record_event and the _logged functions below).
-    EXECUTE format($def$
-CREATE OR REPLACE FUNCTION %1$I.lease_event_insert(p_kind text, p_key text, p_owner text, p_token bigint,
-                                                   p_detail jsonb, p_dag_id text, p_run_id text, p_task_id text,
-                                                   p_map_index integer)
+-- The ledger's one INSERT (record_event and the _logged functions below).
+CREATE FUNCTION {schema}.lease_event_insert(p_kind text, p_key text, p_owner text, p_token bigint, p_detail jsonb,
+                                            p_dag_id text, p_run_id text, p_task_id text, p_map_index integer)
 RETURNS TABLE (id bigint, at timestamptz)
 LANGUAGE plpgsql
-AS %2$L
-$def$, s, format($body$
+AS $$
 #variable_conflict use_column
 BEGIN
     RETURN QUERY
-    INSERT INTO %1$I.event AS e (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
+    INSERT INTO {schema}.event AS e (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
     VALUES (p_kind, p_key, p_owner, p_token, p_detail, p_dag_id, p_run_id, p_task_id, p_map_index)
     RETURNING e.id, e.at;
 END;
-$body$, s));
+$$;
 
-    -- acquire with the ledger on (migrations/0008): the grant and its 'acquired' event in one transaction;
-    -- the event best effort (`logged` false when its insert failed), a failed attempt writes nothing.
-    EXECUTE format($def$
-CREATE OR REPLACE FUNCTION %1$I.lease_acquire_logged(p_key text, p_owner text, p_ttl interval, p_detail jsonb,
-                                                     p_dag_id text, p_run_id text, p_task_id text,
-                                                     p_map_index integer)
+-- acquire with the ledger on (migrations/0008, 0011): the grant and its 'acquired' event in one
+-- transaction; the event best effort (`logged` false when its insert failed), a failed attempt writes
+-- nothing.
+CREATE FUNCTION {schema}.lease_acquire_logged(p_key text, p_owner text, p_ttl interval, p_detail jsonb,
+                                              p_dag_id text, p_run_id text, p_task_id text, p_map_index integer)
 RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz,
                logged boolean)
 LANGUAGE plpgsql
-AS %2$L
-$def$, s, format($body$
+AS $$
 #variable_conflict use_column
 DECLARE
     r record;
 BEGIN
-    FOR r IN SELECT * FROM %1$I.lease_acquire(p_key, p_owner, p_ttl) LOOP
+    FOR r IN SELECT * FROM {schema}.lease_acquire(p_key, p_owner, p_ttl, p_dag_id, p_run_id, p_task_id, p_map_index) LOOP
         logged := false;
         IF r.acquired THEN
             BEGIN
-                PERFORM %1$I.lease_event_insert('acquired', p_key, p_owner, r.token,
-                                                p_detail || pg_catalog.jsonb_build_object('expires_at', r.expires_at),
-                                                p_dag_id, p_run_id, p_task_id, p_map_index);
+                PERFORM {schema}.lease_event_insert('acquired', p_key, p_owner, r.token,
+                                                    p_detail || pg_catalog.jsonb_build_object('expires_at', r.expires_at),
+                                                    p_dag_id, p_run_id, p_task_id, p_map_index);
                 logged := true;
             EXCEPTION WHEN OTHERS THEN
                 logged := false;
@@ -302,31 +320,28 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END;
-$body$, s));
+$$;
 
-    -- release with the ledger on: the release and its 'released' event in one transaction.
-    EXECUTE format($def$
-CREATE OR REPLACE FUNCTION %1$I.lease_release_logged(p_key text, p_owner text, p_token bigint, p_detail jsonb,
-                                                     p_dag_id text, p_run_id text, p_task_id text,
-                                                     p_map_index integer)
+-- release with the ledger on: the release and its 'released' event in one transaction.
+CREATE FUNCTION {schema}.lease_release_logged(p_key text, p_owner text, p_token bigint, p_detail jsonb,
+                                              p_dag_id text, p_run_id text, p_task_id text, p_map_index integer)
 RETURNS TABLE (key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz,
                logged boolean)
 LANGUAGE plpgsql
-AS %2$L
-$def$, s, format($body$
+AS $$
 #variable_conflict use_column
 DECLARE
     r record;
 BEGIN
-    FOR r IN SELECT * FROM %1$I.lease_release(p_key, p_owner, p_token) LOOP
+    FOR r IN SELECT * FROM {schema}.lease_release(p_key, p_owner, p_token) LOOP
         BEGIN
-            PERFORM %1$I.lease_event_insert('released', p_key, p_owner, p_token,
-                                            p_detail || pg_catalog.jsonb_build_object(
-                                                'held_seconds',
-                                                extract(epoch FROM r.observed_at - r.acquired_at)::double precision,
-                                                'released_at', r.observed_at),
-                                            p_dag_id, p_run_id, p_task_id, p_map_index);
+            PERFORM {schema}.lease_event_insert('released', p_key, p_owner, p_token,
+                                                p_detail || pg_catalog.jsonb_build_object(
+                                                    'held_seconds',
+                                                    extract(epoch FROM r.observed_at - r.acquired_at)::double precision,
+                                                    'released_at', r.observed_at),
+                                                p_dag_id, p_run_id, p_task_id, p_map_index);
             logged := true;
         EXCEPTION WHEN OTHERS THEN
             logged := false;
@@ -337,29 +352,26 @@ BEGIN
         RETURN NEXT;
     END LOOP;
 END;
-$body$, s));
+$$;
 
-    -- The token a new publish of p_key to p_resource must exceed (migrations/0003).
-    EXECUTE format($def$
-CREATE OR REPLACE FUNCTION %1$I.fence_token(p_resource text, p_key text)
+-- The token a new publish of p_key to p_resource must exceed (migrations/0003).
+CREATE FUNCTION {schema}.fence_token(p_resource text, p_key text)
 RETURNS bigint
 LANGUAGE sql STABLE
-AS %2$L
-$def$, s, format($body$
-    SELECT f.token FROM %1$I.fence f WHERE f.resource = p_resource AND f.key IN (p_key, '')
+AS $$
+    SELECT f.token FROM {schema}.fence f WHERE f.resource = p_resource AND f.key IN (p_key, '')
      ORDER BY f.key = '' LIMIT 1
-$body$, s));
+$$;
 
-    -- fence advance (migrations/0003, 0010): the idempotency claim, the newest-grant check where the fence
-    -- is kept in the lease store that issued the token, the conditional upsert (a larger token, or an equal
-    -- one from the same owner of the same store), the claim given back when refused.
-    EXECUTE format($def$
-CREATE OR REPLACE FUNCTION %1$I.fence_advance(p_resource text, p_key text, p_token bigint, p_owner text,
-                                              p_idempotency_key text, p_store uuid)
+-- fence advance (migrations/0003, 0010): the idempotency claim, the newest-grant check where the fence
+-- is kept in the lease store that issued the token, the conditional upsert (a larger token, or an equal
+-- one from the same owner of the same store), the claim given back when refused. fence_schema.sql has
+-- the same function without the newest-grant check.
+CREATE FUNCTION {schema}.fence_advance(p_resource text, p_key text, p_token bigint, p_owner text,
+                                       p_idempotency_key text, p_store uuid)
 RETURNS TABLE (outcome text, current_token bigint, current_store uuid, newest_grant bigint)
 LANGUAGE plpgsql
-AS %2$L
-$def$, s, format($body$
+AS $$
 DECLARE
     v_token bigint;
     v_store pg_catalog.uuid;
@@ -367,7 +379,7 @@ DECLARE
     v_outcome pg_catalog.text;
 BEGIN
     IF p_idempotency_key IS NOT NULL THEN
-        INSERT INTO %1$I.fence_publish (resource, idempotency_key, token, owner)
+        INSERT INTO {schema}.fence_publish (resource, idempotency_key, token, owner)
         VALUES (p_resource, p_idempotency_key, p_token, p_owner)
         ON CONFLICT DO NOTHING;
         IF NOT FOUND THEN
@@ -378,8 +390,8 @@ BEGIN
         -- Kept in the lease store that issued the token: a token below the key's newest grant belongs to
         -- a holder the lease has moved past (granted again, or force-released), refused before any later
         -- token has published here.
-        SELECT l.token INTO v_newest FROM %1$I.lease l
-         WHERE l.key = p_key AND EXISTS (SELECT 1 FROM %1$I.lease_epoch e WHERE e.store_id = p_store);
+        SELECT l.token INTO v_newest FROM {schema}.lease l
+         WHERE l.key = p_key AND EXISTS (SELECT 1 FROM {schema}.lease_epoch e WHERE e.store_id = p_store);
         IF p_token < v_newest THEN
             v_outcome := 'superseded';
         END IF;
@@ -388,9 +400,9 @@ BEGIN
         -- The key's own row, or (first publish of this key) a new row above the pre-version-3 floor, if any.
         -- A larger token is accepted; an equal one only from the same owner of the same lease store: the
         -- grant that token was issued for, publishing again.
-        INSERT INTO %1$I.fence AS f (resource, key, token, owner, accepted_at, store_id)
+        INSERT INTO {schema}.fence AS f (resource, key, token, owner, accepted_at, store_id)
         SELECT p_resource, p_key, p_token, p_owner, pg_catalog.clock_timestamp(), p_store
-         WHERE p_token > coalesce((SELECT l.token FROM %1$I.fence l WHERE l.resource = p_resource AND l.key = ''), 0)
+         WHERE p_token > coalesce((SELECT l.token FROM {schema}.fence l WHERE l.resource = p_resource AND l.key = ''), 0)
         ON CONFLICT (resource, key) DO UPDATE
             SET token = EXCLUDED.token, owner = EXCLUDED.owner, accepted_at = EXCLUDED.accepted_at,
                 store_id = CASE WHEN f.token < EXCLUDED.token THEN EXCLUDED.store_id
@@ -407,25 +419,21 @@ BEGIN
     END IF;
     IF p_idempotency_key IS NOT NULL AND v_outcome <> 'duplicate' THEN
         -- A refused publish never uses up its idempotency key.
-        DELETE FROM %1$I.fence_publish WHERE resource = p_resource AND idempotency_key = p_idempotency_key;
+        DELETE FROM {schema}.fence_publish WHERE resource = p_resource AND idempotency_key = p_idempotency_key;
     END IF;
-    SELECT c.token, c.store_id INTO v_token, v_store FROM %1$I.fence c
+    SELECT c.token, c.store_id INTO v_token, v_store FROM {schema}.fence c
      WHERE c.resource = p_resource AND c.key IN (p_key, '')
      ORDER BY c.key = '' LIMIT 1;
     RETURN QUERY SELECT v_outcome, v_token, v_store, v_newest;
 END;
-$body$, s));
+$$;
 
-    -- The five-argument call of version 9 (migrations/0010), for processes still running its code.
-    EXECUTE format($def$
-CREATE OR REPLACE FUNCTION %1$I.fence_advance(p_resource text, p_key text, p_token bigint, p_owner text,
-                                              p_idempotency_key text)
+-- The five-argument call of version 9 (migrations/0010), for processes still running its code.
+CREATE FUNCTION {schema}.fence_advance(p_resource text, p_key text, p_token bigint, p_owner text,
+                                       p_idempotency_key text)
 RETURNS TABLE (outcome text, current_token bigint)
 LANGUAGE sql
-AS %2$L
-$def$, s, format($body$
+AS $$
     SELECT a.outcome, a.current_token
-      FROM %1$I.fence_advance(p_resource, p_key, p_token, p_owner, p_idempotency_key, NULL::pg_catalog.uuid) a
-$body$, s));
-END;
-$migration$;
+      FROM {schema}.fence_advance(p_resource, p_key, p_token, p_owner, p_idempotency_key, NULL::pg_catalog.uuid) a
+$$;

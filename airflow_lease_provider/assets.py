@@ -1,0 +1,187 @@
+"""Leases keyed by asset, and the lease token on asset events.
+
+**Leases keyed by asset.** ``lease_on="outlets"`` (:data:`LEASE_ON_OUTLETS`) on ``LeasedOperator`` or
+``@task.leased`` takes the lease on the task's asset outlets instead of a hand-written key::
+
+    @task.leased(lease_on="outlets", outlets=[Asset("daily_sales", uri="s3://lake/sales")],
+                 lease_ttl=timedelta(minutes=30))
+    def publish(lease=None): ...
+
+The key of an asset is :func:`asset_lease_key`: ``asset:`` and the asset's URI as Airflow normalised it
+(NFC), so any task of any DAG writing that asset takes the same key (Airflow keeps URIs unique among
+active assets). In a run with a partition key (Airflow 3.2+ partitioned runs: ``partition_key`` in the
+context) the key is per partition: ``asset:<uri>#<partition_key>`` (a normalised URI has no ``#``). A key
+that would not be a valid name as it stands (over 512 characters, a URI with ``#`` or ``~``, ...) is its
+readable start, ``~`` and the SHA-256 of the identity (as :func:`~airflow_lease_provider.core.identity.hashed_key`).
+
+A task with several asset outlets takes one lease per asset, in the sorted order of their keys, all or
+nothing: when one is held by another run, the ones taken are released and ``on_overlap`` decides (skip,
+wait on the held one, or fail). Two tasks with overlapping outlet sets therefore never deadlock (nobody
+waits while holding) and never both run. All the leases are renewed while the task runs and released
+after it; losing any one fails the task.
+
+**The token on the asset event.** A leased task's asset events carry its lease in their ``extra``, under
+:data:`EXTRA_KEY` (``"lease"``): ``{"key", "token", "owner", "store_id"}`` (plus ``"partition_key"``),
+each asset its own lease's when keyed by outlets, else the task's one lease. Airflow shows the extra in
+its asset views and hands it to consumers (``triggering_asset_events``). :func:`is_stale` tells a
+consumer whether the producer's token has been superseded since: see there.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import unicodedata
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from airflow_lease_provider.core import InvalidArgument, validation
+
+#: ``lease_on`` values: ``"key"`` (the default: ``lease_key``, or the default key) and ``"outlets"``.
+LEASE_ON_KEY = "key"
+LEASE_ON_OUTLETS = "outlets"
+LEASE_ON = (LEASE_ON_KEY, LEASE_ON_OUTLETS)
+#: Where a leased task's lease goes in its asset events' ``extra``.
+EXTRA_KEY = "lease"
+#: How much of the readable key a hashed asset key keeps in front of its digest.
+HASHED_PREFIX = 200
+
+
+def _usable(key: str) -> bool:
+    try:
+        return validation.name("key", key) == key
+    except InvalidArgument:
+        return False
+
+
+def asset_lease_key(uri: str, partition_key: str | None = None) -> str:
+    """The lease key of the asset with URI ``uri`` (as ``Asset.uri`` holds it), for one partition if given.
+
+    ``asset:<uri>`` or ``asset:<uri>#<partition_key>``, NFC-normalised; when that is not a valid key as it
+    stands (too long, or ambiguous: a ``#`` or ``~`` in the URI), ``<readable start>~<sha256 of [uri,
+    partition_key]>``.
+    """
+    uri = unicodedata.normalize("NFC", uri)
+    part = None if partition_key is None else unicodedata.normalize("NFC", partition_key)
+    readable = f"asset:{uri}" + ("" if part is None else f"#{part}")
+    if "#" not in uri and "~" not in uri and _usable(readable):
+        return readable
+    digest = hashlib.sha256(json.dumps(["asset", uri, part], ensure_ascii=True).encode("ascii")).hexdigest()
+    start = "".join(c for c in readable if c.isalnum() or c in ".:_-/[]#@")
+    key = f"{start[:HASHED_PREFIX]}~{digest}"
+    if not _usable(key):
+        key = f"{''.join(c for c in start if c.isascii())[:HASHED_PREFIX]}~{digest}"
+    return key
+
+
+def outlet_assets(outlets: Iterable[Any] | None) -> list[Any]:
+    """The concrete assets among ``outlets`` (``Asset`` objects; refs and aliases have no URI to key on)."""
+    from airflow.sdk import Asset
+
+    if isinstance(outlets, Asset):
+        return [outlets]
+    return [o for o in (outlets or ()) if isinstance(o, Asset)]
+
+
+def check_outlets(outlets: Iterable[Any] | None) -> None:
+    """``lease_on="outlets"`` needs at least one asset outlet: otherwise there is nothing to key on."""
+    if not outlet_assets(outlets):
+        raise InvalidArgument(
+            "lease_on", LEASE_ON_OUTLETS,
+            "takes the lease on the task's asset outlets, and this task has none: give it "
+            "outlets=[Asset(...)] (asset refs and aliases cannot be keyed on), or a lease_key",
+        )
+
+
+def outlet_keys(outlets: Iterable[Any] | None, partition_key: str | None = None) -> dict[str, Any]:
+    """The lease key of each asset outlet, in the order they are taken (sorted keys): key -> asset."""
+    keys = {asset_lease_key(a.uri, partition_key): a for a in outlet_assets(outlets)}
+    return {k: keys[k] for k in sorted(keys)}
+
+
+# -- the token on asset events ----------------------------------------------------------------------------
+
+
+def stamp(context: Mapping[str, Any], asset: Any, lease: Any, *, store_id: str, partition_key: str | None) -> None:
+    """Put ``lease`` (key, token, owner) into the ``extra`` of the task's event for ``asset``."""
+    events = context.get("outlet_events")
+    if events is None:
+        return
+    entry: dict[str, Any] = {"key": lease.key, "token": lease.token, "owner": lease.owner, "store_id": store_id}
+    if partition_key is not None:
+        entry["partition_key"] = partition_key
+    events[asset].extra[EXTRA_KEY] = entry
+
+
+@dataclass(frozen=True)
+class EventLease:
+    """The lease an asset event was published under (its ``extra["lease"]``)."""
+
+    key: str
+    token: int
+    owner: str
+    store_id: str | None = None
+
+    @classmethod
+    def of(cls, event: Any) -> EventLease | None:
+        """The lease recorded in ``event`` (an asset event, or its ``extra`` dict); None if it has none."""
+        extra = event if isinstance(event, Mapping) else getattr(event, "extra", None)
+        entry = (extra or {}).get(EXTRA_KEY)
+        if not isinstance(entry, Mapping) or not {"key", "token", "owner"} <= set(entry):
+            return None
+        return cls(str(entry["key"]), int(entry["token"]), str(entry["owner"]), entry.get("store_id"))
+
+
+@dataclass(frozen=True)
+class Staleness:
+    """The answer of :func:`staleness`: ``stale`` with the ``reason`` (``None`` when it is current)."""
+
+    stale: bool
+    reason: str | None
+    lease: EventLease | None
+
+    def __bool__(self) -> bool:
+        return self.stale
+
+
+def staleness(event: Any, *, conn_id: str | None = None) -> Staleness:
+    """Whether the token on ``event`` has been superseded, read from the lease store (``conn_id``).
+
+    Stale when a newer token of the event's lease key has been issued since (another run took the
+    lease after the producer: its publish supersedes this one, or will), or when a fence refused the
+    producer's token (a ``fence_rejected`` event of that owner and token: what it wrote was refused).
+    An event without a lease in its extra raises ``ValueError`` (nothing to check).
+    """
+    from airflow_lease_provider.core import EventKind
+    from airflow_lease_provider.hooks import LeaseHook
+
+    lease = EventLease.of(event)
+    if lease is None:
+        raise ValueError("this asset event carries no lease (extra['lease']): it was not published by a leased task")
+    store = LeaseHook(conn_id).get_store()
+    if lease.store_id is not None and lease.store_id != store.store_id:
+        raise ValueError(
+            f"the event's lease is from store {lease.store_id!r}, not this connection's ({store.store_id!r})"
+        )
+    row = store.lease(lease.key)
+    if row is not None and row.token > lease.token:
+        return Staleness(True, f"a newer token of {lease.key!r} was issued: {row.token} > {lease.token} "
+                               f"(held by {row.owner})", lease)
+    if store.record_events:
+        for refused in store.events.query(kind=EventKind.FENCE_REJECTED, limit=10_000):
+            if refused.owner == lease.owner and refused.token == lease.token:
+                return Staleness(True, f"a fence refused token {lease.token} of {lease.key!r} "
+                                       f"(at {refused.key!r})", lease)
+    return Staleness(False, None, lease)
+
+
+def is_stale(event: Any, *, conn_id: str | None = None) -> bool:
+    """Whether a triggering asset event's lease token is stale (see :func:`staleness`)::
+
+        @task
+        def consume(triggering_asset_events=None):
+            for asset, events in triggering_asset_events.items():
+                fresh = [e for e in events if not is_stale(e)]
+    """
+    return staleness(event, conn_id=conn_id).stale
