@@ -67,6 +67,27 @@ DAG_FILE = textwrap.dedent(
                 previous >> first
             first >> second
             previous = second
+
+    MAPPED = int(os.environ.get("LEASE_BENCH_MAPPED", "0"))
+
+    with DAG(
+        dag_id="lease_bench_overhead_mapped",
+        schedule=None,
+        start_date=pendulum.datetime(2025, 1, 1, tz="UTC"),
+        catchup=False,
+    ) as mapped_dag:
+
+        @task
+        def plain_mapped(i):
+            return None
+
+        @task.leased(lease_ttl=datetime.timedelta(minutes=5))  # one lease per instance: <dag>.<task>[i]
+        def leased_mapped(i):
+            return None
+
+        if MAPPED:
+            plain_mapped.expand(i=list(range(MAPPED)))
+            leased_mapped.expand(i=list(range(MAPPED)))
     '''
 )
 
@@ -81,15 +102,17 @@ RUNNER = textwrap.dedent(
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     runs = []
+    dag = getattr(module, sys.argv[3] if len(sys.argv) > 3 else "dag")
     for _ in range(int(sys.argv[2])):
         started = time.monotonic()
-        run = module.dag.test()
+        run = dag.test()
         wall = time.monotonic() - started
         with create_session() as session:
             tis = session.scalars(select(TaskInstance).where(
-                TaskInstance.dag_id == module.dag.dag_id, TaskInstance.run_id == run.run_id)).all()
+                TaskInstance.dag_id == dag.dag_id, TaskInstance.run_id == run.run_id)).all()
             runs.append({"wall_s": wall, "state": str(run.state),
-                         "tasks": {ti.task_id: [ti.duration, str(ti.state)] for ti in tis}})
+                         "tasks": {ti.task_id + (f"[{ti.map_index}]" if ti.map_index >= 0 else ""):
+                                   [ti.duration, str(ti.state)] for ti in tis}})
     print("LEASE_BENCH_JSON " + json.dumps(runs))
     """
 )
@@ -130,8 +153,13 @@ def _metadata_db(home: Path, env: dict[str, str], timeout: float) -> str | None:
     return None
 
 
-def run_overhead(dsn: str, schema: str, repeats: int, pairs: int, timeout: float = 300.0) -> dict[str, Any]:
-    """Measure; returns the figures or a ``not measured`` record that says why."""
+def run_overhead(
+    dsn: str, schema: str, repeats: int, pairs: int, timeout: float = 300.0, *, mapped: int = 0
+) -> dict[str, Any]:
+    """Measure; returns the figures or a ``not measured`` record that says why.
+
+    With ``mapped``: the DAG run is instead one ``.expand()`` of ``mapped`` plain and one of ``mapped``
+    leased no-op instances (``lease_bench_overhead_mapped``), compared per run as the pairs are."""
     home = Path(tempfile.mkdtemp(prefix="lease-bench-airflow-"))
     try:
         dags = home / "dags"
@@ -147,17 +175,18 @@ def run_overhead(dsn: str, schema: str, repeats: int, pairs: int, timeout: float
                 "AIRFLOW_CONN_LEASE_DEFAULT": _lease_connection(dsn),
                 "AIRFLOW__LEASE__SCHEMA": schema,
                 "LEASE_BENCH_PAIRS": str(pairs),
+                "LEASE_BENCH_MAPPED": str(mapped),
             }
         )
         failed = _metadata_db(home, env, timeout)
         if failed is not None:
             return {"status": "not measured: airflow db migrate failed", "stderr": failed}
         proc = subprocess.run(
-            [sys.executable, "-c", RUNNER, str(dag_file), str(repeats + 1)],
+            [sys.executable, "-c", RUNNER, str(dag_file), str(repeats + 1), "mapped_dag" if mapped else "dag"],
             env=env,
             capture_output=True,
             text=True,
-            timeout=timeout,
+            timeout=timeout * (1 + mapped / 50),
             check=False,
         )
         line = next((ln for ln in proc.stdout.splitlines() if ln.startswith("LEASE_BENCH_JSON ")), None)
@@ -167,16 +196,19 @@ def run_overhead(dsn: str, schema: str, repeats: int, pairs: int, timeout: float
         runs = json.loads(line.split(" ", 1)[1])
     finally:
         shutil.rmtree(home, ignore_errors=True)
+    if mapped:
+        return {**_figures(runs[1:], warmup=runs[0], pairs=mapped), "mapped": mapped}
     return _figures(runs[1:], warmup=runs[0], pairs=pairs)
 
 
-def _figures(runs: list[dict[str, Any]], *, warmup: dict[str, Any], pairs: int) -> dict[str, Any]:
+def _figures(runs: list[dict[str, Any]], *, warmup: dict[str, Any], pairs: int, method: str = "") -> dict[str, Any]:
     per_run = []
     for run in runs:
         tasks = run["tasks"]
         failed = [t for t, (_, state) in tasks.items() if not state.endswith("success")]
         plain = [d * 1000 for t, (d, _) in tasks.items() if t.startswith("plain_") and d is not None]
         leased = [d * 1000 for t, (d, _) in tasks.items() if t.startswith("leased_") and d is not None]
+        ratio = statistics.median(leased) / statistics.median(plain) if plain and leased else None
         per_run.append(
             {
                 "plain_median_ms": statistics.median(plain) if plain else None,
@@ -184,17 +216,19 @@ def _figures(runs: list[dict[str, Any]], *, warmup: dict[str, Any], pairs: int) 
                 "overhead_ms": statistics.median(leased) - statistics.median(plain)
                 if plain and leased
                 else None,
+                "ratio": ratio,
                 "failed_tasks": failed,
                 "wall_s": run["wall_s"],
             }
         )
     return {
         "status": "measured",
-        "method": "dag.test() in one process, SQLite metadata; TaskInstance.duration",
+        "method": method or "dag.test() in one process, SQLite metadata; TaskInstance.duration",
         "pairs_per_run": pairs,
         "runs": per_run,
         "warmup_run_wall_s": warmup["wall_s"],
         "overhead_ms": spread(r["overhead_ms"] for r in per_run),
         "plain_ms": spread(r["plain_median_ms"] for r in per_run),
         "leased_ms": spread(r["leased_median_ms"] for r in per_run),
+        "ratio": spread(r["ratio"] for r in per_run),
     }

@@ -224,6 +224,70 @@ def overhead_lines(overhead: dict[str, Any]) -> list[str]:
     return _table(header, rows, "lrrr")
 
 
+#: Issue 28 item 1: a no-op leased task against a no-op plain one in the same DAG run.
+OVERHEAD_RATIO_TARGET = 1.25
+
+#: The arms of issue 28 item 1 as ``python -m bench --overhead`` saves them, and how each row names them.
+OVERHEAD_ARMS = (
+    ("in_process", "no-op pairs, in-process (`dag.test()`)"),
+    ("in_process_mapped", "`.expand()` of {n} each, in-process (`dag.test()`)"),
+    ("deployed", "no-op pairs, LocalExecutor deployment (REST durations)"),
+    ("deployed_mapped", "`.expand()` of {n} each, LocalExecutor deployment (REST durations)"),
+)
+
+
+def _run_ratios(overhead: dict[str, Any]) -> list[float]:
+    """Per DAG run: the median leased task's duration over the median plain task's (saved runs before the
+    ratio was recorded give it from their medians)."""
+    out = []
+    for run in overhead.get("runs", []):
+        ratio = run.get("ratio")
+        if ratio is None and run.get("plain_median_ms") and run.get("leased_median_ms") is not None:
+            ratio = run["leased_median_ms"] / run["plain_median_ms"]
+        if ratio is not None:
+            out.append(ratio)
+    return out
+
+
+def overhead_targets(arms_found: dict[str, Any], commit: str | None, command: str) -> list[dict[str, Any]]:
+    """Issue 28 item 1's rows: leased / plain <= 1.25x in the same run, per arm, with PASS/MISS."""
+    rows = []
+    where = f"`{(commit or 'unknown')[:7]}`, `{command}`"
+    for name, title in OVERHEAD_ARMS:
+        found = arms_found.get(name) or {}
+        figure = title.format(n=found.get("mapped", 500))
+        ratios = _run_ratios(found) if found.get("status") == "measured" else []
+        if not ratios:
+            rows.append(_issue_row(figure, found.get("status", "not measured"), f"<= {OVERHEAD_RATIO_TARGET:g}x",
+                                   "not measured", at=where))
+            continue
+        median = statistics.median(ratios)
+        measured = (
+            f"{_ratio_text(ratios)} (plain {cell_text(found['plain_ms'], 'ms')} ms, "
+            f"leased {cell_text(found['leased_ms'], 'ms')} ms)"
+        )
+        rows.append(_issue_row(figure, measured, f"<= {OVERHEAD_RATIO_TARGET:g}x",
+                               _short(median, OVERHEAD_RATIO_TARGET, False), ratios=ratios, at=where))
+    return rows
+
+
+def overhead_report(results: dict[str, Any]) -> str:
+    """What ``python -m bench --overhead`` prints: the issue 28 item 1 rows, with the commit and command."""
+    meta = results["meta"]
+    found = overhead_targets(results["task_overhead_runs"], meta.get("git_head"), meta.get("command", ""))
+    rows = [[t["figure"], t["measured"], t["target"], t["verdict"], t["at"]] for t in found]
+    lines = [
+        "### Issue 28 item 1: leased / plain task duration in the same DAG run",
+        "",
+        f"{meta['cpus']} CPUs; load average at start {meta['load_start']}, at end {meta['load_end']}; "
+        f"{meta['elapsed_s']:.0f} s. Each figure: median (min-max) over DAG runs after a warm-up run.",
+        "",
+        *_table(["figure", "leased / plain (median (min-max) over runs)", "target", "verdict", "commit, command"],
+                rows, "lllll"),
+    ]
+    return "\n".join(lines)
+
+
 # -- targets ------------------------------------------------------------------------------------------
 
 

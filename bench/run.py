@@ -278,6 +278,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bench import scale
 
         return scale.main(given)
+    if "--overhead" in given:  # issue 28 item 1 alone: in-process and deployed (bench/overhead_main.py)
+        from bench import overhead_main
+
+        return overhead_main.main(given)
     args = parse_args(argv)
     if args.report:
         print(render(recomputed(json.loads(args.report.read_text()))))

@@ -53,3 +53,15 @@ def test_every_missed_issue_15_row_says_why_and_what_closing_it_would_cost() -> 
     table = _report().split("### Issue 15 misses: why, and what closing each would cost", 1)[1]
     for t in missed:
         assert f"| {t['figure']} | {t['cost']} |" in table
+
+
+def test_the_committed_overhead_run_is_in_the_docs_as_the_bench_prints_it() -> None:
+    """Issue 28 item 1: ``python -m bench --overhead``'s table, from bench/results-overhead.json, at its commit."""
+    from bench.report import overhead_report
+
+    saved = json.loads((ROOT / "bench" / "results-overhead.json").read_text())
+    assert saved["meta"]["uncommitted_package_changes"] == []
+    table = overhead_report(saved).split("\n\n", 2)[2]
+    doc = DOC.read_text()
+    assert table in doc, "docs/benchmarks.md lacks the committed overhead run's table as the bench prints it"
+    assert all(row.count("|") >= 6 and ("PASS" in row or "MISS" in row) for row in table.splitlines()[2:]), table

@@ -39,6 +39,17 @@ from airflow_lease_provider.runtime.outcomes import Outcome, report
 from airflow_lease_provider.runtime.policies import OVERLAP_POLICIES
 from airflow_lease_provider.runtime.signals import Terminate, interrupt_on_loss
 
+#: How long a task's store connection may stay open once idle, at most: the schema check, the acquire and,
+#: for a body shorter than this, the release share one connection (one connect per execute instead of
+#: three). Never more than half the renewal interval, so a lease between two renewals still holds no
+#: server connection (``[lease] hold_connection`` unset). The watchdog that closes it ticks every 0.25 s.
+CONNECTION_GRACE = timedelta(seconds=1)
+
+#: The stores (DSN, schema) whose schema this process has checked or created already: a later task in the
+#: same process (``dag.test()``, a worker that runs several tasks) does not send the version check again.
+#: A schema dropped meanwhile fails the next statement (closed), as it would right after the check.
+_SCHEMA_CHECKED: set[tuple[str, str]] = set()
+
 
 @dataclass
 class TaskLease:
@@ -95,6 +106,7 @@ class TaskLease:
             # A templated key is known only now (rendered); the store would refuse a bad one too.
             key = holder.default_key() if lease_key is None else validation.name("lease_key", lease_key)
         store = LeaseHook(conn_id).get_store()
+        share_connection(store, getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
         tags = {"dag_id": ti.dag_id, "task_id": ti.task_id, "lease_key": key}
         return cls(
             task, ti, run, holder.owner(), key, lease_key is not None or bool(by_asset), store, conn_id, tags,
@@ -163,6 +175,7 @@ class TaskLease:
         taken: list[Lease] = []
         for key in self.assets or (self.key,):
             outcome = self.store.try_acquire(key, self.owner, self.ttl(), run=self.run)
+            schema_checked(self.store)
             if outcome.lease is None:
                 for lease in reversed(taken):
                     try:
@@ -348,6 +361,7 @@ class TaskLease:
                                 key=held.key)
                 elif release:
                     self.log.info("lease: %r token %s not released", held.key, held.token)
+            self.store.close()  # the shared connection (share_connection): not left open for its grace
         return result
 
     def stamp_outlet_events(self, context: Any, contexts: dict[str, LeaseContext]) -> None:
@@ -428,6 +442,31 @@ class TaskLease:
 
     def warn_on_clock_skew(self, lease: Lease) -> None:
         warn_on_clock_skew(lease, datetime.now(timezone.utc), self.log)
+
+
+def share_connection(store: LeaseStore, ttl: timedelta | None, renew_every: timedelta | None) -> None:
+    """Let one execute's operations share a connection, and skip a schema check done in this process.
+
+    A store that closes its connection after each operation (``idle_close == 0``, the hooks' default)
+    gets a short idle grace instead (:data:`CONNECTION_GRACE`, at most half the renewal interval); a store
+    that holds its connection (``[lease] hold_connection``) is left as it is.
+    """
+    db = store.db
+    if db.idle_close == timedelta(0):
+        grace = CONNECTION_GRACE
+        if ttl is not None:
+            every = renew_every or ttl * settings.renew_fraction()
+            grace = min(grace, every / 2)
+        db.idle_close = grace
+    if (db.dsn, db.schema) in _SCHEMA_CHECKED and not store.read_only:
+        store._schema_ready = True
+
+
+def schema_checked(store: LeaseStore) -> None:
+    """Note that ``store``'s schema is known current in this process (after its first statement)."""
+    if store._schema_ready and not store.read_only:
+        _SCHEMA_CHECKED.add((store.db.dsn, store.db.schema))
+
 
 def warn_on_clock_skew(lease: Lease, received_at: datetime, logger: Any) -> None:
     """Warn when this worker's clock is off from the database's. No decision depends on it: a warning for

@@ -520,3 +520,55 @@ def test_a_leased_task_renews_at_the_core_keepers_interval_by_default(lease_env,
 
     task_interval, keeper_interval = run_task(leased("renews", body), TaskInstance("etl", RUN, "renews"))
     assert task_interval == keeper_interval == TTL / 3
+
+
+# -- what one execute costs (issue 28 item 1) ---------------------------------------------------------
+
+
+def test_one_leased_execute_opens_one_store_connection(lease_env, store: LeaseStore) -> None:
+    """The schema check, the acquire and the release of a short task share one connection (three before)."""
+    from airflow_lease_provider.runtime import current_lease
+
+    seen: dict[str, Any] = {}
+    run_task(leased("short", lambda: seen.setdefault("ctx", current_lease())), TaskInstance("etl", RUN, "short"))
+    db = seen["ctx"].store.db
+    assert db.connects == 1, f"{db.connects} connections for one execute"
+    assert db._conn is None, "the execute's connection was left open after the task"
+    assert store.holder("etl.short") is None  # released, durably, on that one connection
+
+
+def test_the_schema_is_checked_once_per_process(lease_env, store: LeaseStore, monkeypatch) -> None:
+    from airflow_lease_provider.core.db import Database
+
+    sent: list[str] = []
+    original = Database.run
+
+    def run(self: Database, name: str, *args: Any, **kwargs: Any) -> Any:
+        sent.append(name)
+        return original(self, name, *args, **kwargs)
+
+    monkeypatch.setattr(Database, "run", run)
+    run_task(leased("first", lambda: None), TaskInstance("etl", RUN, "first"))
+    sent.clear()
+    run_task(leased("second", lambda: None), TaskInstance("etl", RUN, "second"))
+    assert "schema_version" not in sent, sent
+    assert "acquire_logged" in sent and "release_logged" in sent, sent
+
+
+def test_a_long_body_holds_no_store_connection_between_renewals(lease_env, store: LeaseStore) -> None:
+    """The shared connection's idle grace is at most half the renewal interval: a lease between two
+    renewals holds no server connection ([lease] hold_connection unset)."""
+    import time
+
+    from airflow_lease_provider.runtime import current_lease
+
+    def body() -> Any:
+        db = current_lease().store.db
+        assert db.idle_close is not None and db.idle_close <= timedelta(seconds=1) / 2
+        deadline = time.monotonic() + 5
+        while db._conn is not None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return db._conn is None
+
+    # TTL 3 s: renewals every 1 s, so the grace is 0.5 s.
+    assert run_task(leased("long", body, lease_ttl=timedelta(seconds=3)), TaskInstance("etl", RUN, "long"))

@@ -1,0 +1,98 @@
+"""Task overhead under a real deployment: the same DAGs as ``bench/overhead.py``, run by a scheduler,
+dag-processor and api-server with the LocalExecutor (``demo.deployment.Deployment``, PostgreSQL metadata),
+each task in its own task-runner process as in production; each task's duration is read back over the
+REST API (``end_date - start_date`` of ``/dags/{dag}/dagRuns/{run}/taskInstances``).
+
+The first DAG run of each DAG is a warm-up (the first parse, the first connection); the ``repeats`` after it
+count. Per run the figure is the median leased task's duration over the median plain task's, as in-process.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from bench.overhead import DAG_FILE, DAG_ID, _figures
+
+MAPPED_DAG_ID = "lease_bench_overhead_mapped"
+
+
+def _duration_s(ti: dict[str, Any]) -> float | None:
+    if ti.get("duration") is not None:
+        return float(ti["duration"])
+    if ti.get("start_date") and ti.get("end_date"):
+        start = datetime.datetime.fromisoformat(ti["start_date"].replace("Z", "+00:00"))
+        end = datetime.datetime.fromisoformat(ti["end_date"].replace("Z", "+00:00"))
+        return (end - start).total_seconds()
+    return None
+
+
+def _task_instances(api: Any, dag_id: str, run_id: str) -> dict[str, dict[str, Any]]:
+    """Every task instance of the run, page by page (the API's page limit is 100 by default)."""
+    found: dict[str, dict[str, Any]] = {}
+    offset = 0
+    while True:
+        reply = api.get(f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 100, "offset": offset})
+        page = reply["task_instances"]
+        for ti in page:
+            found[ti["task_id"] + (f"[{ti['map_index']}]" if ti["map_index"] >= 0 else "")] = ti
+        offset += len(page)
+        if not page or offset >= reply.get("total_entries", 0):
+            return found
+
+
+def _runs(api: Any, dag_id: str, count: int, timeout: float) -> list[dict[str, Any]]:
+    runs = []
+    for _ in range(count):
+        run_id = api.trigger(dag_id)
+        state = api.wait_for_run(dag_id, run_id, timeout=timeout)
+        tis = _task_instances(api, dag_id, run_id)
+        runs.append(
+            {"wall_s": 0.0, "state": state, "tasks": {t: [_duration_s(ti), str(ti["state"])] for t, ti in tis.items()}}
+        )
+    return runs
+
+
+def run_overhead_deployed(dsn: str, repeats: int, pairs: int, mapped: int, timeout: float = 1800.0) -> dict[str, Any]:
+    """Both arms under one deployment: the pairs DAG and (with ``mapped``) the ``.expand()`` DAG."""
+    from demo.deployment import Deployment, MetadataTemplate
+
+    source = Path(tempfile.mkdtemp(prefix="lease-bench-deployed-")) / f"{DAG_ID}.py"
+    source.write_text(DAG_FILE)
+    schema = f"lease_bench_deployed_{os.getpid()}"
+    env = {
+        "LEASE_BENCH_PAIRS": str(pairs),
+        "LEASE_BENCH_MAPPED": str(mapped),
+        "AIRFLOW__LEASE__SCHEMA": schema,
+        "AIRFLOW__METRICS__STATSD_ON": "False",
+    }
+    template = MetadataTemplate(dsn)
+    out: dict[str, Any] = {}
+    try:
+        deployment = Deployment(template, [source], extra_env=env)
+        try:
+            dag_ids = {DAG_ID, MAPPED_DAG_ID}
+            deployment.start(dag_ids)
+            for dag_id in dag_ids:
+                deployment.api.unpause(dag_id)
+            method = "LocalExecutor deployment (PostgreSQL metadata), one process per task; REST task durations"
+            runs = _runs(deployment.api, DAG_ID, repeats + 1, timeout)
+            out["pairs"] = _figures(runs[1:], warmup=runs[0], pairs=pairs, method=method)
+            if mapped:
+                runs = _runs(deployment.api, MAPPED_DAG_ID, repeats + 1, timeout)
+                out["mapped"] = {**_figures(runs[1:], warmup=runs[0], pairs=mapped, method=method), "mapped": mapped}
+        except Exception as exc:
+            out.setdefault("pairs", {"status": f"not measured: {type(exc).__name__}: {str(exc)[:300]}"})
+            if mapped:
+                out.setdefault("mapped", {"status": f"not measured: {type(exc).__name__}: {str(exc)[:300]}"})
+            out["tails"] = deployment.tails()[-4000:]
+        finally:
+            deployment.stop()
+    finally:
+        template.drop()
+        shutil.rmtree(source.parent, ignore_errors=True)
+    return out

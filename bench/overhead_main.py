@@ -1,0 +1,100 @@
+"""``python -m bench --overhead``: issue 28 item 1 on its own, without the store grid.
+
+In one invocation: the no-op pairs and the ``.expand()`` of ``--overhead-mapped`` instances, each in-process
+(``dag.test()``) and under a LocalExecutor deployment (REST durations). Every figure is the median over
+repeats of leased / plain in the same DAG run. Writes ``bench/results-overhead.json`` (with the commit and
+the command) and prints the rows with PASS/MISS; the full grid (``python -m bench``) prints the same rows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import sys
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+import psycopg2
+from psycopg2 import sql
+
+from bench.overhead import run_overhead
+from bench.provenance import REPO
+from bench.provenance import provenance as provenance_of_checkout
+from bench.report import overhead_report
+
+DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+
+
+def _log(text: str) -> None:
+    print(f"[bench --overhead] {text}", file=sys.stderr, flush=True)
+
+
+def main(argv: list[str]) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bench --overhead", description=__doc__.split("\n")[0])
+    parser.add_argument("--overhead", action="store_true")
+    parser.add_argument("--dsn", default=os.environ.get("LEASE_BENCH_DSN", DEFAULT_DSN))
+    parser.add_argument("--repeats", type=int, default=5, help="DAG runs after the warm-up, per arm (at least 3)")
+    parser.add_argument("--overhead-pairs", type=int, default=10)
+    parser.add_argument("--overhead-mapped", type=int, default=500, help="instances of each mapped task")
+    parser.add_argument("--deployed-mapped", type=int, help="instances of each mapped task under the deployment "
+                        "(default: --overhead-mapped; a LocalExecutor starts a process per instance)")
+    parser.add_argument("--no-deployed", action="store_true", help="skip the LocalExecutor deployment arms")
+    parser.add_argument("--output", type=Path, default=REPO / "bench" / "results-overhead.json")
+    args = parser.parse_args(argv)
+    if args.repeats < 3:
+        parser.error("--repeats must be at least 3: every figure is a median with its min-max")
+    provenance = provenance_of_checkout()
+    started_at = datetime.datetime.now(datetime.timezone.utc)
+    started, load_start = time.monotonic(), os.getloadavg()
+    schema = f"lease_bench_{uuid.uuid4().hex[:10]}"
+    results: dict[str, Any] = {}
+    deployed_mapped = args.overhead_mapped if args.deployed_mapped is None else args.deployed_mapped
+    # The deployment runs beside the in-process arms (each arm's ratio is within its own DAG runs, and
+    # both see the same load); it is most of the wall time.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        deployed = None
+        if not args.no_deployed:
+            from bench.overhead_deployed import run_overhead_deployed
+
+            _log(f"LocalExecutor deployment: {args.overhead_pairs} pairs, .expand() of {deployed_mapped} ...")
+            deployed = pool.submit(run_overhead_deployed, args.dsn, args.repeats, args.overhead_pairs, deployed_mapped)
+        try:
+            _log(f"in-process: {args.overhead_pairs} pairs, {args.repeats} repeats ...")
+            results["in_process"] = run_overhead(args.dsn, schema, args.repeats, args.overhead_pairs)
+            if args.overhead_mapped:
+                _log(f"in-process: .expand() of {args.overhead_mapped} ...")
+                results["in_process_mapped"] = run_overhead(
+                    args.dsn, schema, args.repeats, args.overhead_pairs, mapped=args.overhead_mapped
+                )
+        finally:
+            with psycopg2.connect(args.dsn) as conn, conn.cursor() as cur:
+                cur.execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
+            conn.close()
+        if deployed is not None:
+            found = deployed.result()
+            results["deployed"] = found.get("pairs")
+            results["deployed_mapped"] = found.get("mapped")
+            if "tails" in found:
+                results["deployed_tails"] = found["tails"]
+    meta = {
+        "command": "python -m bench " + " ".join(argv),
+        "started_at": started_at.isoformat(timespec="seconds"),
+        "elapsed_s": time.monotonic() - started,
+        "cpus": os.cpu_count(),
+        "machine": platform.platform(),
+        "python": platform.python_version(),
+        "load_start": " ".join(f"{v:.2f}" for v in load_start),
+        "load_end": " ".join(f"{v:.2f}" for v in os.getloadavg()),
+        **provenance,
+    }
+    out = {"meta": meta, "task_overhead_runs": results}
+    args.output.write_text(json.dumps(out, indent=1, default=str) + "\n")
+    print(overhead_report(out))
+    _log(f"results written to {args.output}")
+    return 0
