@@ -45,10 +45,6 @@ from airflow_lease_provider.runtime.signals import Terminate, interrupt_on_loss
 #: server connection (``[lease] hold_connection`` unset). The watchdog that closes it ticks every 0.25 s.
 CONNECTION_GRACE = timedelta(seconds=1)
 
-#: The stores (DSN, schema) whose schema this process has checked or created already: a later task in the
-#: same process (``dag.test()``, a worker that runs several tasks) does not send the version check again.
-#: A schema dropped meanwhile fails the next statement (closed), as it would right after the check.
-_SCHEMA_CHECKED: set[tuple[str, str]] = set()
 
 
 @dataclass
@@ -175,7 +171,6 @@ class TaskLease:
         taken: list[Lease] = []
         for key in self.assets or (self.key,):
             outcome = self.store.try_acquire(key, self.owner, self.ttl(), run=self.run)
-            schema_checked(self.store)
             if outcome.lease is None:
                 for lease in reversed(taken):
                     try:
@@ -445,7 +440,7 @@ class TaskLease:
 
 
 def share_connection(store: LeaseStore, ttl: timedelta | None, renew_every: timedelta | None) -> None:
-    """Let one execute's operations share a connection, and skip a schema check done in this process.
+    """Let one execute's operations (the schema check, the acquire, a short task's release) share a connection.
 
     A store that closes its connection after each operation (``idle_close == 0``, the hooks' default)
     gets a short idle grace instead (:data:`CONNECTION_GRACE`, at most half the renewal interval); a store
@@ -458,14 +453,6 @@ def share_connection(store: LeaseStore, ttl: timedelta | None, renew_every: time
             every = renew_every or ttl * settings.renew_fraction()
             grace = min(grace, every / 2)
         db.idle_close = grace
-    if (db.dsn, db.schema) in _SCHEMA_CHECKED and not store.read_only:
-        store._schema_ready = True
-
-
-def schema_checked(store: LeaseStore) -> None:
-    """Note that ``store``'s schema is known current in this process (after its first statement)."""
-    if store._schema_ready and not store.read_only:
-        _SCHEMA_CHECKED.add((store.db.dsn, store.db.schema))
 
 
 def warn_on_clock_skew(lease: Lease, received_at: datetime, logger: Any) -> None:

@@ -537,24 +537,6 @@ def test_one_leased_execute_opens_one_store_connection(lease_env, store: LeaseSt
     assert store.holder("etl.short") is None  # released, durably, on that one connection
 
 
-def test_the_schema_is_checked_once_per_process(lease_env, store: LeaseStore, monkeypatch) -> None:
-    from airflow_lease_provider.core.db import Database
-
-    sent: list[str] = []
-    original = Database.run
-
-    def run(self: Database, name: str, *args: Any, **kwargs: Any) -> Any:
-        sent.append(name)
-        return original(self, name, *args, **kwargs)
-
-    monkeypatch.setattr(Database, "run", run)
-    run_task(leased("first", lambda: None), TaskInstance("etl", RUN, "first"))
-    sent.clear()
-    run_task(leased("second", lambda: None), TaskInstance("etl", RUN, "second"))
-    assert "schema_version" not in sent, sent
-    assert "acquire_logged" in sent and "release_logged" in sent, sent
-
-
 def test_a_long_body_holds_no_store_connection_between_renewals(lease_env, store: LeaseStore) -> None:
     """The shared connection's idle grace is at most half the renewal interval: a lease between two
     renewals holds no server connection ([lease] hold_connection unset)."""
