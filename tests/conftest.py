@@ -4,6 +4,7 @@ import contextlib
 import fcntl
 import json
 import os
+import resource
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -187,22 +188,61 @@ def fences(pg_dsn: str, schema: str) -> Iterator[FenceStore]:
 #: counts in its first test's setup). Filled from the test reports, which under xdist arrive on the
 #: controller from every worker, so this works with and without ``-n``.
 _FILE_SECONDS: dict[str, float] = {}
+#: CPU seconds per test file: the test process's own and that of the processes it started and reaped
+#: (an Airflow CLI, a deployment's scheduler and what it reaped), measured per phase on the process
+#: that ran the test. On two cores the wall time of a loaded run is mostly other files' CPU, so this is
+#: the figure a file's cost is read from. A process nobody reaps (one killed by its parent's death and
+#: taken by init) is not counted. A module's deployment counts in its file (its last test's teardown
+#: reaps it); a session-scoped one (the UI world) in the last file of the process that started it.
+_FILE_CPU: dict[str, float] = {}
+_CPU_MARK = pytest.StashKey[float]()
+CPU_PROPERTY = "lease_cpu_seconds"
 LONGEST_FILES = 15
+
+
+def _cpu_now() -> float:
+    own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[None]:
+    item.stash[_CPU_MARK] = _cpu_now()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    outcome = yield
+    report = outcome.get_result()
+    now = _cpu_now()
+    report.user_properties.append((CPU_PROPERTY, now - item.stash.get(_CPU_MARK, now)))
+    item.stash[_CPU_MARK] = now
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     path = report.nodeid.split("::", 1)[0]
     _FILE_SECONDS[path] = _FILE_SECONDS.get(path, 0.0) + report.duration
+    cpu = sum(float(value) for name, value in report.user_properties if name == CPU_PROPERTY)
+    _FILE_CPU[path] = _FILE_CPU.get(path, 0.0) + cpu
 
 
 def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Config) -> None:
     if hasattr(config, "workerinput") or not _FILE_SECONDS:
         return  # an xdist worker: the controller prints the whole run's figures
     longest = sorted(_FILE_SECONDS.items(), key=lambda item: item[1], reverse=True)[:LONGEST_FILES]
-    terminalreporter.write_sep("=", f"the {len(longest)} longest test files (s, setup + call + teardown)")
+    terminalreporter.write_sep(
+        "=", f"the {len(longest)} longest test files (s: setup + call + teardown; CPU s of it and its processes)"
+    )
     for path, seconds in longest:
-        terminalreporter.write_line(f"{seconds:8.1f}  {path}")
-    terminalreporter.write_line(f"{sum(_FILE_SECONDS.values()):8.1f}  all {len(_FILE_SECONDS)} files")
+        terminalreporter.write_line(f"{seconds:8.1f} {_FILE_CPU.get(path, 0.0):8.1f} cpu  {path}")
+    terminalreporter.write_line(
+        f"{sum(_FILE_SECONDS.values()):8.1f} {sum(_FILE_CPU.values()):8.1f} cpu  all {len(_FILE_SECONDS)} files"
+    )
+    by_cpu = sorted(_FILE_CPU.items(), key=lambda item: item[1], reverse=True)[:LONGEST_FILES]
+    terminalreporter.write_sep("=", f"the {len(by_cpu)} test files that used the most CPU (s)")
+    for path, cpu in by_cpu:
+        terminalreporter.write_line(f"{cpu:8.1f}  {path}")
 
 
 # -- scheduling under xdist: the longest files first, the UI's shared server in one process ---------------

@@ -79,6 +79,18 @@ class AirflowHome:
             conn.close()
         return {(t, m): s for t, m, s in rows}
 
+    def task_seconds(self, task_id: str, map_index: int = -1) -> float:
+        """How long the task instance ran, start to end, by Airflow's own record (its ``duration``)."""
+        conn = sqlite3.connect(self.path / "airflow.db")
+        try:
+            (value,) = conn.execute(
+                "SELECT duration FROM task_instance WHERE task_id = ? AND map_index = ?", (task_id, map_index)
+            ).fetchone()
+        finally:
+            conn.close()
+        assert value is not None, f"{task_id} has no duration: it did not end"
+        return float(value)
+
     def xcom(self, task_id: str, key: str) -> object:
         conn = sqlite3.connect(self.path / "airflow.db")
         try:

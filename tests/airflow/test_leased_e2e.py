@@ -57,12 +57,14 @@ def test_unreachable_store_fails_the_task_and_the_body_never_runs(airflow_home, 
             "AIRFLOW_CONN_LEASE_DEFAULT": "postgresql://postgres:pw@127.0.0.1:1/nothing",
         },
     )
-    started = time.monotonic()
     result = home.dags_test("unreachable")
     assert home.task_states()[("body", -1)] == "failed"
     assert not (task_markers / "body-ran").exists(), "the body ran without a lease"
     assert "LeaseStoreUnavailable" in result.stdout + result.stderr
-    assert time.monotonic() - started < 120
+    # It fails at once (a refused connection is not waited on, nor retried for minutes). Measured on the
+    # task itself, not the CLI around it: a loaded CI machine took 123 s for the whole `airflow dags test`
+    # (the CLI's start is most of it), and a bound on that was red once.
+    assert home.task_seconds("body") < 60, home.task_seconds("body")  # 2.6 s on the idle machine
 
 
 def test_wait_defers_until_the_lease_is_released(airflow_home, store: LeaseStore, tmp_path) -> None:

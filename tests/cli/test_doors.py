@@ -523,9 +523,16 @@ def _reading_the_terminal(pid: int) -> bool:
     in a loaded run), not what a user can do, so the keys wait for the read."""
     try:
         with open(f"/proc/{pid}/wchan") as wchan:
-            return wchan.read().strip() == "wait_woken"
+            return wchan.read().strip() in _TERMINAL_WAITS
     except OSError:
         return True  # no /proc: send as before
+
+
+#: Where the kernel shows a process blocked on its terminal: n_tty_read (a plain read, as ``input()``
+#: without readline), or select/poll (``input()`` with readline loaded).
+_TERMINAL_WAITS = {"wait_woken", "n_tty_read", "do_select", "poll_schedule_timeout", "do_sys_poll"}
+#: Seconds after the prompt showed to type anyway, where the kernel names the wait otherwise (or hides it).
+_READ_GRACE = 3.0
 
 
 def _on_a_terminal(argv: list[str], keys: bytes, *, prompt: bytes, timeout: float = 60.0) -> tuple[int, str]:
@@ -546,6 +553,7 @@ def _on_a_terminal(argv: list[str], keys: bytes, *, prompt: bytes, timeout: floa
         finally:
             os._exit(127)
     output, sent, end = b"", False, time.monotonic() + timeout
+    prompted = 0.0  # when the prompt first showed
     try:
         while time.monotonic() < end:
             ready, _, _ = select.select([fd], [], [], 0.5)
@@ -557,9 +565,11 @@ def _on_a_terminal(argv: list[str], keys: bytes, *, prompt: bytes, timeout: floa
                 if not chunk:
                     break
                 output += chunk
-            if not sent and prompt in output and _reading_the_terminal(pid):
-                os.write(fd, keys)  # the terminal turns ^C into SIGINT, ^D into end of input
-                sent = True
+            if not sent and prompt in output:
+                prompted = prompted or time.monotonic()
+                if _reading_the_terminal(pid) or time.monotonic() - prompted > _READ_GRACE:
+                    os.write(fd, keys)  # the terminal turns ^C into SIGINT, ^D into end of input
+                    sent = True
         else:
             os.kill(pid, 9)
             raise AssertionError(f"no exit within {timeout} s; output so far: {output!r}")

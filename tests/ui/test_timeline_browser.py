@@ -101,6 +101,33 @@ def test_timeline_shows_holdings_and_markers(browser: Any, world: World, history
     page.close()
 
 
+def test_a_block_that_replaces_another_is_drawn_when_it_appears(browser: Any, world: World, history: Seeded) -> None:
+    """A new reply (another range, or the page's refresh) replaces the block: the new one is drawn in the
+    same task, so no frame shows a block without its chart (before, a block was drawn on the next frame,
+    and a reading between the two found holdings gone and no markers: red once in CI)."""
+    page = login(browser, world, "admin")
+    page.goto(f"{world.server.url}/lease/ui/?tkey={quote(KEY)}")
+    page.locator(f"#timeline .timeline-block[data-key='{KEY}'] svg.timeline g.holding").first.wait_for()
+    # What each block had when it was put in the page (a MutationObserver runs before the next frame).
+    page.evaluate("""() => {
+      window.seenBlocks = [];
+      new MutationObserver((records) => {
+        for (const r of records) for (const n of r.addedNodes) {
+          if (n.classList && n.classList.contains("timeline-block")) {
+            window.seenBlocks.push([n.dataset.range, n.querySelectorAll("svg.timeline g.holding").length]);
+          }
+        }
+      }).observe(document.getElementById("timeline"), { childList: true });
+    }""")
+    for range_name in ("24h", "7d", "30d", "7d"):
+        page.locator(f"#timeline-range button[data-range='{range_name}']").click()
+        page.locator(f"#timeline .timeline-block[data-range='{range_name}'] svg.timeline g.holding").first.wait_for()
+    seen = page.evaluate("window.seenBlocks")
+    assert [r for r, _ in seen][-4:] == ["24h", "7d", "30d", "7d"], seen
+    assert all(holdings > 0 for _, holdings in seen), seen
+    page.close()
+
+
 def test_timeline_on_a_phone(browser: Any, world: World, history: Seeded) -> None:
     page = login(browser, world, "viewer", NARROW)
     frame = open_leases(page)

@@ -183,15 +183,21 @@
     timelineKey.value = current;
   }
 
+  let timelineAsked = 0;  // the number of the last request: an older reply that arrives later is dropped
+
   async function loadTimeline() {
     const key = timelineKey.value;
     const box = $("timeline");
+    const asked = ++timelineAsked;
     if (!key) { box.replaceChildren(el("p", { class: "muted" }, "No lease keys in the store yet.")); return; }
     try {
       const data = await api(`timeline?key=${encodeURIComponent(key)}&range=${timelineRange}`);
-      if (data.key !== timelineKey.value) return;  // another key was picked meanwhile
-      box.replaceChildren(LeaseTimeline.block(data, data.trend));
+      if (asked !== timelineAsked) return;  // another key or range was asked for meanwhile
+      const node = LeaseTimeline.block(data, data.trend);
+      box.replaceChildren(node);
+      node.draw();  // in the same task as the replacement: the page never shows this block undrawn
     } catch (error) {
+      if (asked !== timelineAsked) return;
       box.replaceChildren(el("p", { class: "error" }, `Could not load the timeline: ${error.message}`));
     }
   }

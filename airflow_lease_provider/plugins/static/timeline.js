@@ -250,6 +250,9 @@ const LeaseTimeline = (() => {
     ];
     const node = el("div", { class: "timeline-block", "data-key": data.key, "data-range": data.range }, ...parts);
     const draw = () => { render(chart, data, detail); trendChart(trendBox, trend); };
+    // Drawn at its own width once in the page: on the next frame, or at once by a caller that puts it
+    // in the page and calls node.draw() (so that a block replacing a drawn one is never seen empty).
+    node.draw = draw;
     requestAnimationFrame(draw);
     if (window.ResizeObserver) {
       let last = 0;
