@@ -84,19 +84,19 @@ class Venv:
 def venv_for(minor: str, wheel: Path) -> Venv:
     """The cached venv of ``minor`` (made from its lock if missing) with ``wheel`` (re)installed."""
     lock = locks()[minor]
-    key = hashlib.sha256(lock.read_bytes() + PYTHON.encode()).hexdigest()[:12]
+    key = hashlib.sha256(lock.read_bytes() + PYTHON.encode() + b" bytecode").hexdigest()[:12]
     path = CACHE / "venvs" / f"{minor}-{key}"
     if not (path / ".complete").exists():
         shutil.rmtree(path, ignore_errors=True)
         for stale in (CACHE / "venvs").glob(f"{minor}-*"):
             shutil.rmtree(stale, ignore_errors=True)  # an older lock's venv
         _run([UV, "venv", "-q", "--python", PYTHON, str(path)])
-        _run([UV, "pip", "install", "-q", "--python", str(path / "bin" / "python"), "-r", str(lock)])
+        _run([UV, "pip", "install", "-q", "--compile-bytecode", "--python", str(path / "bin" / "python"), "-r", str(lock)])
         (path / ".complete").write_text(lock.name)
     version = pinned_airflow(lock)
     _run(
         [
-            UV, "pip", "install", "-q", "--python", str(path / "bin" / "python"),
+            UV, "pip", "install", "-q", "--compile-bytecode", "--python", str(path / "bin" / "python"),
             "--reinstall-package", "airflow-lease-provider",
             f"apache-airflow=={version}", f"{wheel}[embedded,statsd]", "-c", str(lock),
         ]
@@ -107,12 +107,12 @@ def venv_for(minor: str, wheel: Path) -> Venv:
 def unsupported_venv(minor: str) -> Venv:
     """A cached venv of an Airflow the package refuses (``requirements/unsupported/airflow-X.Y.txt``)."""
     lock = ROOT / "requirements" / "unsupported" / f"airflow-{minor}.txt"
-    key = hashlib.sha256(lock.read_bytes() + PYTHON.encode()).hexdigest()[:12]
+    key = hashlib.sha256(lock.read_bytes() + PYTHON.encode() + b" bytecode").hexdigest()[:12]
     path = CACHE / "venvs" / f"unsupported-{minor}-{key}"
     if not (path / ".complete").exists():
         shutil.rmtree(path, ignore_errors=True)
         _run([UV, "venv", "-q", "--python", PYTHON, str(path)])
-        _run([UV, "pip", "install", "-q", "--python", str(path / "bin" / "python"), "-r", str(lock)])
+        _run([UV, "pip", "install", "-q", "--compile-bytecode", "--python", str(path / "bin" / "python"), "-r", str(lock)])
         (path / ".complete").write_text(lock.name)
     return Venv(minor, pinned_airflow(lock), path)
 
