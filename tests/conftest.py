@@ -256,6 +256,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 # longest file first (the measured order below, then every other file that starts Airflow, then the
 # rest in their own order), so no long file starts last and keeps one process busy after the others.
 
+#: Tests sent to a process on their own, apart from the rest of their file: they share no fixture wider
+#: than a function with it, and together they made the file the longest unit of the run. The core fault
+#: run's short profile (60 s of faults) and its broken variants (two pairs of 20 s, one module fixture)
+#: are 131 s in one process, the longest file of the inner loop (``--no-airflow``); apart, they run
+#: side by side (they are mostly waiting: 22 CPU s).
+OWN_UNIT = ("tests/reliability/test_chaos.py::test_short_profile_zero_violations_over_5000_operations_and_every_fault",)
 #: Files sharing the UI tier's ``world`` fixture (tests/ui/conftest.py).
 UI_WORLD = ("tests/ui/test_api_server.py", "tests/ui/test_browser.py", "tests/ui/test_timeline_browser.py")
 #: The longest files, longest first: the order of the per-file figures of a full run at 290b9a4 (seconds
@@ -342,13 +348,15 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile``: a work unit per file, the UI world's files one unit."""
+    """``--dist loadfile``: a work unit per file, the UI world's files one unit, each of ``OWN_UNIT`` one."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class FileScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
+            if nodeid in OWN_UNIT:
+                return nodeid
             path = nodeid.split("::", 1)[0]
             return "ui-world" if path in UI_WORLD else path
 
