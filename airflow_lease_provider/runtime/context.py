@@ -178,7 +178,10 @@ class LeaseContext:
         """Check the lease, then advance the fence and write in one transaction (exactly once).
 
         ``conn_id`` is the connection of the target database (default: the lease's own store,
-        :attr:`conn_id`). The yielded psycopg2 cursor writes in the same transaction as the fence advance.
+        :attr:`conn_id`): PostgreSQL, or any connection whose hook is a common.sql ``DbApiHook`` of a
+        dialect the fence is known to work on (SQLite; others are refused: docs/airflow.md, "Where the
+        fence is kept"). The fence's tables are kept in that database, and the yielded DB-API cursor (the
+        driver's own: psycopg2's, sqlite3's) writes in the same transaction as the fence advance.
         """
         self.check()
         fences = self._fences(conn_id)
@@ -248,9 +251,11 @@ class LeaseContext:
             raise
 
     def _fences(self, conn_id: str | None) -> Any:
-        from airflow_lease_provider.hooks import FenceHook
+        """The fence kept in the database of ``conn_id`` (default the lease store's): the store's own fence
+        on PostgreSQL, the DB-API fence on another DbApiHook connection (hooks/dbapi_fence.py)."""
+        from airflow_lease_provider.hooks.dbapi_fence import fence_store
 
-        return FenceHook(self.conn_id if conn_id is None else conn_id, lease_store=self.store).get_store()
+        return fence_store(conn_id, default_conn_id=self.conn_id, lease_store=self.store)
 
     def _as_holder(self, idempotency_key: str | None) -> dict[str, Any]:
         """Who asks the fence: this lease's key, owner, task instance and store, with the slot's key."""
