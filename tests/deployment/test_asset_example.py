@@ -8,18 +8,25 @@ current one.
 an asset to S3 (a real moto_server process, tests/s3.py) under the asset's per-partition lease, fenced by
 the object store; the partition's consumer run checks the token; a second run of the partition supersedes
 the first, whose token the object store then refuses.
+
+``tests/deployment/dags/sqlite_fence.py`` (same deployment): a leased task's write to a SQLite file through
+the SQL fence, in a real task process (the SDK's connection and hook lookup): published with its token,
+then refused when a newer holder's token is already in the file's fence.
 """
 
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Iterator
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 
 from airflow_lease_provider.assets import asset_lease_key, is_stale
-from airflow_lease_provider.core import LeaseStore, StaleFencingToken
+from airflow_lease_provider.core import EventKind, LeaseStore, StaleFencingToken
+from airflow_lease_provider.core.dbapi_fence import DbApiFence
 from airflow_lease_provider.core.object_fence import ObjectFence
 from demo.airflow_api import wait
 from demo.deployment import EXAMPLES, Deployment, MetadataTemplate
@@ -30,6 +37,8 @@ pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
 
 DAGS = {"sales_publisher", "sales_backfill", "sales_report"}
 LAKE_DAGS = {"lake_orders_publisher", "lake_orders_report"}
+SQLITE_DAG = "sqlite_fence_load"
+SQLITE_DAG_FILE = Path(__file__).parent / "dags" / "sqlite_fence.py"
 DAILY = asset_lease_key("s3://example-lake/sales/daily")
 
 
@@ -40,18 +49,30 @@ def moto() -> Iterator[MotoServer]:
 
 
 @pytest.fixture(scope="module")
-def airflow(metadata_template: MetadataTemplate, moto: MotoServer) -> Iterator[Deployment]:
+def warehouse(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The SQLite file behind connection ``warehouse_sqlite``, with the caller's table ``sales``."""
+    path = tmp_path_factory.mktemp("warehouse") / "warehouse.db"
+    conn = sqlite3.connect(path)
+    conn.execute("CREATE TABLE sales (run_id TEXT, token INTEGER)")
+    conn.commit()
+    conn.close()
+    return path
+
+
+@pytest.fixture(scope="module")
+def airflow(metadata_template: MetadataTemplate, moto: MotoServer, warehouse: Path) -> Iterator[Deployment]:
     lake = moto.bucket()
     env = {
+        "AIRFLOW_CONN_WAREHOUSE_SQLITE": json.dumps({"conn_type": "sqlite", "host": str(warehouse)}),
         "AIRFLOW_CONN_LAKE_S3": json.dumps({
             "conn_type": "aws", "login": ACCESS_KEY, "password": SECRET_KEY,
             "extra": {"endpoint_url": moto.url, "region_name": REGION},
         }),
         "LAKE_BUCKET": lake,
     }
-    files = [EXAMPLES / "asset_lease.py", EXAMPLES / "asset_partition_s3.py"]
-    with deployment_for(metadata_template, files, DAGS | LAKE_DAGS, env) as deployment:
-        for dag_id in DAGS | LAKE_DAGS:
+    files = [EXAMPLES / "asset_lease.py", EXAMPLES / "asset_partition_s3.py", SQLITE_DAG_FILE]
+    with deployment_for(metadata_template, files, DAGS | LAKE_DAGS | {SQLITE_DAG}, env) as deployment:
+        for dag_id in DAGS | LAKE_DAGS | {SQLITE_DAG}:
             deployment.api.unpause(dag_id)
         yield deployment
 
@@ -165,3 +186,26 @@ def test_a_partition_published_to_s3_under_the_assets_lease_and_checked_by_the_c
         )
     kept = ObjectFence(moto.client()).read(bucket, object_key)
     assert kept is not None and kept.token == newer["extra"]["lease"]["token"] and second_run.encode() in kept.body
+
+
+def test_a_leased_tasks_sqlite_write_is_fenced_in_a_real_task_process(airflow: Deployment, warehouse: Path) -> None:
+    run_id = airflow.api.trigger(SQLITE_DAG)
+    assert airflow.api.wait_for_run(SQLITE_DAG, run_id, timeout=240) == "success"
+    token = airflow.api.xcom(SQLITE_DAG, run_id, "load")
+    conn = sqlite3.connect(warehouse)
+    assert conn.execute("SELECT run_id, token FROM sales").fetchall() == [(run_id, token)]
+    conn.close()
+
+    # A newer holder of the key (another deployment's run, say) has published to the file since.
+    newer = DbApiFence(lambda: sqlite3.connect(warehouse), dialect="sqlite", where="the newer holder")
+    assert newer.advance("warehouse.sales", token + 100, key="warehouse-load", owner="elsewhere/run/load").accepted
+    stale = airflow.api.trigger(SQLITE_DAG)
+    assert airflow.api.wait_for_run(SQLITE_DAG, stale, timeout=240) == "failed"
+    conn = sqlite3.connect(warehouse)
+    assert conn.execute("SELECT run_id, token FROM sales").fetchall() == [(run_id, token)]  # nothing written
+    conn.close()
+    with LeaseStore(airflow.dsn) as store:
+        refused = [e for e in store.events.query(kind=EventKind.FENCE_REJECTED) if e.key == "warehouse.sales"]
+    assert len(refused) == 1 and refused[0].owner == f"{SQLITE_DAG}/{stale}/load"
+    assert refused[0].token > token and refused[0].detail["current_token"] == token + 100
+    assert refused[0].detail["fence_at"] == "sqlite connection 'warehouse_sqlite'"
