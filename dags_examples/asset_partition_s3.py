@@ -18,8 +18,9 @@ What each piece is for:
 
 Connections: ``lease_default`` (the lease store) and ``lake_s3`` (an AWS connection; for an
 S3-compatible store put ``endpoint_url`` in its extra). The bucket is ``$LAKE_BUCKET`` (default
-``example-lake``). Needs Airflow 3.2+ (partitioned assets) and the ``s3`` extra; on older Airflow this
-file defines no DAG.
+``example-lake``). Needs the ``s3`` extra and ``PartitionedAtRuntime`` / ``PartitionedAssetTimetable`` in
+``airflow.sdk`` (partitioned assets came in Airflow 3.2; this example is run on 3.3): where they are
+missing, this file defines no DAG.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ from airflow.sdk import DAG, Asset, task
 
 from airflow_lease_provider.assets import EventLease, staleness
 
-try:  # partitioned assets: Airflow 3.2+
+try:  # partitioned assets (tested on Airflow 3.3)
     from airflow.sdk import PartitionedAssetTimetable, PartitionedAtRuntime
 except ImportError:  # pragma: no cover - older Airflow: no DAG here
     PartitionedAssetTimetable = PartitionedAtRuntime = None
