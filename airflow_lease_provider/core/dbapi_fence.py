@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import logging
 import re
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
 from typing import Any
@@ -406,21 +406,6 @@ class DbApiFence:
         return decision
 
 
-def with_quoted_names(statement: str, identifiers: Mapping[str, str | Sequence[str]] | None) -> str:
-    """A caller's own SQL with its ``{placeholder}`` names filled in as standard-SQL quoted identifiers
-    (``"name"``, a ``"`` doubled; a list is schema-qualified): what
-    :func:`~airflow_lease_provider.core.db.with_identifiers` does with psycopg2, for the other drivers."""
-    if not identifiers:
-        return statement
-    names: dict[str, str] = {}
-    for placeholder, name in identifiers.items():
-        parts = [name] if isinstance(name, str) else list(name)
-        if not parts or not all(isinstance(p, str) and p and "\x00" not in p for p in parts):
-            raise InvalidArgument(f"identifiers[{placeholder!r}]", name, "must be a non-empty name or list of names")
-        names[placeholder] = ".".join('"' + p.replace('"', '""') + '"' for p in parts)
-    return statement.format(**names)
-
-
 def _rollback(conn: Any) -> None:
     try:
         conn.rollback()
@@ -428,4 +413,4 @@ def _rollback(conn: Any) -> None:
         log.debug("rollback on a fence connection failed", exc_info=True)
 
 
-__all__ = ["DIALECTS", "DbApiFence", "SqlDialect", "StaleFencingToken", "UnsupportedDialect", "sql_dialect", "with_quoted_names"]
+__all__ = ["DIALECTS", "DbApiFence", "SqlDialect", "StaleFencingToken", "UnsupportedDialect", "sql_dialect"]

@@ -21,12 +21,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import psycopg2.extensions
 from airflow.sdk import BaseOperator
 
 from airflow_lease_provider.core import DuplicatePublish, validation
-from airflow_lease_provider.core.db import with_identifiers
-from airflow_lease_provider.core.dbapi_fence import with_quoted_names
+from airflow_lease_provider.core.db import with_names_for
 from airflow_lease_provider.runtime.arguments import check_publish_arguments
 from airflow_lease_provider.runtime.context import LeaseContext
 from airflow_lease_provider.runtime.task_lease import publishing_lease
@@ -130,10 +128,8 @@ class FencedSQLOperator(BaseOperator):
             if isinstance(parameters, dict) or parameters is None:
                 parameters = {**(parameters or {}), "fencing_token": lease.token}
             rows = 0
-            # psycopg2 quotes names itself; other drivers get standard SQL's "name" quoting.
-            quote = with_identifiers if isinstance(cur, psycopg2.extensions.cursor) else with_quoted_names
             for statement in [self.sql] if isinstance(self.sql, str) else self.sql:
-                cur.execute(quote(statement, self.identifiers), parameters)
+                cur.execute(with_names_for(cur, statement, self.identifiers), parameters)
                 rows += max(cur.rowcount, 0)
         return rows
 
