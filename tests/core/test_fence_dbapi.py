@@ -279,3 +279,17 @@ def test_a_refusal_is_recorded_in_a_real_lease_store_ledger(tmp_path: Path, stor
         fence.guard("blog", 2, key="job", owner="zombie")
     (event,) = store.events.query(key="blog", kind=EventKind.FENCE_REJECTED)
     assert event.owner == "zombie" and event.token == 2 and event.detail["fence_at"] == "sqlite 't'"
+
+
+def test_a_ledger_that_cannot_be_written_does_not_hide_the_refusal(tmp_path: Path) -> None:
+    """Recording is best effort: with the lease store down, the refusal is still StaleFencingToken."""
+    down = LeaseStore("postgresql://nobody@127.0.0.1:1/none?connect_timeout=1")
+    try:
+        fence = DbApiFence(lambda: sqlite3.connect(tmp_path / "t.db"), dialect="sqlite", where="sqlite 't'",
+                           ledger=down.events)
+        fence.advance("blog", 3, key="job", owner="new")
+        with pytest.raises(StaleFencingToken) as info:
+            fence.guard("blog", 2, key="job", owner="zombie")
+        assert info.value.current == 3 and fence.current("blog", key="job") == 3
+    finally:
+        down.close()
