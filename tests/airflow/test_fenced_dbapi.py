@@ -149,3 +149,30 @@ def test_an_unreachable_sqlite_target_fails_closed(
     with pytest.raises(LeaseStoreUnavailable, match="target_sqlite.*fails closed"):
         run_task(leased("load", body, lease_key="etl-load"), TaskInstance("etl", RUN, "load"))
     assert ran == [] and not gone.parent.exists()
+
+
+def test_a_task_keyed_by_its_outlets_publishes_each_asset_under_its_own_lease(
+    store: LeaseStore, target_file: Path
+) -> None:
+    """``asset=`` on the publish methods: the fence sees that asset's key and token, not the first key's."""
+    from airflow.sdk import Asset
+
+    from airflow_lease_provider.assets import asset_lease_key
+
+    daily, summary = Asset("daily", uri="s3://lake/daily"), Asset("summary", uri="s3://lake/summary")
+
+    def body(lease=None):
+        with lease.fenced_transaction("warehouse.sales", conn_id="target_sqlite", asset=summary) as cur:
+            cur.execute("INSERT INTO sales VALUES (:day, :amount, :token)",
+                        {"day": "d1", "amount": 1, "token": lease.for_asset(summary).token})
+        lease.fence("warehouse.files", conn_id="target_sqlite", asset=daily)
+        return {a.name: lease.for_asset(a).token for a in (daily, summary)}
+
+    tokens = run_task(leased("load", body, lease_on="outlets", outlets=[daily, summary]), TaskInstance("etl", RUN, "load"))
+    conn = sqlite3.connect(target_file)
+    fenced = set(conn.execute("SELECT resource, lease_key, token FROM lease_fence").fetchall())
+    conn.close()
+    assert fenced == {
+        ("warehouse.sales", asset_lease_key(summary.uri), tokens["summary"]),
+        ("warehouse.files", asset_lease_key(daily.uri), tokens["daily"]),
+    }
