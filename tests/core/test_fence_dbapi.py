@@ -293,3 +293,41 @@ def test_a_ledger_that_cannot_be_written_does_not_hide_the_refusal(tmp_path: Pat
         assert info.value.current == 3 and fence.current("blog", key="job") == 3
     finally:
         down.close()
+
+
+def _publish_in_a_process(path: str, owner: str, start: Any, results: Any) -> None:
+    fence = DbApiFence(lambda: sqlite3.connect(path, timeout=30), dialect="sqlite", where="sqlite file")
+    start.wait()
+    try:
+        with fence.transaction("race", 10, key="job", owner=owner) as cur:
+            cur.execute('INSERT INTO "articles" (slot, token) VALUES (:slot, :token)', {"slot": owner, "token": 10})
+        results.put((owner, "won"))
+    except StaleFencingToken:
+        results.put((owner, "refused"))
+    except Exception as exc:
+        results.put((owner, repr(exc)))
+
+
+def test_concurrent_processes_on_one_sqlite_file_one_winner(tmp_path: Path) -> None:
+    """Six processes (as six task processes on one host would) race on one SQLite file: one row, one winner."""
+    import multiprocessing as mp
+
+    path = str(tmp_path / "target.db")
+    conn = sqlite3.connect(path)
+    conn.execute('CREATE TABLE "articles" (slot TEXT, token BIGINT)')
+    conn.commit()
+    conn.close()
+    DbApiFence(lambda: sqlite3.connect(path), dialect="sqlite", where="x").ensure_schema()
+    ctx = mp.get_context("fork")
+    start, results = ctx.Barrier(6), ctx.Queue()
+    procs = [ctx.Process(target=_publish_in_a_process, args=(path, f"p{i}", start, results)) for i in range(6)]
+    for p in procs:
+        p.start()
+    outcome = dict(results.get(timeout=60) for _ in procs)
+    for p in procs:
+        p.join(30)
+    assert sorted(outcome.values()) == ["refused"] * 5 + ["won"], outcome
+    (winner,) = [o for o, r in outcome.items() if r == "won"]
+    conn = sqlite3.connect(path)
+    assert conn.execute('SELECT slot FROM "articles"').fetchall() == [(winner,)]
+    conn.close()
