@@ -2,7 +2,7 @@
 # (requirements/lock.txt) the first time, and again whenever the lock file or pyproject.toml changes.
 # The lock holds the package's dependencies, its extras and the `test` dependency group (pyproject's
 # [dependency-groups]; not a published extra), made with:
-#   uv pip compile pyproject.toml --group test --extra embedded --extra statsd --extra s3 --python-version 3.11 -o requirements/lock.txt
+#   uv pip compile pyproject.toml --group test --extra embedded --extra statsd --extra s3 --extra sql --python-version 3.11 -o requirements/lock.txt
 set -euo pipefail
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 VENV="$ROOT/.venv"

@@ -117,6 +117,53 @@ def _bad_store_id(value: object) -> str:
     raise InvalidArgument("store_id", value, "must be a lease store's id (LeaseStore.store_id), a UUID")
 
 
+def publish_params(
+    resource: str, key: str, token: int, owner: str | None, idempotency_key: str | None,
+    store_id: str | None = None,
+) -> dict[str, Any]:
+    """A publish's arguments, checked (each bad one named in an :class:`InvalidArgument`): what every
+    fence (this module's, :mod:`~airflow_lease_provider.core.dbapi_fence`'s) is asked with."""
+    resource = validation.name("resource", resource)
+    key = validation.lookup_name("key", key)
+    validation.token("token", token)
+    if owner is not None:
+        validation.owner("owner", owner)
+    if idempotency_key is not None:
+        idempotency_key = validation.name("idempotency_key", idempotency_key)
+    return {
+        "resource": resource, "key": key, "token": token, "owner": owner, "idempotency_key": idempotency_key,
+        "store_id": _store_id(store_id),
+    }
+
+
+def record_rejection(
+    decision: FenceDecision, *, owner: str | None, run: RunRef | None, fence_at: str | None,
+    ledger: EventLedger | None,
+) -> None:
+    """Log a refusal of the fence, and record it (``fence_rejected``) in ``ledger`` when given: the lease
+    store's, best effort (:meth:`EventLedger.record` logs instead of raising). ``fence_at``: where the
+    fence is kept, when that is not the ledger's own database."""
+    log.warning(
+        "fence %r (lease key %r) rejected token %s (%s); it has accepted token %s",
+        decision.resource, decision.key, decision.token, decision.reason, decision.current_token,
+    )
+    if ledger is None:
+        return
+    detail: dict[str, Any] = {
+        "outcome": decision.outcome,
+        "lease_key": decision.key,
+        "current_token": decision.current_token,
+        "idempotency_key": decision.idempotency_key,
+    }
+    if decision.reason != decision.outcome:
+        detail["reason"] = decision.reason
+    if decision.newest_grant is not None:
+        detail["newest_grant"] = decision.newest_grant
+    if fence_at is not None:
+        detail["fence_at"] = fence_at
+    ledger.record(EventKind.FENCE_REJECTED, decision.resource, owner=owner, token=decision.token, detail=detail, run=run)
+
+
 class FenceStore(Store):
     """Fences on PostgreSQL: usually the database you publish to, so the fence and the write can share
     a transaction. One fence per (resource, lease key): pass the lease's key as ``key``.
@@ -168,23 +215,6 @@ class FenceStore(Store):
     def _records(self) -> bool:
         return self.record_events and (self._own_ledger or self.events.db is not self.db)
 
-    @staticmethod
-    def _params(
-        resource: str, key: str, token: int, owner: str | None, idempotency_key: str | None,
-        store_id: str | None = None,
-    ) -> dict[str, Any]:
-        resource = validation.name("resource", resource)
-        key = validation.lookup_name("key", key)
-        validation.token("token", token)
-        if owner is not None:
-            validation.owner("owner", owner)
-        if idempotency_key is not None:
-            idempotency_key = validation.name("idempotency_key", idempotency_key)
-        return {
-            "resource": resource, "key": key, "token": token, "owner": owner, "idempotency_key": idempotency_key,
-            "store_id": _store_id(store_id),
-        }
-
     def _decision(self, params: dict[str, Any], row: Row) -> FenceDecision:
         """The decision of a ``fence_advance`` row (outcome, current_token, current_store, newest_grant)."""
         release = None
@@ -223,27 +253,11 @@ class FenceStore(Store):
     def _reported(self, params: dict[str, Any], decision: FenceDecision, run: RunRef | None) -> FenceDecision:
         """``decision``, logged and recorded in the ledger when it is a rejection."""
         if not decision.accepted:
-            log.warning(
-                "fence %r (lease key %r) rejected token %s (%s); it has accepted token %s",
-                decision.resource, decision.key, decision.token, decision.reason, decision.current_token,
+            record_rejection(
+                decision, owner=params["owner"], run=run,
+                fence_at=f"{self.db.where} schema {self.schema}" if self.events.db is not self.db else None,
+                ledger=self.events if self._records else None,
             )
-            if self._records:
-                detail: dict[str, Any] = {
-                    "outcome": decision.outcome,
-                    "lease_key": decision.key,
-                    "current_token": decision.current_token,
-                    "idempotency_key": decision.idempotency_key,
-                }
-                if decision.reason != decision.outcome:
-                    detail["reason"] = decision.reason
-                if decision.newest_grant is not None:
-                    detail["newest_grant"] = decision.newest_grant
-                if self.events.db is not self.db:
-                    detail["fence_at"] = f"{self.db.where} schema {self.schema}"
-                self.events.record(
-                    EventKind.FENCE_REJECTED, decision.resource, owner=params["owner"], token=decision.token,
-                    detail=detail, run=run,
-                )
         return decision
 
     def advance(
@@ -271,7 +285,7 @@ class FenceStore(Store):
         no read-then-write window. Never retried automatically: a resend after a lost reply would refuse
         its own first success.
         """
-        params = self._params(resource, key, token, owner, idempotency_key, store_id)
+        params = publish_params(resource, key, token, owner, idempotency_key, store_id)
         rows = self._ready().run("fence_advance", params, durable=True, retry=False)
         return self._reported(params, self._decision(params, rows[0]), run)
 
@@ -365,7 +379,7 @@ class FenceStore(Store):
         one of your statements (the server crashed or was cut off): nothing of the transaction committed,
         since its commit was never sent.
         """
-        params = self._params(resource, key, token, owner, idempotency_key, store_id)
+        params = publish_params(resource, key, token, owner, idempotency_key, store_id)
         if timeout is not None:
             validation.positive_timedelta("timeout", timeout)
         db = self._ready()
@@ -405,7 +419,7 @@ class FenceStore(Store):
         Raises :class:`StaleFencingToken` when refused; the caller's transaction should then roll back.
         The schema must already exist in that database (any store operation or ``ensure_schema`` makes it).
         """
-        params = self._params(resource, key, token, owner, idempotency_key, store_id)
+        params = publish_params(resource, key, token, owner, idempotency_key, store_id)
         decision = replace(self._decision(params, self.db.run_in(cursor, "fence_advance", params)[0]), _release=None)
         self._reported(params, decision, run)
         decision.raise_if_rejected()

@@ -5,11 +5,13 @@ Two gates, in order, right before the side effect:
 1. the early safety net: a fresh read of the lease store shows this run still holding the lease
    with this token (a run that lost it stops here, before touching anything);
 2. the final gate: the fence of the resource accepts the token only if it is larger than every token
-   it accepted before. With a PostgreSQL target the fence advance and the write share one transaction
+   it accepted before. With a SQL target the fence advance and the write share one transaction
    (exactly once); for anything else the fence advances first and the side effect follows, carrying
    the token.
 
-``FencedSQLOperator`` is the PostgreSQL form. Inside a leased task use the lease context instead
+``FencedSQLOperator`` is the SQL form: on PostgreSQL, or on any connection whose hook is a common.sql
+``DbApiHook`` of a dialect the fence is known to work on (SQLite), with the fence's tables in that
+database (hooks/dbapi_fence.py). Inside a leased task use the lease context instead
 (``lease.fenced_transaction(...)`` / ``lease.fence(...)``); in a separate publish task under a
 run-scoped lease, use this operator or ``@task.fenced_publish``.
 """
@@ -22,7 +24,7 @@ from typing import Any
 from airflow.sdk import BaseOperator
 
 from airflow_lease_provider.core import DuplicatePublish, validation
-from airflow_lease_provider.core.db import with_identifiers
+from airflow_lease_provider.core.db import with_names_for
 from airflow_lease_provider.runtime.arguments import check_publish_arguments
 from airflow_lease_provider.runtime.context import LeaseContext
 from airflow_lease_provider.runtime.task_lease import publishing_lease
@@ -30,16 +32,21 @@ from airflow_lease_provider.version_compat import AirflowSkipException
 
 
 class FencedSQLOperator(BaseOperator):
-    """Run SQL on a PostgreSQL target in the same transaction as the fence advance: exactly once.
+    """Run SQL on the target database in the same transaction as the fence advance: exactly once.
+
+    The target is PostgreSQL or any connection whose hook is a common.sql ``DbApiHook`` of a dialect the
+    fence is known to work on (SQLite; any other is refused: docs/airflow.md, "Where the fence is kept").
 
     :param resource: the fence's name for the write target (e.g. ``"blog.articles"``). Templated.
     :param sql: the statement, or a list of statements, to run (templated); values go in ``parameters``,
         never into the SQL text.
-    :param parameters: query parameters for psycopg2 (``%(name)s`` placeholders). With a dict, the lease's
-        token is added as ``%(fencing_token)s`` so the row can carry it.
+    :param parameters: query parameters in the driver's own style (psycopg2: ``%(name)s``; sqlite3:
+        ``:name``). With a dict, the lease's token is added as ``fencing_token`` (``%(fencing_token)s`` /
+        ``:fencing_token``) so the row can carry it.
     :param identifiers: names to fill into ``{placeholders}`` of ``sql`` as quoted identifiers, e.g.
         ``sql="INSERT INTO {table} ..."``, ``identifiers={"table": ["billing", "invoices"]}``
-        (schema-qualified as a list). Names never go into SQL text by string formatting.
+        (schema-qualified as a list), quoted by psycopg2 on PostgreSQL and as standard SQL's ``"name"``
+        elsewhere. Names never go into SQL text unquoted.
     :param fence_conn_id: the target database's connection (default: the lease store's).
     :param idempotency_key: optional per-slot key (templated): a slot already published is refused
         whatever the token, so retries and re-runs publish once. Compute it with
@@ -122,7 +129,7 @@ class FencedSQLOperator(BaseOperator):
                 parameters = {**(parameters or {}), "fencing_token": lease.token}
             rows = 0
             for statement in [self.sql] if isinstance(self.sql, str) else self.sql:
-                cur.execute(with_identifiers(statement, self.identifiers), parameters)
+                cur.execute(with_names_for(cur, statement, self.identifiers), parameters)
                 rows += max(cur.rowcount, 0)
         return rows
 

@@ -146,7 +146,7 @@ class LeaseContext:
         )
 
     def fence(
-        self, resource: str, *, conn_id: str | None = None, idempotency_key: str | None = None
+        self, resource: str, *, conn_id: str | None = None, idempotency_key: str | None = None, asset: Any = None
     ) -> FenceDecision:
         """Check the lease, then advance the fence of ``resource`` to this token.
 
@@ -163,8 +163,11 @@ class LeaseContext:
         An exception out of the block gives the key's claim back (the push failed: a retry may publish
         the slot); a block that completes, or a process killed inside it, keeps it (at most once: docs/core.md).
         The same holder may call this again for the same resource: an equal token from the same owner is
-        accepted (docs/core.md, "The fence").
+        accepted (docs/core.md, "The fence"). ``asset``: publish under the lease of that outlet asset
+        (a task with ``lease_on="outlets"`` holds one per asset), as :meth:`for_asset` does.
         """
+        if asset is not None:
+            return self.for_asset(asset).fence(resource, conn_id=conn_id, idempotency_key=idempotency_key)
         self.check()
         fences = self._fences(conn_id)
         with self._refusal_reported(resource):
@@ -173,13 +176,22 @@ class LeaseContext:
 
     @contextmanager
     def fenced_transaction(
-        self, resource: str, *, conn_id: str | None = None, idempotency_key: str | None = None
+        self, resource: str, *, conn_id: str | None = None, idempotency_key: str | None = None, asset: Any = None
     ) -> Iterator[Any]:
         """Check the lease, then advance the fence and write in one transaction (exactly once).
 
         ``conn_id`` is the connection of the target database (default: the lease's own store,
-        :attr:`conn_id`). The yielded psycopg2 cursor writes in the same transaction as the fence advance.
+        :attr:`conn_id`): PostgreSQL, or any connection whose hook is a common.sql ``DbApiHook`` of a
+        dialect the fence is known to work on (SQLite; others are refused: docs/airflow.md, "Where the
+        fence is kept"). The fence's tables are kept in that database, and the yielded DB-API cursor (the
+        driver's own: psycopg2's, sqlite3's) writes in the same transaction as the fence advance.
+        ``asset``: publish under the lease of that outlet asset (see :meth:`fence`).
         """
+        holder = self if asset is None else self.for_asset(asset)
+        if holder is not self:
+            with holder.fenced_transaction(resource, conn_id=conn_id, idempotency_key=idempotency_key) as cur:
+                yield cur
+            return
         self.check()
         fences = self._fences(conn_id)
         with self._refusal_reported(resource), fences.transaction(
@@ -192,8 +204,9 @@ class LeaseContext:
         self, resource: str, *, target: str = "postgres", conn_id: str | None = None,
         idempotency_key: str | None = None,
     ) -> Iterator[Any]:
-        """Publish behind the fence of ``resource``: with ``target="postgres"`` the block runs in the fence's
-        transaction (its cursor is yielded: exactly once); with ``"external"`` the fence advances first and
+        """Publish behind the fence of ``resource``: with ``target="postgres"`` (any SQL target ``conn_id``
+        names, see :meth:`fenced_transaction`) the block runs in the fence's transaction (its cursor is
+        yielded: exactly once); with ``"external"`` the fence advances first and
         the block is the side effect carrying :attr:`token` (None is yielded; if the block raises, the
         idempotency key's claim is given back)."""
         if target == "postgres":
@@ -211,6 +224,7 @@ class LeaseContext:
         *,
         aws_conn_id: str | None = "aws_default",
         idempotency_key: str | None = None,
+        asset: Any = None,
         **put_args: Any,
     ) -> Any:
         """Check the lease, then write ``body`` to ``s3://bucket/key`` fenced by the object store itself.
@@ -220,10 +234,16 @@ class LeaseContext:
         store refuses it when a larger token of this lease key wrote the object since, and this raises
         :class:`StaleFencingToken` (``DuplicatePublish`` for a used ``idempotency_key``). The client comes
         from the Amazon provider's ``S3Hook(aws_conn_id)`` (the ``s3`` extra). ``put_args``: ``metadata``,
-        ``content_type``, ``extra_args``. Returns the :class:`ObjectPublish` (the new ETag).
+        ``content_type``, ``extra_args``. Returns the :class:`ObjectPublish` (the new ETag). ``asset``: write
+        under the lease of that outlet asset (a task with ``lease_on="outlets"`` holds one per asset; default
+        this context's lease, the first key's in sorted order).
         """
         from airflow_lease_provider.hooks.s3_fence import S3FenceHook
 
+        if asset is not None:
+            return self.for_asset(asset).fenced_put(
+                bucket, key, body, aws_conn_id=aws_conn_id, idempotency_key=idempotency_key, **put_args
+            )
         self.check()
         try:
             return S3FenceHook(aws_conn_id).put(
@@ -248,9 +268,11 @@ class LeaseContext:
             raise
 
     def _fences(self, conn_id: str | None) -> Any:
-        from airflow_lease_provider.hooks import FenceHook
+        """The fence kept in the database of ``conn_id`` (default the lease store's): the store's own fence
+        on PostgreSQL, the DB-API fence on another DbApiHook connection (hooks/dbapi_fence.py)."""
+        from airflow_lease_provider.hooks.dbapi_fence import fence_store
 
-        return FenceHook(self.conn_id if conn_id is None else conn_id, lease_store=self.store).get_store()
+        return fence_store(conn_id, default_conn_id=self.conn_id, lease_store=self.store)
 
     def _as_holder(self, idempotency_key: str | None) -> dict[str, Any]:
         """Who asks the fence: this lease's key, owner, task instance and store, with the slot's key."""

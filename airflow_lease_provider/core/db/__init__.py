@@ -30,6 +30,7 @@ from airflow_lease_provider.core.db.sqltext import (
     named_queries,
     prepared_queries,
     with_identifiers,
+    with_names_for,
     with_schema,
 )
 from airflow_lease_provider.core.db.translate import (
@@ -62,5 +63,6 @@ __all__ = [
     "remember_secrets",
     "translate",
     "with_identifiers",
+    "with_names_for",
     "with_schema",
 ]

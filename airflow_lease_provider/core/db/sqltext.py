@@ -16,7 +16,10 @@ from importlib import resources
 from typing import Any
 
 import psycopg2
+import psycopg2.extensions
 from psycopg2 import sql
+
+from airflow_lease_provider.core.errors import InvalidArgument
 
 _NAME_RE = re.compile(r"^-- name: (\w+)( \[prepared\])?\s*$", re.MULTILINE)
 _PARAM_RE = re.compile(r"%\((\w+)\)s")
@@ -38,6 +41,20 @@ def with_identifiers(statement: str, identifiers: Mapping[str, str | Sequence[st
         for placeholder, name in identifiers.items()
     }
     return sql.SQL(statement).format(**names)
+
+
+def with_names_for(cursor: Any, statement: str, identifiers: Mapping[str, str | Sequence[str]] | None) -> Any:
+    """:func:`with_identifiers` for a psycopg2 ``cursor``; for any other driver's (the DB-API fence's
+    targets), the names quoted as standard SQL does (``"name"``, a ``"`` doubled; a list schema-qualified)."""
+    if not identifiers or isinstance(cursor, psycopg2.extensions.cursor):
+        return with_identifiers(statement, identifiers)
+    names: dict[str, str] = {}
+    for placeholder, name in identifiers.items():
+        parts = [name] if isinstance(name, str) else list(name)
+        if not parts or not all(isinstance(p, str) and p and "\x00" not in p for p in parts):
+            raise InvalidArgument(f"identifiers[{placeholder!r}]", name, "must be a non-empty name or list of names")
+        names[placeholder] = ".".join('"' + p.replace('"', '""') + '"' for p in parts)
+    return statement.format(**names)
 
 
 def with_schema(text: str, schema: str, conn: Any) -> str:
