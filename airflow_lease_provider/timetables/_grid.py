@@ -159,35 +159,41 @@ class _Segment(NamedTuple):
 
 def _offset(key: str, moment: datetime.datetime) -> datetime.timedelta:
     """The UTC offset of zone ``key`` at ``moment`` (naive UTC)."""
-    offset = moment.replace(tzinfo=_STD_UTC).astimezone(zoneinfo.ZoneInfo(key)).utcoffset()
+    return _offset_at_second(zoneinfo.ZoneInfo(key), calendar.timegm(moment.timetuple()))
+
+
+def _offset_at_second(zone: zoneinfo.ZoneInfo, second: int) -> datetime.timedelta:
+    offset = datetime.datetime.fromtimestamp(second, zone).utcoffset()
     assert offset is not None
     return offset
 
 
-@functools.lru_cache(maxsize=1024)
+@functools.lru_cache(maxsize=4096)
 def _transitions(key: str, year: int) -> tuple[_Transition, ...]:
     """The offset changes of zone ``key`` in ``(1 January year, 1 January year + 1]`` UTC.
 
     Found by looking at the offset once a day and bisecting to the second where it differs (no zone
-    changes its offset twice within a day); about 400 offset look-ups per zone and year, cached.
+    changes its offset twice within a day); about 400 offset look-ups per zone and year (about 1 ms),
+    cached.
     """
-    low = datetime.datetime(year, 1, 1)
-    end = datetime.datetime(year + 1, 1, 1)
+    zone = zoneinfo.ZoneInfo(key)
+    low = calendar.timegm((year, 1, 1, 0, 0, 0))
+    end = calendar.timegm((year + 1, 1, 1, 0, 0, 0))
     found: list[_Transition] = []
-    before = _offset(key, low)
+    before = _offset_at_second(zone, low)
     while low < end:
-        high = min(low + _ONE_DAY, end)
-        after = _offset(key, high)
+        high = min(low + 86_400, end)
+        after = _offset_at_second(zone, high)
         if after != before:
             a, b = low, high
-            while b - a > datetime.timedelta(seconds=1):
-                middle = a + (b - a) // 2
-                middle = middle.replace(microsecond=0)
-                if _offset(key, middle) == before:
+            while b - a > 1:
+                middle = (a + b) // 2
+                if _offset_at_second(zone, middle) == before:
                     a = middle
                 else:
                     b = middle
-            found.append(_Transition(b, before, after))
+            at = datetime.datetime(1970, 1, 1) + datetime.timedelta(seconds=b)
+            found.append(_Transition(at, before, after))
         low, before = high, after
     return tuple(found)
 
@@ -239,7 +245,7 @@ class _Days:
 
     def _from_croniter(self, year: int, month: int, length: int) -> tuple[int, ...]:
         iterator = croniter(f"0 0 {self._day_fields}", start_time=datetime.datetime(year, month, 1) - _SECOND)
-        days = []
+        days: list[int] = []
         while True:
             found = iterator.get_next(datetime.datetime)
             if found.year != year or found.month != month:
@@ -440,7 +446,8 @@ class CronGrid(CronMixin):
             nth = self._nth_before(found, steps, floor=stop_utc)
             if nth is not None and nth > stop_utc:
                 return _aware(nth)
-            return _aware(max(nth or stop_utc, self._newest_before(stop_utc + _TICK)))
+            newest_by_stop = self._newest_before(stop_utc + _TICK)
+            return _aware(newest_by_stop if nth is None else max(nth, newest_by_stop))
         walk = self._backward(found)
         for _ in range(steps):
             if found <= stop_utc:
@@ -525,7 +532,9 @@ class CronGrid(CronMixin):
         if self._matches(day):
             index = bisect.bisect_left(times, start)
             if index < len(times):
-                return datetime.datetime.combine(day, datetime.time()) + datetime.timedelta(minutes=times[index])
+                return datetime.datetime.combine(day, datetime.time()) + datetime.timedelta(
+                    minutes=times[index]
+                )
         found = self._days.first_from(day + _ONE_DAY, ceiling)
         if found is None:
             return None
