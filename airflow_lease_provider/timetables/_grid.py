@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, NamedTuple, Protocol
 import pendulum
 from croniter import croniter
 
-from airflow_lease_provider.version_compat import CronMixin
+from airflow_lease_provider.version_compat import CronMixin, cron_presets
 
 if TYPE_CHECKING:
     from pendulum import DateTime
@@ -210,8 +210,27 @@ def _transitions(key: str, year: int) -> tuple[_Transition, ...]:
 _MINUTE_US = 60_000_000
 
 
+class _Year(NamedTuple):
+    """The matching days of one kind of year (leap or not, weekday of 1 January)."""
+
+    #: ``months[m]``: the matching days of month ``m`` (1 to 12), ascending; ``months[0]`` is empty.
+    months: tuple[tuple[int, ...], ...]
+    #: ``before[m]``: matching days in the months before month ``m`` (1 to 13); ``before[13]`` is the year's.
+    before: tuple[int, ...]
+
+
+_YEAR_KINDS: dict[int, tuple[bool, int]] = {}
+_YEARS: dict[tuple[str, bool, int], _Year] = {}
+_MONTHS: dict[tuple[str, int, int, int], tuple[int, ...]] = {}
+
+
 class _Days:
-    """The matching days of a five-field expression's day fields (day of month, month, day of week)."""
+    """The matching days of a five-field expression's day fields (day of month, month, day of week).
+
+    Whether a day matches depends only on its month, the month's length and the weekday of its first day;
+    so a year's matching days depend only on whether it is a leap year and the weekday of its 1 January:
+    14 kinds of year, each computed once per set of day fields (module caches, shared by every grid).
+    """
 
     def __init__(self, expression: str, fields: list[list[int | str]], exotic: bool) -> None:
         self._day_fields = " ".join(expression.split()[2:5])
@@ -222,16 +241,34 @@ class _Days:
         self._dom_last = "l" in dom
         self._dow = None if dow == ["*"] else frozenset(int(d) % 7 for d in dow)
 
-    def month(self, year: int, month: int) -> tuple[int, ...]:
-        """The matching days of ``month`` of ``year``, ascending."""
-        first_weekday, length = calendar.monthrange(year, month)
-        return _month_days(self, month, length, first_weekday, year)
+    def year(self, year: int) -> _Year:
+        kind = _YEAR_KINDS.get(year)
+        if kind is None:
+            kind = _YEAR_KINDS[year] = (calendar.isleap(year), datetime.date(year, 1, 1).weekday())
+        key = (self._day_fields, *kind)
+        found = _YEARS.get(key)
+        if found is None:
+            if len(_YEARS) > 20_000:
+                _YEARS.clear()
+                _MONTHS.clear()
+            months: list[tuple[int, ...]] = [()]
+            before = [0, 0]
+            for month in range(1, 13):
+                first_weekday, length = calendar.monthrange(year, month)
+                month_key = (self._day_fields, month, length, first_weekday)
+                days = _MONTHS.get(month_key)
+                if days is None:
+                    days = _MONTHS[month_key] = self._compute(year, month, length, first_weekday)
+                months.append(days)
+                before.append(before[-1] + len(days))
+            found = _YEARS[key] = _Year(tuple(months), tuple(before))
+        return found
 
-    def compute(self, year: int, month: int, length: int, first_weekday: int) -> tuple[int, ...]:
+    def _compute(self, year: int, month: int, length: int, first_weekday: int) -> tuple[int, ...]:
         if self._months is not None and month not in self._months:
             return ()
         if self._exotic:
-            return self._from_croniter(year, month, length)
+            return self._from_croniter(year, month)
         dom, dow = self._dom, self._dow
         days = []
         for day in range(1, length + 1):
@@ -243,7 +280,7 @@ class _Days:
                 days.append(day)
         return tuple(days)
 
-    def _from_croniter(self, year: int, month: int, length: int) -> tuple[int, ...]:
+    def _from_croniter(self, year: int, month: int) -> tuple[int, ...]:
         iterator = croniter(f"0 0 {self._day_fields}", start_time=datetime.datetime(year, month, 1) - _SECOND)
         days: list[int] = []
         while True:
@@ -252,92 +289,54 @@ class _Days:
                 return tuple(days)
             days.append(found.day)
 
+    def matches(self, day: datetime.date) -> bool:
+        return day.day in self.year(day.year).months[day.month]
+
     def year_count(self, year: int) -> int:
         """How many days of ``year`` match."""
-        return _year_count(self, calendar.isleap(year), calendar.weekday(year, 1, 1), year)
+        return self.year(year).before[13]
 
     def before_in_year(self, day: datetime.date) -> int:
         """Matching days of ``day``'s year strictly before ``day``."""
-        total = 0
-        for month in range(1, day.month):
-            total += len(self.month(day.year, month))
-        return total + bisect.bisect_left(self.month(day.year, day.month), day.day)
+        table = self.year(day.year)
+        return table.before[day.month] + bisect.bisect_left(table.months[day.month], day.day)
 
     def count(self, low: datetime.date, high: datetime.date) -> int:
         """Matching days in ``[low, high)``."""
         if high <= low:
             return 0
-        total = -self.before_in_year(low) + self.before_in_year(high)
+        total = self.before_in_year(high) - self.before_in_year(low)
         for year in range(low.year, high.year):
             total += self.year_count(year)
         return total
 
+    def _locate(self, year: int, index: int) -> datetime.date:
+        """The ``index``-th (from 0) matching day of ``year``."""
+        table = self.year(year)
+        month = bisect.bisect_right(table.before, index, 1, 14) - 1
+        return datetime.date(year, month, table.months[month][index - table.before[month]])
+
     def nth_before(self, day: datetime.date, n: int, floor: int) -> datetime.date | None:
         """The ``n``-th (n >= 1) matching day strictly before ``day``, or None before year ``floor``."""
-        year, month = day.year, day.month
-        days = self.month(year, month)
-        index = bisect.bisect_left(days, day.day)
-        if n <= index:
-            return datetime.date(year, month, days[index - n])
-        n -= index
-        while True:
-            month -= 1
-            if month == 0:
-                year -= 1
-                if year < floor:
-                    return None
-                # Whole years at once while the n-th day lies before this one.
-                while (count := self.year_count(year)) < n:
-                    n -= count
-                    year -= 1
-                    if year < floor:
-                        return None
-                month = 12
-            days = self.month(year, month)
-            if n <= len(days):
-                return datetime.date(year, month, days[len(days) - n])
-            n -= len(days)
+        year = day.year
+        earlier = self.before_in_year(day)
+        while n > earlier:
+            n -= earlier
+            year -= 1
+            if year < floor:
+                return None
+            earlier = self.year_count(year)
+        return self._locate(year, earlier - n)
 
     def first_from(self, day: datetime.date, ceiling: int) -> datetime.date | None:
         """The first matching day at or after ``day``, or None after year ``ceiling``."""
-        year, month = day.year, day.month
-        days = self.month(year, month)
-        index = bisect.bisect_left(days, day.day)
-        while index == len(days):
-            month += 1
-            if month == 13:
-                year += 1
-                while self.year_count(year) == 0:
-                    year += 1
-                    if year > ceiling:
-                        return None
-                month = 1
-            days, index = self.month(year, month), 0
-        return datetime.date(year, month, days[index])
-
-
-_MONTH_DAYS: dict[tuple[str, int, int, int], tuple[int, ...]] = {}
-_YEAR_COUNTS: dict[tuple[str, bool, int], int] = {}
-
-
-def _month_days(days: _Days, month: int, length: int, first_weekday: int, year: int) -> tuple[int, ...]:
-    key = (days._day_fields, month, length, first_weekday)
-    found = _MONTH_DAYS.get(key)
-    if found is None:
-        if len(_MONTH_DAYS) > 50_000:
-            _MONTH_DAYS.clear()
-        found = _MONTH_DAYS[key] = days.compute(year, month, length, first_weekday)
-    return found
-
-
-def _year_count(days: _Days, leap: bool, first_weekday: int, year: int) -> int:
-    key = (days._day_fields, leap, first_weekday)
-    found = _YEAR_COUNTS.get(key)
-    if found is None:
-        if len(_YEAR_COUNTS) > 50_000:
-            _YEAR_COUNTS.clear()
-        found = _YEAR_COUNTS[key] = sum(len(days.month(year, month)) for month in range(1, 13))
-    return found
+        year = day.year
+        index = self.before_in_year(day)
+        while index >= self.year_count(year):
+            year, index = year + 1, 0
+            if year > ceiling:
+                return None
+        return self._locate(year, index)
 
 
 def _naive_utc(moment: datetime.datetime) -> datetime.datetime:
@@ -360,6 +359,28 @@ def _aware(moment: datetime.datetime) -> DateTime:
         moment.microsecond,
         tzinfo=_UTC,
     )
+
+
+@functools.lru_cache(maxsize=256)
+def _parsed(expression: str) -> croniter:
+    """The expression parsed by croniter once (a template: walks copy it)."""
+    return croniter(expression)
+
+
+@functools.lru_cache(maxsize=256)
+def _description(expression: str) -> str:
+    """Airflow's description of the expression (``CronMixin.description``), once per expression."""
+    return CronMixin(expression, "UTC").description
+
+
+class _GridState(NamedTuple):
+    segments: dict[datetime.datetime, _Segment]
+    layouts: dict[int, tuple[list[datetime.datetime], tuple[_Transition, ...]]]
+    gap_runs: dict[_Transition, datetime.datetime | None]
+    year_slots: dict[int, int]
+
+
+_GRID_STATE: dict[tuple[str, str], _GridState] = {}
 
 
 class CronGrid(CronMixin):
@@ -389,9 +410,13 @@ class CronGrid(CronMixin):
     """
 
     def __init__(self, expression: str, timezone: Timezone | FixedTimezone) -> None:
-        super().__init__(expression, timezone)
-        # Parsed once: each walk copies it (a copy is a quarter of the cost of parsing the expression again).
-        self._template = croniter(self._expression)
+        # CronMixin's own __init__ parses the expression and describes it (cron_descriptor): both cached
+        # per expression here, as a scheduler builds the timetable again for each DAG it deserializes.
+        self._expression = cron_presets.get(expression, expression)
+        self._timezone = timezone
+        self.description = _description(self._expression)
+        # Parsed once per expression; each walk copies the template.
+        self._template = copy.copy(_parsed(self._expression))
         self._fields = self._template.expanded
         # Five fields: the times of day are the same on every matching day (calendar arithmetic).
         self._arithmetic = len(self._fields) == 5
@@ -413,8 +438,18 @@ class CronGrid(CronMixin):
         self._times = sorted({hour * 60 + minute for hour in hour_list for minute in minute_list})
         exotic = bool(self._template.nth_weekday_of_month or self._template.nearest_weekday)
         self._days = _Days(self._expression, self._fields, exotic) if self._arithmetic else None
-        self._segments: dict[datetime.datetime, _Segment] = {}
-        self._gap_runs: dict[_Transition, datetime.datetime | None] = {}
+        # The segments, the year layouts, the gap runs and the slots per UTC year depend only on the
+        # expression and the zone: shared by every grid of the same pair (module state, bounded).
+        key = (self._expression, self._zone_key or str(self._fixed))
+        state = _GRID_STATE.get(key)
+        if state is None:
+            if len(_GRID_STATE) > 256:
+                _GRID_STATE.clear()
+            state = _GRID_STATE[key] = _GridState({}, {}, {}, {})
+        self._segments = state.segments
+        self._layouts = state.layouts
+        self._gap_runs = state.gap_runs
+        self._year_slots = state.year_slots
 
     @property
     def expression(self) -> str:
@@ -483,7 +518,7 @@ class CronGrid(CronMixin):
 
     def _matches(self, day: datetime.date) -> bool:
         assert self._days is not None
-        return day.day in self._days.month(day.year, day.month)
+        return self._days.matches(day)
 
     def _wall_range(self, low: datetime.datetime, high: datetime.datetime) -> int:
         """Wall-clock matches in ``[low, high)`` (naive)."""
@@ -542,11 +577,21 @@ class CronGrid(CronMixin):
 
     # -- arithmetic on slots (naive UTC; five fields) ------------------------------------------------------
 
-    def _count(self, low: datetime.datetime, high: datetime.datetime) -> int:
-        """Slots in ``[low, high)``."""
+    def _count(self, low: datetime.datetime, high: datetime.datetime, whole_years: bool = True) -> int:
+        """Slots in ``[low, high)``; a whole UTC year inside the range from the per-year cache."""
         total = 0
         segment = self._segment_at(low)
         while segment.start < high:
+            year = segment.start.year
+            if (
+                whole_years
+                and segment.start >= low
+                and segment.start == datetime.datetime(year, 1, 1)
+                and high >= datetime.datetime(year + 1, 1, 1)
+            ):
+                total += self._slots_in_year(year)
+                segment = self._segment_at(datetime.datetime(year + 1, 1, 1))
+                continue
             offset = segment.offset
             for a, b in segment.pieces:
                 if b is None:
@@ -568,6 +613,19 @@ class CronGrid(CronMixin):
             floor = datetime.datetime(max(high.year - 100, 1), 1, 1)
         segment = self._segment_at(high - _TICK)
         while segment.end > floor:
+            year = segment.end.year - 1
+            if (
+                segment.end <= high
+                and segment.end == datetime.datetime(year + 1, 1, 1)
+                and datetime.datetime(year, 1, 1) >= floor
+                and n > (in_year := self._slots_in_year(year))
+            ):
+                # All of UTC year ``year`` lies between: skipped at once (its count is cached).
+                n -= in_year
+                if year <= 1:
+                    return None
+                segment = self._segment_at(datetime.datetime(year, 1, 1) - _TICK)
+                continue
             offset = segment.offset
             for a, b in reversed(segment.pieces):
                 if a >= high:
@@ -588,6 +646,16 @@ class CronGrid(CronMixin):
                 return None
             segment = self._segment_at(segment.start - _TICK)
         return None
+
+    def _slots_in_year(self, year: int) -> int:
+        """Slots in UTC year ``year``, counted once per expression and zone."""
+        found = self._year_slots.get(year)
+        if found is None:
+            if len(self._year_slots) > 4_096:
+                self._year_slots.clear()
+            start, end = datetime.datetime(year, 1, 1), datetime.datetime(year + 1, 1, 1)
+            found = self._year_slots[year] = self._count(start, end, whole_years=False)
+        return found
 
     def _oldest_from(self, low: datetime.datetime) -> datetime.datetime:
         """The oldest slot at or after ``low`` (naive UTC)."""
@@ -621,18 +689,10 @@ class CronGrid(CronMixin):
 
     def _segment_at(self, moment: datetime.datetime) -> _Segment:
         """The segment of constant offset holding ``moment`` (naive UTC): ``start <= moment < end``."""
-        year_start = datetime.datetime(moment.year, 1, 1)
-        boundaries = [year_start, datetime.datetime(moment.year + 1, 1, 1)]
-        transitions: tuple[_Transition, ...] = ()
-        if self._zone_key is not None:
-            # The year's changes, and its neighbours' (a gap run or a fold may reach across 1 January).
-            transitions = tuple(
-                t
-                for year in (moment.year - 1, moment.year, moment.year + 1)
-                for t in _transitions(self._zone_key, year)
-            )
-            boundaries += [t.at for t in transitions if year_start < t.at < boundaries[1]]
-            boundaries.sort()
+        layout = self._layouts.get(moment.year)
+        if layout is None:
+            layout = self._layout(moment.year)
+        boundaries, transitions = layout
         index = bisect.bisect_right(boundaries, moment) - 1
         start, end = boundaries[index], boundaries[index + 1]
         cached = self._segments.get(start)
@@ -677,10 +737,25 @@ class CronGrid(CronMixin):
                 pieces.append((gap_run, None))
                 pieces.sort(key=lambda piece: piece[0])
         segment = _Segment(start, end, offset, tuple(dropped), gap_run, tuple(pieces))
-        if len(self._segments) > 64:
+        if len(self._segments) > 512:
             self._segments.clear()
         self._segments[start] = segment
         return segment
+
+    def _layout(self, year: int) -> tuple[list[datetime.datetime], tuple[_Transition, ...]]:
+        """The segment boundaries of ``year`` (UTC) and the offset changes that may shape its segments."""
+        year_start = datetime.datetime(year, 1, 1)
+        boundaries = [year_start, datetime.datetime(year + 1, 1, 1)]
+        transitions: tuple[_Transition, ...] = ()
+        if self._zone_key is not None:
+            # The year's changes, and its neighbours' (a gap run or a fold may reach across 1 January).
+            transitions = tuple(t for y in (year - 1, year, year + 1) for t in _transitions(self._zone_key, y))
+            boundaries += [t.at for t in transitions if year_start < t.at < boundaries[1]]
+            boundaries.sort()
+        if len(self._layouts) > 256:
+            self._layouts.clear()
+        self._layouts[year] = (boundaries, transitions)
+        return boundaries, transitions
 
     def _offset_at(self, moment: datetime.datetime) -> datetime.timedelta:
         if self._zone_key is None:
