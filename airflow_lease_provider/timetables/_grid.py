@@ -6,9 +6,11 @@ previous), plus one for the skipped-slot record: how many slots lie strictly bet
 
 A cron grid is one set of instants, defined from croniter's naive wall-clock matches and three rules
 for the times a zone's clock skips or repeats (:class:`CronGrid`); every question is answered from that
-set, so the answers agree with each other across daylight-saving changes. Counting does **not** step
-through the slots: inside each stretch of constant UTC offset, slots are counted by wall-clock
-arithmetic (day by day, or in O(1) where every day matches).
+set, so the answers agree with each other across daylight-saving changes. Nothing steps through the
+slots of a five-field expression: inside each stretch of constant UTC offset, counting slots and finding
+the n-th slot back are calendar arithmetic on wall-clock time (whole years, a bisect into the month, the
+day and its times), and whole UTC years are skipped by their cached counts; no answer costs more with a
+longer gap or a larger ``max_backfill`` (issue 28).
 """
 
 from __future__ import annotations
@@ -86,7 +88,8 @@ class Grid(Protocol):
         ...
 
     def count_cost(self, start: DateTime, end: DateTime, limit: int) -> int:
-        """About how many croniter calls :meth:`count_between` needs, or ``limit`` if at least that many."""
+        """About how many croniter calls :meth:`count_between` needs, or ``limit`` if at least that many
+        (or if counting is no cheaper than :meth:`back_from` ``limit`` steps, which then answers)."""
         ...
 
 
