@@ -232,11 +232,13 @@ def timetable_report(results: dict[str, Any]) -> str:
         ]
         lines.append("| " + " | ".join(cells) + " |")
     passed = sum(1 for row in results["rows"] if verdict(row).startswith("PASS"))
-    ratios = [row["ratio"] for row in results["rows"]]
+    ratios = [row["ratio"] for row in results["rows"] if row["call"] != "dag_model"]
+    moved = [row["capped_ms"] for row in results["rows"] if row["call"] == "dag_model"]
     lines += [
         "",
-        f"{passed} of {len(results['rows'])} rows pass; ratio median {statistics.median(ratios):.1f}x, "
-        f"max {max(ratios):.1f}x; capped call max {max(r['capped_ms'] for r in results['rows']):.2f} ms.",
+        f"{passed} of {len(results['rows'])} rows pass. next_dagrun_info: ratio median "
+        f"{statistics.median(ratios):.1f}x, max {max(ratios):.1f}x. next_run_info_from_dag_model: Airflow's "
+        f"returns the stored run as it is (microseconds), the capped one moves it: at most {max(moved):.2f} ms.",
     ]
     return "\n".join(lines)
 
