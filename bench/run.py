@@ -278,6 +278,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bench import scale
 
         return scale.main(given)
+    if "--timetable" in given:  # issue 28 item 2 alone: each scheduler call (bench/timetable_rows.py)
+        from bench import timetable_rows
+
+        return timetable_rows.main(given)
     if "--overhead" in given:  # issue 28 item 1 alone: in-process and deployed (bench/overhead_main.py)
         from bench import overhead_main
 
