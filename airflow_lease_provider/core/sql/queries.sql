@@ -291,7 +291,7 @@ SELECT last.id, last.at, last.kind, last.key, last.owner, last.token, last.detai
 UNION ALL
 SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
   FROM {schema}.event e JOIN last ON e.token = last.token
- WHERE e.key = %(key)s AND e.kind IN ('released', 'lost', 'force_released')
+ WHERE e.key = %(key)s AND e.kind IN ('released', 'lost', 'force_released', 'replaced')
    AND e.at >= last.at AND e.at < %(since)s;
 
 -- name: catchup_events
