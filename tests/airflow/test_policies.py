@@ -27,6 +27,7 @@ from airflow_lease_provider.core import (
     InvalidArgument,
     LeaseLost,
     LeaseStore,
+    RunRef,
     StaleFencingToken,
 )
 from airflow_lease_provider.operators import AcquireRunLeaseOperator
@@ -222,3 +223,35 @@ def test_a_killed_waiter_gives_its_place_back_and_a_displaced_one_is_told(lease_
     with pytest.raises(AirflowSkipException) as skipped:  # resumed: it cannot claim again, skipped
         run_task(op, ti(1), 1, resume=kwargs["deadline"])
     assert "job/other/work" in str(skipped.value)
+
+
+def test_the_trigger_keeps_the_waiting_place_alive_past_its_ttl_while_deferred(
+    lease_env, store: LeaseStore  # noqa: F811
+) -> None:
+    holder = store.acquire("buf-key", "job/holder/work", timedelta(minutes=5))
+    assert holder is not None
+    claim = store.wait_claim("buf-key", owner(1), timedelta(seconds=1.5), run=RunRef("job", run_id(1), task_id="work"))
+    assert claim.claimed
+    now = datetime.now(timezone.utc)
+    trigger = LeaseFreeTrigger(
+        key="buf-key", conn_id=None, schema=store.schema, poll_interval=0.3,
+        deadline=(now + timedelta(minutes=1)).isoformat(), not_before=(now + timedelta(seconds=2)).isoformat(),
+        waiter={"owner": owner(1), "ttl_seconds": 1.5, "max_waiting": 1, **RunRef("job", run_id(1), task_id="work").columns()},
+    )
+
+    async def scenario() -> tuple[list[str], dict]:
+        seen: list[str] = []
+        events = trigger.run()
+        first = asyncio.ensure_future(events.__anext__())
+        for _ in range(4):  # 4 s: well past the place's 1.5 s TTL, settling and then polling
+            await asyncio.sleep(1)
+            seen += [w.owner for w in await asyncio.to_thread(store.waiters, ["buf-key"])]
+        assert not first.done()
+        await asyncio.to_thread(store.release, holder)
+        payload = (await asyncio.wait_for(first, 10)).payload
+        await events.aclose()
+        return seen, payload
+
+    seen, payload = asyncio.run(scenario())
+    assert seen == [owner(1)] * 4 and payload == {"status": "free", "key": "buf-key"}
+    assert [w.owner for w in store.waiters(["buf-key"])] == [owner(1)]  # claimed again for the resume
