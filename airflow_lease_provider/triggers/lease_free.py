@@ -152,7 +152,7 @@ class LeaseFreeTrigger(BaseTrigger):
                     if not await keep_place():
                         yield TriggerEvent(displaced)
                         return
-                    await asyncio.sleep(min(left, max(self.poll_interval, 0.1)))
+                    await asyncio.sleep(min(left, max(self.poll_interval, 0.1), claim_every or left))
             while True:
                 if not await keep_place():
                     yield TriggerEvent(displaced)
@@ -173,6 +173,7 @@ class LeaseFreeTrigger(BaseTrigger):
                 if datetime.now(timezone.utc) >= end:
                     yield TriggerEvent({"status": "timeout", "key": self.key})
                     return
-                await asyncio.sleep(self.poll_interval)
+                # With a place, poll at least as often as it must be claimed again (a third of its TTL).
+                await asyncio.sleep(min(self.poll_interval, claim_every) if self.waiter else self.poll_interval)
         finally:
             await asyncio.to_thread(store.close)
