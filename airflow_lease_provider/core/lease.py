@@ -131,7 +131,8 @@ class LeaseStore(Store):
         return Acquisition(None, lease)
 
     def try_replace(
-        self, key: str, owner: str, ttl: timedelta, *, run_after: datetime, run: RunRef | None = None
+        self, key: str, owner: str, ttl: timedelta, *, run_after: datetime, run: RunRef | None = None,
+        takeover: bool = True,
     ) -> Acquisition:
         """The replace policy's acquire: take the lease if it is free, expired or this owner's (as
         :meth:`try_acquire` does), or take it over from a holder of an older run, in one statement.
@@ -143,6 +144,10 @@ class LeaseStore(Store):
         the old holder's renewal is refused and its fenced writes are refused by a fence in this store's
         schema from that moment (superseded); with the ledger on, an ``acquired`` event and a ``replaced``
         event (about the old holder, naming the new one) are written in the same transaction.
+
+        With ``takeover=False`` (a grace period not over yet) no holder is taken over: a free, expired or own
+        lease is granted (with ``run_after``), and a held one is answered with ``holder_older`` saying
+        whether its run is older (whether a takeover would take it).
 
         :returns: the new lease with ``replaced`` set to the holder taken over (None: it was free), or the
             holder that keeps it.
@@ -157,7 +162,7 @@ class LeaseStore(Store):
         db = self._ready()
         sent_at = time.monotonic()
         params: dict[str, Any] = {
-            "key": key, "owner": owner, "ttl": ttl, "run_after": run_after,
+            "key": key, "owner": owner, "ttl": ttl, "run_after": run_after, "takeover": bool(takeover),
             "detail": self._acquire_detail(ttl) if self.record_events else None, **columns,
         }
         rows = db.run("replace", params, durable=True)
@@ -166,7 +171,9 @@ class LeaseStore(Store):
         row = rows[0]
         lease = Lease.from_row(row, sent_at)
         if not row["acquired"]:
-            return Acquisition(None, lease if lease.held else self.holder(key))
+            if not lease.held:
+                return Acquisition(None, self.holder(key))
+            return Acquisition(None, lease, holder_older=bool(row["older"]))
         if self.record_events:
             self._logged(row["logged"], EventKind.ACQUIRED, key)
         replaced = None

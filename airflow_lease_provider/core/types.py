@@ -146,6 +146,9 @@ class Acquisition:
     lease: Lease | None
     holder: Lease | None
     replaced: TokenHolder | None = None
+    #: :meth:`~LeaseStore.try_replace` with ``takeover=False``: the holder's run is older (it would have
+    #: been taken over).
+    holder_older: bool = False
 
     @property
     def acquired(self) -> bool:

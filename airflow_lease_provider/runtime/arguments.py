@@ -27,7 +27,7 @@ TARGETS = ("postgres", "external")
 LEASE_ARGUMENTS: dict[str, Any] = {
     "lease_key": None, "lease_ttl": None, "lease_renew_every": None, "on_overlap": "skip",
     "lease_wait_timeout": None, "lease_poll_interval": None, "lease_conn_id": None, "lease_scope": "task",
-    "max_waiting": None,
+    "max_waiting": None, "replace_grace": None,
 }
 #: The task arguments the lease arguments depend on: a TTL derived from the timeout, a sensor's mode.
 _RELATED: dict[str, Any] = {"execution_timeout": None, "mode": None, "outlets": None}
@@ -134,6 +134,13 @@ def check_policy(given: Mapping[str, Any]) -> None:
                 "max_waiting", max_waiting,
                 f"on_overlap={policy_name!r} has {policy.max_waiting} waiting place: use on_overlap='wait' with "
                 "max_waiting for more",
+            )
+    if given.get("replace_grace") is not None:
+        validation.positive_timedelta("replace_grace", given["replace_grace"])
+        if not policy.replaces:
+            raise InvalidArgument(
+                "replace_grace", given["replace_grace"],
+                f"applies only to on_overlap='replace' (this task has on_overlap={policy_name!r})",
             )
     if policy.replaces or policy.max_waiting is not None:
         if given.get("lease_scope", "task") != "task":

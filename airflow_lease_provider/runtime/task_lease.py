@@ -179,10 +179,17 @@ class TaskLease:
         policy = self.policy
         taken: list[Lease] = []
         for key in self.assets or (self.key,):
+            # With a replace_grace, the first attempt never takes over: an older holder gets the grace first.
+            grace: timedelta | None = getattr(self.task, "replace_grace", None) if policy.replaces else None
+            takeover = grace is None or waited is not None
             if policy.replaces:
-                outcome = self.store.try_replace(key, self.owner, self.ttl(), run_after=self.order(), run=self.run)
+                outcome = self.store.try_replace(key, self.owner, self.ttl(), run_after=self.order(), run=self.run,
+                                                 takeover=takeover)
             else:
                 outcome = self.store.try_acquire(key, self.owner, self.ttl(), run=self.run)
+            if outcome.lease is None and grace is not None and not takeover and outcome.holder_older:
+                now = datetime.now(timezone.utc)
+                self.defer_until_free(outcome.holder, now + grace, first=True, key=key)
             if outcome.lease is None:
                 for lease in reversed(taken):
                     try:

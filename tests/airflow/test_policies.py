@@ -255,3 +255,28 @@ def test_the_trigger_keeps_the_waiting_place_alive_past_its_ttl_while_deferred(
     seen, payload = asyncio.run(scenario())
     assert seen == [owner(1)] * 4 and payload == {"status": "free", "key": "buf-key"}
     assert [w.owner for w in store.waiters(["buf-key"])] == [owner(1)]  # claimed again for the resume
+
+
+def test_replace_grace_lets_the_older_holder_finish_first_then_takes_over(
+    lease_env, store: LeaseStore, counted  # noqa: F811
+) -> None:
+    old = store.try_replace("grace-key", owner(1), timedelta(minutes=5), run_after=T0 + timedelta(minutes=1),
+                            run=RunRef("job", run_id(1), task_id="work")).lease
+    assert old is not None
+    newer = leased("work", lambda lease=None: lease.token, lease_key="grace-key", on_overlap="replace",
+                   replace_grace=timedelta(seconds=2), lease_poll_interval=timedelta(seconds=1))
+    with pytest.raises(TaskDeferred) as deferred:  # the grace: the older holder may still finish
+        run_task(newer, ti(2), 2)
+    assert store.holder("grace-key").token == old.token and store.renew(old) is not None
+    kwargs = deferred.value.trigger.serialize()[1]
+    assert first_event(LeaseFreeTrigger(**kwargs))["status"] == "timeout"  # it did not finish in time
+    token = run_task(newer, ti(2), 2, resume=kwargs["deadline"])
+    assert token > old.token and store.renew(old) is None
+    (replaced,) = store.events.query(key="grace-key", kind=EventKind.REPLACED)
+    assert replaced.token == old.token and replaced.detail["by_token"] == token
+    # An older run with a grace is skipped at once: it never waits to replace a newer holder.
+    assert store.try_replace("grace-key", owner(3), timedelta(minutes=5), run_after=T0 + timedelta(minutes=3)).lease
+    with pytest.raises(AirflowSkipException):
+        run_task(newer, ti(2), 2)
+    with pytest.raises(InvalidArgument, match="replace_grace"):
+        leased("w", lambda: None, on_overlap="skip", replace_grace=timedelta(seconds=1))

@@ -245,3 +245,21 @@ def test_a_dead_waiters_place_lapses_with_its_ttl(store: LeaseStore) -> None:
     assert [w.owner for w in store.waiters(["k"])] == []  # lapsed: not shown as waiting
     taken = store.wait_claim("k", "next", TTL)
     assert taken.claimed and [w.owner for w in taken.waiters] == ["next"]
+
+
+def test_without_takeover_an_older_holder_keeps_the_lease_and_is_said_to_be_older(store: LeaseStore) -> None:
+    """``takeover=False`` (a replace_grace not over yet): nothing is taken over, and the answer says whether
+    the holder's run is older; a free lease is granted with its run order as usual."""
+    old = _take(store, 1).lease
+    assert old is not None
+    waiting = store.try_replace("job-key", _run(2).owner(), TTL, run_after=T0 + timedelta(minutes=2), run=_run(2),
+                                takeover=False)
+    assert waiting.lease is None and waiting.holder is not None and waiting.holder.token == old.token
+    assert waiting.holder_older is True
+    newer = store.try_replace("job-key", _run(0).owner(), TTL, run_after=T0, run=_run(0), takeover=False)
+    assert newer.lease is None and newer.holder_older is False
+    assert store.events.query(key="job-key", kind=EventKind.REPLACED) == []
+    assert store.renew(old) is not None  # still the holder's
+    free = store.try_replace("free-key", _run(2).owner(), TTL, run_after=T0 + timedelta(minutes=2), takeover=False)
+    assert free.lease is not None
+    assert _take(store, 3, key="free-key").replaced is not None  # its run order was recorded: replaceable

@@ -28,8 +28,9 @@ SELECT * FROM {schema}.lease_acquire_logged(%(key)s, %(owner)s, %(ttl)s, %(detai
 -- The replace policy's acquire (migrations/0012): a free, expired or own lease is granted as acquire grants
 -- it; a lease held by a run whose run_after is strictly earlier than %(run_after)s is taken over, with a
 -- larger token, in the same statement; any other holder is answered by one read (no lock, no write).
+-- %(takeover)s false: never take over (a replace_grace not over yet; 'older' says whether it would have).
 -- %(detail)s NULL: no events (ledger off); else the 'acquired' and (a takeover) 'replaced' events.
-SELECT * FROM {schema}.lease_replace(%(key)s, %(owner)s, %(ttl)s, %(run_after)s, %(detail)s,
+SELECT * FROM {schema}.lease_replace(%(key)s, %(owner)s, %(ttl)s, %(run_after)s, %(takeover)s, %(detail)s,
                                      %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
 
 -- name: wait_claim

@@ -459,19 +459,20 @@ AS $$
 $$;
 
 -- replace (migrations/0012): the replace policy's acquire, one statement. A lease held by a run that is not
--- provably older (its run_after not strictly before p_run_after, or unknown) is answered by one read: no row
--- lock, nothing written. Otherwise the row is locked and decided again: a free, expired or own lease is
+-- provably older (its run_after not strictly before p_run_after, or unknown), or by any other run when
+-- p_takeover is false (a replace_grace not over yet), is answered by one read: no row lock, nothing written;
+-- older says whether that holder's run is older (it would have been taken over). Otherwise the row is locked and decided again: a free, expired or own lease is
 -- granted as lease_acquire grants it, a lease held by an older run is taken over; either way with a token
 -- larger than the row's and than the epoch's floor, the grant's run order and (a takeover) the token it
 -- replaced. With p_detail (the ledger on) the grant's 'acquired' event and, for a takeover, a 'replaced'
 -- event about the old holder (its owner, token and run columns; the new holder's in its detail) are written
 -- in the same transaction; logged says whether they were.
 CREATE FUNCTION {schema}.lease_replace(p_key text, p_owner text, p_ttl interval, p_run_after timestamptz,
-                                       p_detail jsonb, p_dag_id text, p_run_id text, p_task_id text,
+                                       p_takeover boolean, p_detail jsonb, p_dag_id text, p_run_id text, p_task_id text,
                                        p_map_index integer)
 RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz,
-               replaced_owner text, replaced_token bigint, logged boolean)
+               replaced_owner text, replaced_token bigint, logged boolean, older boolean)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -483,10 +484,11 @@ DECLARE
 BEGIN
     RETURN QUERY
     SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-           pg_catalog.clock_timestamp(), NULL::pg_catalog.text, NULL::bigint, false
+           pg_catalog.clock_timestamp(), NULL::pg_catalog.text, NULL::bigint, false,
+           coalesce(l.run_after < p_run_after, false)
       FROM {schema}.lease l
      WHERE l.key = p_key AND l.expires_at > pg_catalog.clock_timestamp() AND l.owner <> p_owner
-       AND NOT coalesce(l.run_after < p_run_after, false);
+       AND (NOT p_takeover OR NOT coalesce(l.run_after < p_run_after, false));
     IF FOUND THEN
         RETURN;
     END IF;
@@ -509,11 +511,13 @@ BEGIN
     END LOOP;
     IF NOT v_inserted THEN
         v_taking := v_old.expires_at > pg_catalog.clock_timestamp() AND v_old.owner <> p_owner;
-        IF v_taking AND NOT coalesce(v_old.run_after < p_run_after, false) THEN
-            -- Granted to a run that is not older while this call waited for the row: it holds.
+        IF v_taking AND (NOT p_takeover OR NOT coalesce(v_old.run_after < p_run_after, false)) THEN
+            -- Granted to a run that is not older while this call waited for the row (or no takeover
+            -- asked): it holds.
             RETURN QUERY
             SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at,
-                   l.released_at, pg_catalog.clock_timestamp(), NULL::pg_catalog.text, NULL::bigint, false
+                   l.released_at, pg_catalog.clock_timestamp(), NULL::pg_catalog.text, NULL::bigint, false,
+                   coalesce(v_old.run_after < p_run_after, false)
               FROM {schema}.lease l WHERE l.key = p_key;
             RETURN;
         END IF;
@@ -555,6 +559,7 @@ BEGIN
     released_at := v_new.released_at; observed_at := pg_catalog.clock_timestamp();
     replaced_owner := CASE WHEN v_taking THEN v_old.owner END;
     replaced_token := CASE WHEN v_taking THEN v_old.token END;
+    older := false;
     RETURN NEXT;
 END;
 $$;
