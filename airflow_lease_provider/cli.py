@@ -395,7 +395,7 @@ def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
     if args.json:
         return _json(data, out)
     table(
-        ["KEY", "STATE", "HOLDER", "TOKEN", "ACQUIRED", "EXPIRES IN", "LAST RENEWAL", "TTL"],
+        ["KEY", "STATE", "HOLDER", "TOKEN", "ACQUIRED", "EXPIRES IN", "LAST RENEWAL", "TTL", "WAITING"],
         [
             [
                 r["key"],
@@ -408,6 +408,8 @@ def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
                 _d(r["expires_in_seconds"]) if r["held"] else None,
                 _t(r["renewed_at"]),
                 _d(r["ttl_seconds"]),
+                # The runs holding a waiting place (buffer_one, or wait with max_waiting), oldest first.
+                ", ".join(w["owner"] for w in r.get("waiting") or []) or None,
             ]
             for r in data["leases"]
         ],

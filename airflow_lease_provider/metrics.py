@@ -1,14 +1,19 @@
 """Metrics through Airflow's task-side Stats. Skips have their own counters and never count as failures.
 
-==============================  =====================================================================
-``scheduled.skipped_overlap``   a leased task was skipped because another run held the lease
-``scheduled.skipped_catchup``   catch-up slots skipped after downtime (by the count skipped)
-``lease.acquired``              a lease was acquired
-``lease.overlap_failed``        ``on_overlap="fail"``: the task failed because the lease was held
-``lease.lost``                  a held lease was lost (renewal refused or too late); the task fails
-``lease.fence_rejected``        a publish was refused by the fence (stale token or used idempotency key)
-``lease.held``                  timer: how long a task held its lease, in milliseconds
-==============================  =====================================================================
+=================================  ==================================================================================
+``scheduled.skipped_overlap``      a leased task was skipped because another run held the lease
+``scheduled.skipped_catchup``      catch-up slots skipped after downtime (by the count skipped)
+``scheduled.skipped_replaced``     ``replace``: the task was skipped because a newer run took its lease over
+                                   (counted by the replaced task when it finds out)
+``scheduled.skipped_buffer_full``  ``buffer_one`` (``wait`` with ``max_waiting``): skipped, every waiting place taken
+``lease.acquired``                 a lease was acquired
+``lease.replaced``                 ``replace``: the task took its lease over from an older run (once per takeover)
+``lease.waiting``                  a task deferred to wait for its lease (once per wait, not per resume)
+``lease.overlap_failed``           ``on_overlap="fail"``: the task failed because the lease was held
+``lease.lost``                     a held lease was lost (renewal refused or too late); the task fails
+``lease.fence_rejected``           a publish was refused by the fence (stale token or used idempotency key)
+``lease.held``                     timer: how long a task held its lease, in milliseconds
+=================================  ==================================================================================
 
 All carry tags ``dag_id``, ``task_id`` and ``lease_key`` where known (statsd without tag support
 ignores them).

@@ -134,6 +134,7 @@ def leases(
             raise BadCursor("cursor is not one this API handed out: pass next_cursor back unchanged")
     found = store.leases(limit, after=after, held_only=held_only, dag_ids=dag_ids)
     rows = [lease_row(lease) for lease in found]
+    with_waiters(store, rows)
     observed = max((row["observed_at"] for row in rows), default=None)
     more = len(found) == limit
     return {
@@ -149,7 +150,19 @@ def lease(store: LeaseStore, key: str, *, dag_ids: Collection[str] | None = None
     found = store.lease(key)
     if found is None or (dag_ids is not None and lease_dag(found) not in dag_ids):
         return None
-    return lease_row(found)
+    return with_waiters(store, [lease_row(found)])[0]
+
+
+def with_waiters(store: LeaseStore, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each lease row with ``waiting``: the runs that hold a waiting place for its key (``buffer_one``, or
+    ``wait`` with ``max_waiting``), oldest first, each with its run link. One read for the page."""
+    by_key: dict[str, list[dict[str, Any]]] = {row["key"]: [] for row in rows}
+    if by_key:
+        for waiter in store.waiters(list(by_key)):
+            by_key[waiter.key].append({**waiter.to_dict(), "run": run_link(parse_owner(waiter.owner))})
+    for row in rows:
+        row["waiting"] = by_key.get(row["key"], [])
+    return rows
 
 
 def lease_dag(lease: Lease) -> str | None:
@@ -201,7 +214,25 @@ def summarize(event: Event) -> str:
     if kind == EventKind.OVERLAP_FAILED:
         return f"failed (on_overlap=fail): the lease was held by {d.get('holder_owner') or 'another run'}"
     if kind == EventKind.WAITING:
-        return f"waiting for {d.get('holder_owner') or 'the holder'} to release it, until {short_time(d.get('until', '?'))}"
+        place = (
+            f" (waiting place {d.get('place') or '?'} of {d['max_waiting']}, on_overlap={d.get('policy')})"
+            if d.get("max_waiting") else ""
+        )
+        return (
+            f"waiting for {d.get('holder_owner') or 'the holder'} to release it, until "
+            f"{short_time(d.get('until', '?'))}{place}"
+        )
+    if kind == EventKind.REPLACED:
+        return (
+            f"replaced: the newer run {d.get('by_owner') or '?'} took the lease over with token "
+            f"{d.get('by_token', '?')} (on_overlap=replace); token {event.token} is fenced out"
+        )
+    if kind == EventKind.SKIPPED_BUFFER_FULL:
+        waiters = ", ".join(str(w.get("owner")) for w in d.get("waiters") or []) or "another run"
+        return (
+            f"skipped: the lease was held by {d.get('holder_owner') or 'another run'} and {waiters} already "
+            f"waited for it ({d.get('max_waiting', '?')} waiting place(s), on_overlap={d.get('policy')})"
+        )
     if kind == EventKind.SKIPPED_CATCHUP:
         # The timetable writes first_start..last_end (see SkippedSlots.detail()).
         first, last = d.get("first_start"), d.get("last_end") or d.get("last_start")
@@ -243,18 +274,27 @@ def event_row(event: Event) -> dict[str, Any]:
             "map_index": ref.map_index,
             "path": task_path(ref.dag_id, ref.run_id, ref.task_id, ref.map_index),
         }
-    blocker = (
-        parse_owner(event.detail.get("holder_owner"))
-        if event.kind in (EventKind.SKIPPED_OVERLAP, EventKind.OVERLAP_FAILED, EventKind.WAITING)
-        else None
-    )
+    blocker = None
+    if event.kind in BLOCKED_KINDS:
+        blocker = parse_owner(event.detail.get("holder_owner"))
+    elif event.kind == EventKind.REPLACED:  # the run that took the lease over
+        blocker = parse_owner(event.detail.get("by_owner"))
+    waiting = [parse_owner(w.get("owner")) for w in event.detail.get("waiters") or [] if isinstance(w, dict)]
     return {
         **event.to_dict(),
         "run": run_link(ref),
         "task": task,
         "blocked_by": run_link(blocker),
+        # skipped_buffer_full: the runs that had the waiting places.
+        "waiting": [run_link(w) for w in waiting if w is not None],
         "summary": summarize(event),
     }
+
+
+#: The events about a run another run kept out (``holder_owner`` in their detail).
+BLOCKED_KINDS = (EventKind.SKIPPED_OVERLAP, EventKind.OVERLAP_FAILED, EventKind.WAITING, EventKind.SKIPPED_BUFFER_FULL)
+#: The events that say why a task instance did not run (its Lease tab's explanation).
+SKIP_KINDS = (EventKind.SKIPPED_OVERLAP, EventKind.OVERLAP_FAILED, EventKind.SKIPPED_BUFFER_FULL, EventKind.REPLACED)
 
 
 def events(
@@ -319,13 +359,13 @@ def task_instance_events(
     """
     found = store.run_events(dag_id, run_id, since=since, until=until)
     rows = [event_row(e) for e in found if _about(e, dag_id, run_id, task_id, map_index)]
-    skip = next((r for r in rows if r["kind"] in (EventKind.SKIPPED_OVERLAP, EventKind.OVERLAP_FAILED)), None)
+    skip = next((r for r in rows if r["kind"] in SKIP_KINDS), None)
     return {
         "dag_id": dag_id,
         "run_id": run_id,
         "task_id": task_id,
         "map_index": map_index,
-        "skip_reason": skip["detail"].get("reason") if skip else None,
+        "skip_reason": (skip["detail"].get("reason") or skip["summary"]) if skip else None,
         "events": rows,
     }
 

@@ -26,7 +26,15 @@ from airflow_lease_provider.core.fence import FenceDecision, FenceStore
 from airflow_lease_provider.core.identity import RunRef
 from airflow_lease_provider.core.keeper import LeaseKeeper
 from airflow_lease_provider.core.lease import LeaseStore
-from airflow_lease_provider.core.types import Acquisition, Holding, Lease, TokenEpoch
+from airflow_lease_provider.core.types import (
+    Acquisition,
+    Holding,
+    Lease,
+    TokenEpoch,
+    TokenHolder,
+    WaitClaim,
+    Waiter,
+)
 
 __all__ = [
     "DEFAULT_SCHEMA",
@@ -52,4 +60,7 @@ __all__ = [
     "SchemaError",
     "StaleFencingToken",
     "TokenEpoch",
+    "TokenHolder",
+    "WaitClaim",
+    "Waiter",
 ]

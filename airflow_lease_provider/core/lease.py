@@ -19,9 +19,21 @@ from airflow_lease_provider.core.events import Event, EventCount, EventKind, Hol
 from airflow_lease_provider.core.identity import RunRef, run_columns
 from airflow_lease_provider.core.keeper import LeaseKeeper
 from airflow_lease_provider.core.store import Store
-from airflow_lease_provider.core.types import Acquisition, Holding, Lease, TokenEpoch, checked
+from airflow_lease_provider.core.types import (
+    Acquisition,
+    Holding,
+    Lease,
+    TokenEpoch,
+    TokenHolder,
+    WaitClaim,
+    Waiter,
+    checked,
+)
 
-__all__ = ["Acquisition", "Holding", "Lease", "LeaseStore", "TokenEpoch", "checked", "positive_limit"]
+__all__ = [
+    "Acquisition", "Holding", "Lease", "LeaseStore", "TokenEpoch", "TokenHolder", "WaitClaim", "Waiter", "checked",
+    "positive_limit",
+]
 
 log = logging.getLogger(__name__)
 
@@ -117,6 +129,123 @@ class LeaseStore(Store):
             # We lost a race to a holder our snapshot could not see yet: read who it is.
             return Acquisition(None, self.holder(key))
         return Acquisition(None, lease)
+
+    def try_replace(
+        self, key: str, owner: str, ttl: timedelta, *, run_after: datetime, run: RunRef | None = None,
+        takeover: bool = True,
+    ) -> Acquisition:
+        """The replace policy's acquire: take the lease if it is free, expired or this owner's (as
+        :meth:`try_acquire` does), or take it over from a holder of an older run, in one statement.
+
+        A holder is older when its grant came from this call too and its ``run_after`` is strictly earlier
+        than ``run_after`` (the caller's run order: Airflow's DAG run ``run_after``). A holder of a later or
+        equal run, or of unknown order (granted by :meth:`try_acquire`), keeps the lease: the answer names
+        it, as a failed acquire does. A takeover gives the lease a token larger than the replaced one, so
+        the old holder's renewal is refused and its fenced writes are refused by a fence in this store's
+        schema from that moment (superseded); with the ledger on, an ``acquired`` event and a ``replaced``
+        event (about the old holder, naming the new one) are written in the same transaction.
+
+        With ``takeover=False`` (a grace period not over yet) no holder is taken over: a free, expired or own
+        lease is granted (with ``run_after``), and a held one is answered with ``holder_older`` saying
+        whether its run is older (whether a takeover would take it).
+
+        :returns: the new lease with ``replaced`` set to the holder taken over (None: it was free), or the
+            holder that keeps it.
+        """
+        key = validation.name("key", key)
+        owner = validation.owner("owner", owner)
+        validation.ttl("ttl", ttl)
+        _aware("run_after", run_after)
+        if run_after is None:
+            raise InvalidArgument("run_after", run_after, "is required: the run order of the replacing run")
+        columns = run_columns(run)
+        db = self._ready()
+        sent_at = time.monotonic()
+        params: dict[str, Any] = {
+            "key": key, "owner": owner, "ttl": ttl, "run_after": run_after, "takeover": bool(takeover),
+            "detail": self._acquire_detail(ttl) if self.record_events else None, **columns,
+        }
+        rows = db.run("replace", params, durable=True)
+        if not rows:
+            return Acquisition(None, self.holder(key))
+        row = rows[0]
+        lease = Lease.from_row(row, sent_at)
+        if not row["acquired"]:
+            if not lease.held:
+                return Acquisition(None, self.holder(key))
+            return Acquisition(None, lease, holder_older=bool(row["older"]))
+        if self.record_events:
+            self._logged(row["logged"], EventKind.ACQUIRED, key)
+        replaced = None
+        if row["replaced_token"] is not None:
+            replaced = TokenHolder(row["replaced_owner"], int(row["replaced_token"]))
+            log.warning("lease %r: %s replaced %s with token %d", key, owner, replaced.describe(), lease.token)
+        return Acquisition(lease, None, replaced)
+
+    def replaced_by(self, lease: Lease) -> TokenHolder | None:
+        """Who took ``lease`` over (:meth:`try_replace`), or None when it was not replaced (it expired, was
+        released or force-released, or is still held).
+
+        The lease row says it while the replacing grant is the key's newest; after that, the ledger's
+        ``replaced`` event (when the ledger is on)."""
+        checked(lease)
+        rows = self._ready().run("replacement", {"key": lease.key, "token": lease.token})
+        if rows:
+            row = rows[0]
+            return TokenHolder(row["owner"], int(row["token"]), RunRef.from_columns(row))
+        if not self.record_events:
+            return None
+        for event in self.events.query(key=lease.key, kind=EventKind.REPLACED, limit=100):
+            if event.token == lease.token and event.owner == lease.owner:
+                d = event.detail
+                run = RunRef.from_columns({
+                    "dag_id": d.get("by_dag_id"), "run_id": d.get("by_run_id"), "task_id": d.get("by_task_id"),
+                    "map_index": d.get("by_map_index"),
+                })
+                return TokenHolder(str(d.get("by_owner")), int(d.get("by_token") or 0), run)
+        return None
+
+    def wait_claim(
+        self, key: str, owner: str, ttl: timedelta, *, max_waiting: int = 1, run: RunRef | None = None
+    ) -> WaitClaim:
+        """Take (or keep, renewing it for ``ttl``) ``owner``'s place among the waiters of ``key``: at most
+        ``max_waiting`` runs wait for one key. Atomic per key: of many callers at once, exactly as many as
+        there are free places get one. A place lapses ``ttl`` after its last claim (a dead waiter's frees
+        itself); :meth:`wait_release` gives it back at once.
+
+        :returns: whether ``owner`` has a place now, and every live waiter of the key (who fills the places
+            when it has none)."""
+        key = validation.name("key", key)
+        owner = validation.owner("owner", owner)
+        validation.ttl("ttl", ttl)
+        positive_limit(max_waiting, "max_waiting", maximum=10_000)
+        rows = self._ready().run(
+            "wait_claim",
+            {"key": key, "owner": owner, "ttl": ttl, "max_waiting": max_waiting, **run_columns(run)},
+            durable=True,
+        )
+        waiters = tuple(Waiter.from_row(r, key) for r in rows)
+        claimed = bool(rows[0]["claimed"]) if rows else False
+        return WaitClaim(key, owner, claimed, waiters)
+
+    def wait_release(self, key: str, owner: str) -> bool:
+        """Give ``owner``'s waiting place for ``key`` back; whether it had one."""
+        key = validation.lookup_name("key", key)
+        owner = validation.owner("owner", owner)
+        return bool(self._ready().run("wait_release", {"key": key, "owner": owner}, durable=True))
+
+    def waiters(
+        self, keys: Collection[str] | None = None, *, dag_ids: Collection[str] | None = None, limit: int = 1000
+    ) -> list[Waiter]:
+        """The live waiters of ``keys`` (None: of every key), by key, oldest first; of ``dag_ids`` when given."""
+        positive_limit(limit)
+        key_list = None
+        if keys is not None:
+            if isinstance(keys, str):
+                raise InvalidArgument("keys", keys, "must be a collection of keys or None")
+            key_list = sorted(validation.lookup_name("key", k) for k in keys)
+        rows = self._ready().run("waiters", {"keys": key_list, "dag_ids": _dag_list(dag_ids), "limit": limit})
+        return [Waiter.from_row(r) for r in rows]
 
     def _acquire_detail(self, ttl: timedelta) -> str:
         """The 'acquired' event's detail from the caller's side (host, TTL), as JSON: encoded once per

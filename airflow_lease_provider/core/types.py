@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.errors import InvalidArgument
-from airflow_lease_provider.core.identity import RunRef
+from airflow_lease_provider.core.identity import RunRef, run_columns
 
 
 @dataclass(frozen=True)
@@ -127,11 +127,28 @@ def checked(lease: object, parameter: str = "lease") -> Lease:
 
 
 @dataclass(frozen=True)
+class TokenHolder:
+    """One grant of a lease, by who got it: its owner, its token and its run (``None``: none named)."""
+
+    owner: str
+    token: int
+    run: RunRef | None = None
+
+    def describe(self) -> str:
+        return f"{self.owner!r} (token {self.token})"
+
+
+@dataclass(frozen=True)
 class Acquisition:
-    """The outcome of :meth:`LeaseStore.try_acquire`: the new lease, or who holds it now."""
+    """The outcome of :meth:`LeaseStore.try_acquire` (and :meth:`~LeaseStore.try_replace`): the new lease,
+    or who holds it now; ``replaced``: the holder a replace took the lease over from (``None``: it was free)."""
 
     lease: Lease | None
     holder: Lease | None
+    replaced: TokenHolder | None = None
+    #: :meth:`~LeaseStore.try_replace` with ``takeover=False``: the holder's run is older (it would have
+    #: been taken over).
+    holder_older: bool = False
 
     @property
     def acquired(self) -> bool:
@@ -163,6 +180,42 @@ class Holding:
     def who(self) -> str:
         """Who holds the key instead, for messages: the holder's :meth:`Lease.describe` or "nobody holds it"."""
         return self.holder.describe() if self.holder is not None else "nobody holds it"
+
+
+@dataclass(frozen=True)
+class Waiter:
+    """A run's place among the waiters of a key (migration 0012): since when, until when unless renewed."""
+
+    key: str
+    owner: str
+    since: datetime
+    expires_at: datetime
+    run: RunRef | None = None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any], key: str | None = None) -> Waiter:
+        return cls(key=row["key"] if key is None else key, owner=row["owner"], since=row["since"],
+                   expires_at=row["expires_at"], run=RunRef.from_columns(row))
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"key": self.key, "owner": self.owner, "since": self.since.isoformat(),
+                "expires_at": self.expires_at.isoformat(), **run_columns(self.run)}
+
+
+@dataclass(frozen=True)
+class WaitClaim:
+    """The answer of :meth:`LeaseStore.wait_claim`: whether the owner has a place now, and every live
+    waiter of the key, oldest first (the owner's own place among them when it has one)."""
+
+    key: str
+    owner: str
+    claimed: bool
+    waiters: tuple[Waiter, ...]
+
+    @property
+    def others(self) -> list[Waiter]:
+        """The waiters that are not the owner: when the claim was refused, those who fill the places."""
+        return [w for w in self.waiters if w.owner != self.owner]
 
 
 #: Every token is at least ``(epoch << EPOCH_SHIFT) + 1`` (migrations/0006): tokens of a later epoch are

@@ -46,7 +46,14 @@ class LeasedOperator(BaseOperator):
     :param lease_renew_every: renewal interval (default TTL x ``[lease] renew_fraction``, i.e. TTL/3).
     :param on_overlap: what to do when another run holds the lease: ``skip`` (default; the task is
         skipped with the reason, and so are its downstream tasks), ``wait`` (defer until it frees,
-        freeing the worker slot; skip after ``lease_wait_timeout``), or ``fail``.
+        freeing the worker slot; skip after ``lease_wait_timeout``), ``fail``, ``replace`` (take the
+        lease over from an older run, whose task is then skipped; an older run never replaces a newer
+        one) or ``buffer_one`` (``wait`` with one waiting place: a run finding it taken is skipped).
+        See :mod:`airflow_lease_provider.runtime.policies`.
+    :param max_waiting: with ``wait``: at most this many runs wait for the key at once; the others are
+        skipped, naming the waiters (default: no limit). ``buffer_one`` is ``wait`` with ``max_waiting=1``.
+    :param replace_grace: with ``replace``: how long the older holder gets to finish before the takeover (the
+        task defers meanwhile, and takes the lease as usual if it frees); default: take over at once.
     :param lease_wait_timeout: how long ``wait`` waits in total (default: the TTL).
     :param lease_poll_interval: how often the deferred wait checks the lease (default TTL/20, 1-60 s).
     :param lease_conn_id: the lease store's connection (default ``[lease] conn_id``).
@@ -68,6 +75,8 @@ class LeasedOperator(BaseOperator):
     lease_conn_id: str | None
     lease_scope: str
     lease_on: str
+    max_waiting: int | None
+    replace_grace: timedelta | None
 
     def __init__(
         self,
@@ -81,6 +90,8 @@ class LeasedOperator(BaseOperator):
         lease_conn_id: str | None = None,
         lease_scope: str = "task",
         lease_on: str = "key",
+        max_waiting: int | None = None,
+        replace_grace: timedelta | None = None,
         **kwargs: Any,
     ) -> None:
         if "deferrable" in init_parameters(type(self)):
@@ -91,7 +102,7 @@ class LeasedOperator(BaseOperator):
             "lease_key": lease_key, "lease_ttl": lease_ttl, "lease_renew_every": lease_renew_every,
             "on_overlap": on_overlap, "lease_wait_timeout": lease_wait_timeout,
             "lease_poll_interval": lease_poll_interval, "lease_conn_id": lease_conn_id, "lease_scope": lease_scope,
-            "lease_on": lease_on,
+            "lease_on": lease_on, "max_waiting": max_waiting, "replace_grace": replace_grace,
         }
         related = {
             "execution_timeout": self.execution_timeout, "mode": getattr(self, "mode", None), "outlets": self.outlets,

@@ -20,6 +20,7 @@ from typing import Any
 
 from airflow.sdk import BaseOperator
 
+from airflow_lease_provider.core import InvalidArgument
 from airflow_lease_provider.operators.leased import LeasedOperator
 from airflow_lease_provider.runtime.arguments import check_name
 from airflow_lease_provider.runtime.signals import Terminate
@@ -34,6 +35,11 @@ class AcquireRunLeaseOperator(LeasedOperator):
 
     def __init__(self, **kwargs: Any) -> None:
         kwargs.setdefault("lease_scope", "task")
+        if kwargs.get("on_overlap") == "replace":
+            # The run's later tasks would find the lease gone and fail as lost: nothing ends them skipped.
+            raise InvalidArgument(
+                "on_overlap", "replace", "is not available for a run lease (only for a task's own lease)"
+            )
         super().__init__(**kwargs)
 
     def _hold(self, lease: TaskLease, acquired: Any, context: Any, terminate: Terminate) -> Any:

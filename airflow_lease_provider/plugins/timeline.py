@@ -28,12 +28,13 @@ RANGES: dict[str, tuple[timedelta, str]] = {
 }
 #: How a holding ended. ``held``: it has not (yet); ``reentered``: the same owner (a retry of the same
 #: task instance) took the lease again with a larger token while it was held, fencing out the earlier try.
-OUTCOMES = ("held", "released", "expired", "lost", "force_released", "reentered")
+OUTCOMES = ("held", "released", "expired", "lost", "force_released", "reentered", "replaced")
 #: Events drawn as markers.
 MARKER_KINDS = (
     EventKind.SKIPPED_OVERLAP.value,
     EventKind.OVERLAP_FAILED.value,
     EventKind.WAITING.value,
+    EventKind.SKIPPED_BUFFER_FULL.value,
     EventKind.SKIPPED_CATCHUP.value,
     EventKind.FENCE_REJECTED.value,
 )
@@ -41,6 +42,8 @@ _ENDS = {
     EventKind.RELEASED.value: "released",
     EventKind.LOST.value: "lost",
     EventKind.FORCE_RELEASED.value: "force_released",
+    # on_overlap="replace": a newer run took the lease over (the event carries the replaced token).
+    EventKind.REPLACED.value: "replaced",
 }
 #: The most events one timeline reads (the newest); a busier key's timeline says it is cut.
 MAX_EVENTS = 20_000

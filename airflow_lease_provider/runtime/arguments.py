@@ -27,6 +27,7 @@ TARGETS = ("postgres", "external")
 LEASE_ARGUMENTS: dict[str, Any] = {
     "lease_key": None, "lease_ttl": None, "lease_renew_every": None, "on_overlap": "skip",
     "lease_wait_timeout": None, "lease_poll_interval": None, "lease_conn_id": None, "lease_scope": "task",
+    "max_waiting": None, "replace_grace": None,
 }
 #: The task arguments the lease arguments depend on: a TTL derived from the timeout, a sensor's mode.
 _RELATED: dict[str, Any] = {"execution_timeout": None, "mode": None, "outlets": None}
@@ -76,6 +77,7 @@ def check_lease_arguments(
         raise InvalidArgument("on_overlap", given["on_overlap"], f"must be one of {', '.join(OVERLAP_POLICIES)}")
     if lease_scope not in LEASE_SCOPES:
         raise InvalidArgument("lease_scope", lease_scope, f"must be one of {', '.join(LEASE_SCOPES)}")
+    check_policy(given)
     for optional in ("lease_wait_timeout", "lease_poll_interval"):
         if given[optional] is not None:
             validation.positive_timedelta(optional, given[optional])
@@ -112,6 +114,42 @@ def check_lease_arguments(
     if lease_renew_every is not None:
         validation.renew_every(lease_renew_every, ttl, parameter="lease_renew_every")
     return ttl
+
+
+def check_policy(given: Mapping[str, Any]) -> None:
+    """``on_overlap`` with what it needs: ``max_waiting`` only for a waiting policy (``buffer_one`` has one
+    place); ``replace`` and ``buffer_one`` only for a task's own lease on one key."""
+    policy_name, max_waiting = given["on_overlap"], given.get("max_waiting")
+    policy = OVERLAP_POLICIES[policy_name]
+    if max_waiting is not None:
+        if isinstance(max_waiting, bool) or not isinstance(max_waiting, int) or not 1 <= max_waiting <= 10_000:
+            raise InvalidArgument("max_waiting", max_waiting, "must be an integer from 1 to 10000 (or None)")
+        if not policy.waits:
+            raise InvalidArgument(
+                "max_waiting", max_waiting,
+                f"applies only to on_overlap='wait' or 'buffer_one' (this task has on_overlap={policy_name!r})",
+            )
+        if policy.max_waiting is not None and max_waiting != policy.max_waiting:
+            raise InvalidArgument(
+                "max_waiting", max_waiting,
+                f"on_overlap={policy_name!r} has {policy.max_waiting} waiting place: use on_overlap='wait' with "
+                "max_waiting for more",
+            )
+    if given.get("replace_grace") is not None:
+        validation.positive_timedelta("replace_grace", given["replace_grace"])
+        if not policy.replaces:
+            raise InvalidArgument(
+                "replace_grace", given["replace_grace"],
+                f"applies only to on_overlap='replace' (this task has on_overlap={policy_name!r})",
+            )
+    if policy.replaces or policy.max_waiting is not None:
+        if given.get("lease_scope", "task") != "task":
+            raise InvalidArgument(
+                "on_overlap", policy_name, "is for a task's own lease, not with lease_scope='run' (a run-scoped "
+                "task joins the run's lease: give the policy to the run lease's acquire task)",
+            )
+        if given.get("lease_on", "key") != "key":
+            raise InvalidArgument("on_overlap", policy_name, "needs one lease key: not with lease_on='outlets'")
 
 
 def check_lease_on(given: Mapping[str, Any], *, outlets_known: bool = True) -> None:

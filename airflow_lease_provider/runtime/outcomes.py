@@ -33,6 +33,9 @@ class Outcome(enum.Enum):
     FENCE_REJECTED = "fence_rejected"
     RELEASED = "released"
     SKIPPED_CATCHUP = "skipped_catchup"
+    REPLACED = "replaced"
+    SKIPPED_REPLACED = "skipped_replaced"
+    SKIPPED_BUFFER_FULL = "skipped_buffer_full"
 
 
 @dataclass(frozen=True)
@@ -52,10 +55,17 @@ OUTCOMES: dict[Outcome, OutcomeSpec] = {
     Outcome.ACQUIRED: OutcomeSpec(EventKind.ACQUIRED, True, "lease.acquired", logging.INFO),
     Outcome.SKIPPED_OVERLAP: OutcomeSpec(EventKind.SKIPPED_OVERLAP, False, "scheduled.skipped_overlap", logging.INFO),
     Outcome.OVERLAP_FAILED: OutcomeSpec(EventKind.OVERLAP_FAILED, False, "lease.overlap_failed", logging.ERROR),
-    Outcome.WAITING: OutcomeSpec(EventKind.WAITING, False, None, logging.INFO),
+    Outcome.WAITING: OutcomeSpec(EventKind.WAITING, False, "lease.waiting", logging.INFO),
     Outcome.LOST: OutcomeSpec(EventKind.LOST, False, "lease.lost", logging.ERROR),
     Outcome.FENCE_REJECTED: OutcomeSpec(EventKind.FENCE_REJECTED, True, "lease.fence_rejected", logging.WARNING),
     Outcome.RELEASED: OutcomeSpec(EventKind.RELEASED, True, None, logging.INFO),
+    # replace: the takeover, reported by the replacing task (its 'replaced' event written by the takeover
+    # statement itself), and the replaced task's end, reported when it finds out (the same event).
+    Outcome.REPLACED: OutcomeSpec(EventKind.REPLACED, True, "lease.replaced", logging.WARNING),
+    Outcome.SKIPPED_REPLACED: OutcomeSpec(EventKind.REPLACED, True, "scheduled.skipped_replaced", logging.WARNING),
+    Outcome.SKIPPED_BUFFER_FULL: OutcomeSpec(
+        EventKind.SKIPPED_BUFFER_FULL, False, "scheduled.skipped_buffer_full", logging.INFO
+    ),
     Outcome.SKIPPED_CATCHUP: OutcomeSpec(
         EventKind.SKIPPED_CATCHUP, False, "scheduled.skipped_catchup", logging.WARNING, topic="catch-up"
     ),

@@ -26,6 +26,8 @@ from airflow_lease_provider.core import (
     LeaseLost,
     LeaseStore,
     RunRef,
+    TokenHolder,
+    WaitClaim,
     validation,
 )
 from airflow_lease_provider.runtime.context import (
@@ -36,7 +38,7 @@ from airflow_lease_provider.runtime.context import (
     active,
 )
 from airflow_lease_provider.runtime.outcomes import Outcome, report
-from airflow_lease_provider.runtime.policies import OVERLAP_POLICIES
+from airflow_lease_provider.runtime.policies import OVERLAP_POLICIES, WAITER_TTL, OverlapPolicy
 from airflow_lease_provider.runtime.signals import Terminate, interrupt_on_loss
 
 #: How long a task's store connection may stay open once idle, at most: the schema check, the acquire and,
@@ -78,6 +80,8 @@ class TaskLease:
     partition_key: str | None = None
     outlets: list[Any] = field(default_factory=list)
     others: list[Lease] = field(default_factory=list)
+    #: The DAG run's ``run_after`` (its order among the runs: ``on_overlap="replace"``), None if unknown.
+    run_after: datetime | None = None
 
     @classmethod
     def of(
@@ -104,10 +108,12 @@ class TaskLease:
         store = LeaseHook(conn_id).get_store()
         share_connection(store, getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
         tags = {"dag_id": ti.dag_id, "task_id": ti.task_id, "lease_key": key}
+        dag_run = context.get("dag_run") if hasattr(context, "get") else None
+        run_after = getattr(dag_run, "run_after", None)
         return cls(
             task, ti, run, holder.owner(), key, lease_key is not None or bool(by_asset), store, conn_id, tags,
             assets=by_asset, partition_key=partition_key,
-            outlets=assets.outlet_assets(getattr(task, "outlets", None)),
+            outlets=assets.outlet_assets(getattr(task, "outlets", None)), run_after=run_after,
         )
 
     # -- what the task's outcomes say --------------------------------------------------------------
@@ -165,12 +171,25 @@ class TaskLease:
 
         With several keys (``lease_on="outlets"``) every one is taken in sorted order; when one is held,
         those taken are released first (all or nothing: nobody waits while holding, so nothing deadlocks).
-        The first key's lease is returned; the others are :attr:`others`.
+        The first key's lease is returned; the others are :attr:`others`. With ``on_overlap="replace"`` a
+        lease held by an older run is taken over (:meth:`LeaseStore.try_replace`). A task resumed after
+        waiting with a waiting place (``waited``) gives its place back once it has the lease.
         """
         terminate.check()  # told to stop already: never take the lease
+        policy = self.policy
         taken: list[Lease] = []
         for key in self.assets or (self.key,):
-            outcome = self.store.try_acquire(key, self.owner, self.ttl(), run=self.run)
+            # With a replace_grace, the first attempt never takes over: an older holder gets the grace first.
+            grace: timedelta | None = getattr(self.task, "replace_grace", None) if policy.replaces else None
+            takeover = grace is None or waited is not None
+            if policy.replaces:
+                outcome = self.store.try_replace(key, self.owner, self.ttl(), run_after=self.order(), run=self.run,
+                                                 takeover=takeover)
+            else:
+                outcome = self.store.try_acquire(key, self.owner, self.ttl(), run=self.run)
+            if outcome.lease is None and grace is not None and not takeover and outcome.holder_older:
+                now = datetime.now(timezone.utc)
+                self.defer_until_free(outcome.holder, now + grace, first=True, key=key)
             if outcome.lease is None:
                 for lease in reversed(taken):
                     try:
@@ -179,9 +198,46 @@ class TaskLease:
                         self.log.exception("lease: could not give back %r token %s", lease.key, lease.token)
                 self.overlap(outcome.holder, waited=waited, key=key)
             assert outcome.lease is not None
+            if outcome.replaced is not None:
+                replaced = outcome.replaced
+                self.report(
+                    Outcome.REPLACED,
+                    f"took {key!r} over from {replaced.describe()}, an older run, with token {outcome.lease.token}: "
+                    "its keeper finds out at its next renewal and its fenced writes are refused from now on",
+                    key=key, token=outcome.lease.token,
+                )
             taken.append(outcome.lease)
+            if waited and self.max_waiting(policy) is not None:
+                self.give_up_place(key)
         self.others = taken[1:]
         return taken[0]
+
+    @property
+    def policy(self) -> OverlapPolicy:
+        return OVERLAP_POLICIES[getattr(self.task, "on_overlap", "skip")]
+
+    def order(self) -> datetime:
+        """This run's order among the runs (``replace``): its DAG run's ``run_after``."""
+        if self.run_after is None:
+            raise LeaseError(
+                f"on_overlap='replace' needs the DAG run's run_after (its order among the runs), and the task "
+                f"context of {self.owner} has none"
+            )
+        return self.run_after
+
+    def max_waiting(self, policy: OverlapPolicy) -> int | None:
+        """How many runs may wait for the key at once (None: any number)."""
+        if not policy.waits:
+            return None
+        return policy.max_waiting or getattr(self.task, "max_waiting", None)
+
+    def give_up_place(self, key: str) -> None:
+        """Give this run's waiting place back (it got the lease or gave up); it lapses by itself if this fails."""
+        try:
+            self.store.wait_release(key, self.owner)
+        except Exception:
+            self.log.warning("lease: could not give back the waiting place for %r; it lapses by itself", key,
+                             exc_info=True)
 
     def overlap(self, holder: Lease | None, *, waited: str | None, key: str | None = None) -> NoReturn:
         """Another run holds the lease (``key``, default :attr:`key`): wait (deferred), skip or fail, per
@@ -189,17 +245,31 @@ class TaskLease:
         from airflow_lease_provider.version_compat import AirflowSkipException
 
         key = key or self.key
-        policy = OVERLAP_POLICIES[self.task.on_overlap]
+        policy = self.policy
         who = holder.describe() if holder else "held by another run (it was released just now)"
         holder_host = self.store.holder_host(holder) if holder else None
         if holder_host:
             who += f" on host {holder_host}"
+        places = self.max_waiting(policy)
         if policy.waits:
             now = datetime.now(timezone.utc)
             end = datetime.fromisoformat(waited) if waited else now + (self.task.lease_wait_timeout or self.ttl())
             if now < end:
-                self.defer_until_free(holder, end, first=waited is None, key=key)
+                claim = None
+                if places is not None:
+                    claim = self.store.wait_claim(key, self.owner, WAITER_TTL, max_waiting=places, run=self.run)
+                    if not claim.claimed:
+                        self.buffer_full(holder, claim, key=key, who=who, places=places)
+                self.defer_until_free(holder, end, first=waited is None, key=key, claim=claim)
+            if places is not None:
+                self.give_up_place(key)  # waited long enough: the place is free for the next run
         reason = f"lease {key!r} is {who}; this run ({self.owner}) is skipped so the two never overlap"
+        if policy.replaces:
+            reason = (
+                f"lease {key!r} is {who}, a run not older than this one ({self.owner}, run_after "
+                f"{self.run_after.isoformat() if self.run_after else 'unknown'}): an older run never replaces a "
+                "newer one; this run is skipped"
+            )
         if waited:
             reason = f"waited until {waited} and lease {key!r} is still {who}; this run ({self.owner}) is skipped"
         detail = self.detail(
@@ -216,8 +286,35 @@ class TaskLease:
         self.ti.xcom_push(key=XCOM_SKIP_REASON, value=detail)
         raise AirflowSkipException(reason)
 
-    def defer_until_free(self, holder: Lease | None, end: datetime, *, first: bool, key: str | None = None) -> None:
-        """Defer the task until the lease (``key``) frees (or ``end``); it resumes in ``execute_after_wait``."""
+    def buffer_full(self, holder: Lease | None, claim: WaitClaim, *, key: str, who: str, places: int) -> NoReturn:
+        """Every waiting place of ``key`` is taken: skip, naming the runs that wait."""
+        from airflow_lease_provider.version_compat import AirflowSkipException
+
+        waiting = claim.others
+        names = ", ".join(repr(w.owner) for w in waiting) or "another run"
+        reason = (
+            f"lease {key!r} is {who}, and {names} already {'waits' if len(waiting) == 1 else 'wait'} for it "
+            f"(on_overlap={self.task.on_overlap!r}, {places} waiting place{'s' if places != 1 else ''}); "
+            f"this run ({self.owner}) is skipped"
+        )
+        detail = self.detail(
+            reason=reason,
+            holder_owner=holder.owner if holder else None,
+            holder_token=holder.token if holder else None,
+            waiters=[w.to_dict() for w in waiting],
+            max_waiting=places,
+            policy=self.task.on_overlap,
+        )
+        self.report(Outcome.SKIPPED_BUFFER_FULL, f"skipping: {reason}", detail=detail, run=self.run, key=key)
+        self.ti.xcom_push(key=XCOM_SKIP_REASON, value=detail)
+        raise AirflowSkipException(reason)
+
+    def defer_until_free(
+        self, holder: Lease | None, end: datetime, *, first: bool, key: str | None = None,
+        claim: WaitClaim | None = None,
+    ) -> None:
+        """Defer the task until the lease (``key``) frees (or ``end``); it resumes in ``execute_after_wait``.
+        With a waiting place (``claim``), the trigger keeps it claimed while the task is deferred."""
         from airflow_lease_provider.triggers.lease_free import RESUME_SETTLE, LeaseFreeTrigger
 
         key = key or self.key
@@ -225,12 +322,21 @@ class TaskLease:
             f"{key!r} is {holder.describe() if holder else 'held'}; deferring until it frees "
             f"(at most until {end.isoformat()})"
         )
+        waiter: dict[str, Any] | None = None
+        place: dict[str, Any] = {}
+        if claim is not None:
+            position = next((i for i, w in enumerate(claim.waiters, 1) if w.owner == self.owner), None)
+            place = {"policy": self.task.on_overlap, "max_waiting": self.max_waiting(self.policy),
+                     "place": position}
+            message += f", in waiting place {position} of {place['max_waiting']}"
+            waiter = {"owner": self.owner, "ttl_seconds": WAITER_TTL.total_seconds(),
+                      "max_waiting": place["max_waiting"], **self.run.columns()}
         if first:
             self.report(
                 Outcome.WAITING, message, run=self.run, key=key,
                 detail=self.detail(
                     holder_owner=holder.owner if holder else None,
-                    holder_token=holder.token if holder else None, until=end.isoformat(),
+                    holder_token=holder.token if holder else None, until=end.isoformat(), **place,
                 ),
             )
         else:
@@ -240,7 +346,7 @@ class TaskLease:
             trigger=LeaseFreeTrigger(
                 key=key, conn_id=self.conn_id, schema=self.store.schema,
                 poll_interval=poll.total_seconds(), deadline=end.isoformat(),
-                not_before=(datetime.now(timezone.utc) + RESUME_SETTLE).isoformat(),
+                not_before=(datetime.now(timezone.utc) + RESUME_SETTLE).isoformat(), waiter=waiter,
             ),
             method_name="execute_after_wait",
             kwargs={"deadline": end.isoformat()},
@@ -329,6 +435,13 @@ class TaskLease:
                 k.check()
             self.stamp_outlet_events(context, contexts)  # still held: the events carry live tokens
         except LeaseLost as lost:
+            replaced = self.replaced_by(lost, keepers)
+            if replaced is not None:  # on_overlap="replace": a newer run took it over; not a failure
+                try:
+                    self.task.on_kill()
+                except Exception:
+                    self.log.exception("on_kill after the lease was replaced failed")
+                self.skip_replaced(lost, replaced)
             contexts.get(lost.key, ctx).report_loss(lost, self.log)  # once, however many times it was seen
             if len(keepers) > 1:  # the leases still ours are freed at once (all or nothing)
                 for k in keepers:
@@ -358,6 +471,39 @@ class TaskLease:
                     self.log.info("lease: %r token %s not released", held.key, held.token)
             self.store.close()  # the shared connection (share_connection): not left open for its grace
         return result
+
+    def replaced_by(self, lost: LeaseLost, keepers: list[LeaseKeeper]) -> TokenHolder | None:
+        """With ``on_overlap="replace"``: the run that took the lost lease over, or None (it was lost)."""
+        if not self.policy.replaces:
+            return None
+        lease = next((k.lease for k in keepers if k.lease.key == lost.key), None)
+        if lease is None:
+            return None
+        try:
+            return self.store.replaced_by(lease)
+        except Exception:  # the store cannot say: the loss is reported as a loss (the task fails)
+            self.log.warning("lease: could not read whether %r was replaced", lost.key, exc_info=True)
+            return None
+
+    def skip_replaced(self, lost: LeaseLost, by: TokenHolder) -> NoReturn:
+        """This task's lease was taken over by a newer run: the task ends skipped (not failed, so it is not
+        retried into the lease), naming that run."""
+        from airflow_lease_provider.version_compat import AirflowSkipException
+
+        reason = (
+            f"lease {lost.key!r} (token {lost.token}) was taken over by the newer run {by.owner!r} with token "
+            f"{by.token} (on_overlap='replace'); this run ({self.owner}) stopped and is skipped"
+        )
+        detail = self.detail(
+            reason=reason, replaced_by_owner=by.owner, replaced_by_token=by.token, token=lost.token,
+            replaced_by_run_id=by.run.run_id if by.run else None, policy=self.task.on_overlap,
+        )
+        self.report(Outcome.SKIPPED_REPLACED, reason, detail=detail, run=self.run, key=lost.key, token=lost.token)
+        try:
+            self.ti.xcom_push(key=XCOM_SKIP_REASON, value=detail)
+        except Exception:  # the reason is in the log and the ledger: the skip stands
+            self.log.warning("lease: could not push the skip reason", exc_info=True)
+        raise AirflowSkipException(reason) from lost
 
     def stamp_outlet_events(self, context: Any, contexts: dict[str, LeaseContext]) -> None:
         """Put the lease into the ``extra`` of the task's asset events: each asset its own lease's when

@@ -9,11 +9,19 @@ that the task was queued again before the scheduler had read the executor's repo
 process's exit ("finished with state success, but the task instance's state attribute is queued":
 apache/airflow issues 67287 and 72716; only the ``scheduled`` case is guarded, since 3.2.2). A lease
 released within a second or two of the deferral hit it: the waiting task failed instead of running.
+
+With a waiting place (``waiter``: ``buffer_one``, or ``wait`` with ``max_waiting``) the trigger keeps the
+place claimed while it waits (every third of the place's TTL, also while it settles), claims it once more
+for a whole TTL when it fires (so the resumed task has that long to start), and gives it back when the task
+is killed (``on_kill``: marked failed, cleared, marked success while deferred). When the triggerer dies,
+nobody claims it and it lapses. A place lost meanwhile (it lapsed and another run took it) fires
+``displaced``: the resumed task then tries to claim again, and is skipped when it cannot.
 """
 
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -36,6 +44,8 @@ class LeaseFreeTrigger(BaseTrigger):
     :param deadline: when to stop waiting and report ``timeout``.
     :param not_before: the earliest moment (ISO 8601) to report ``free``; None (a trigger serialized
         before this parameter existed): at once.
+    :param waiter: the waiting place to keep claimed (``owner``, ``ttl_seconds``, ``max_waiting`` and the
+        run columns), or None: no place.
     """
 
     def __init__(
@@ -47,6 +57,7 @@ class LeaseFreeTrigger(BaseTrigger):
         poll_interval: float,
         deadline: str,
         not_before: str | None = None,
+        waiter: dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         self.key = key
@@ -55,6 +66,7 @@ class LeaseFreeTrigger(BaseTrigger):
         self.poll_interval = float(poll_interval)
         self.deadline = deadline
         self.not_before = not_before
+        self.waiter = waiter
 
     def serialize(self) -> tuple[str, dict[str, Any]]:
         return (
@@ -66,34 +78,85 @@ class LeaseFreeTrigger(BaseTrigger):
                 "poll_interval": self.poll_interval,
                 "deadline": self.deadline,
                 "not_before": self.not_before,
+                "waiter": self.waiter,
             },
         )
 
     def _holder(self, store: Any) -> Any:
         return store.holder(self.key)
 
-    async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_lease_provider import settings
-        from airflow_lease_provider.core import LeaseError, LeaseStore
-        from airflow_lease_provider.hooks.lease import _idle, location_async
+    def _claim(self, store: Any) -> bool:
+        """Claim the waiting place again (renewing it); whether it is still this waiter's."""
+        from airflow_lease_provider.core import RunRef
 
-        location = await location_async(self.conn_id, self.schema)
+        waiter = self.waiter or {}
+        run = RunRef.from_columns(waiter)
+        claim = store.wait_claim(
+            self.key, waiter["owner"], timedelta(seconds=float(waiter["ttl_seconds"])),
+            max_waiting=int(waiter["max_waiting"]), run=run,
+        )
+        return bool(claim.claimed)
+
+    def _store(self, location: Any) -> Any:
+        from airflow_lease_provider import settings
+        from airflow_lease_provider.core import LeaseStore
+        from airflow_lease_provider.hooks.lease import _idle
+
         # Like the hooks' stores: no connection held between polls (a triggerer may wait on many).
-        store = LeaseStore(
-            location.dsn,
-            schema=location.schema,
-            record_events=False,
-            idle_close=_idle(),
+        return LeaseStore(
+            location.dsn, schema=location.schema, record_events=False, idle_close=_idle(),
             prepare=settings.prepare_statements(),
         )
+
+    async def on_kill(self) -> None:
+        """The deferred task was killed by a user (Airflow 3.3+): give its waiting place back."""
+        if not self.waiter:
+            return
+        from airflow_lease_provider.hooks.lease import location_async
+
+        store = self._store(await location_async(self.conn_id, self.schema))
+        try:
+            await asyncio.to_thread(store.wait_release, self.key, self.waiter["owner"])
+        except Exception:  # it lapses with its TTL
+            self.log.warning("lease %r: could not give the waiting place back", self.key, exc_info=True)
+        finally:
+            await asyncio.to_thread(store.close)
+
+    async def run(self) -> AsyncIterator[TriggerEvent]:
+        from airflow_lease_provider.core import LeaseError
+        from airflow_lease_provider.hooks.lease import location_async
+
+        store = self._store(await location_async(self.conn_id, self.schema))
         end = datetime.fromisoformat(self.deadline)
+        claim_every = float(self.waiter["ttl_seconds"]) / 3 if self.waiter else 0.0
+        claimed_at = float("-inf")
+
+        async def keep_place(force: bool = False) -> bool:
+            """Claim the waiting place again when due; False: it is another run's now."""
+            nonlocal claimed_at
+            if not self.waiter or (not force and time.monotonic() - claimed_at < claim_every):
+                return True
+            try:
+                kept = await asyncio.to_thread(self._claim, store)
+            except LeaseError as exc:  # kept until its TTL runs out; claimed again at the next poll
+                self.log.warning("lease %r: could not claim the waiting place: %s", self.key, exc)
+                return True
+            claimed_at = time.monotonic()
+            return kept
+
+        displaced = {"status": "displaced", "key": self.key}
         try:
             if self.not_before is not None:
-                now = datetime.now(timezone.utc)
-                settle = (min(datetime.fromisoformat(self.not_before), end) - now).total_seconds()
-                if settle > 0:
-                    await asyncio.sleep(settle)
+                settle_until = min(datetime.fromisoformat(self.not_before), end)
+                while (left := (settle_until - datetime.now(timezone.utc)).total_seconds()) > 0:
+                    if not await keep_place():
+                        yield TriggerEvent(displaced)
+                        return
+                    await asyncio.sleep(min(left, max(self.poll_interval, 0.1), claim_every or left))
             while True:
+                if not await keep_place():
+                    yield TriggerEvent(displaced)
+                    return
                 try:
                     # psycopg2 blocks: keep it off the triggerer's event loop.
                     holder = await asyncio.to_thread(self._holder, store)
@@ -101,11 +164,16 @@ class LeaseFreeTrigger(BaseTrigger):
                     self.log.warning("lease %r: store error while waiting: %s", self.key, exc)
                     holder = "unknown"
                 if holder is None:
+                    # The resumed task has a whole place TTL to start and acquire.
+                    if not await keep_place(force=True):
+                        yield TriggerEvent(displaced)
+                        return
                     yield TriggerEvent({"status": "free", "key": self.key})
                     return
                 if datetime.now(timezone.utc) >= end:
                     yield TriggerEvent({"status": "timeout", "key": self.key})
                     return
-                await asyncio.sleep(self.poll_interval)
+                # With a place, poll at least as often as it must be claimed again (a third of its TTL).
+                await asyncio.sleep(min(self.poll_interval, claim_every) if self.waiter else self.poll_interval)
         finally:
             await asyncio.to_thread(store.close)

@@ -37,12 +37,13 @@ SCHEMA = "airflow_lease"
 def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     files = [E2E_DAGS / "lease_e2e.py", E2E_DAGS / "_util.py", TIER_DAGS / "retry_e2e.py",
              TIER_DAGS / "marked_failed.py", TIER_DAGS / "held_connection.py",
-             TIER_DAGS / "default_args_ttl.py", TIER_DAGS / "wait_overlap.py"]
+             TIER_DAGS / "default_args_ttl.py", TIER_DAGS / "wait_overlap.py", TIER_DAGS / "replace_frozen.py",
+             TIER_DAGS / "buffer_three.py"]
     # Every task here keeps its store connection (the other tiers run the default: one per operation).
     env = {"LEASE_TEST_MARKERS": str(MARKERS), "LEASE_TEST_HOLD_SECONDS": "240", "AIRFLOW__LEASE__SCHEMA": SCHEMA,
            "AIRFLOW__LEASE__HOLD_CONNECTION": "true"}
     dag_ids = {"overlap", "zombie", "retry_after_crash", "mapped_and_bash", "marked_failed", "held_connection",
-               "default_args_ttl", "wait_overlap"}
+               "default_args_ttl", "wait_overlap", "replace_frozen", "buffer_three"}
     # With a triggerer: on_overlap="wait" defers, and the triggerer is what resumes the task.
     with deployment_for(metadata_template, files, dag_ids, env, triggerer=True) as deployment:
         for dag_id in dag_ids:
@@ -291,3 +292,80 @@ def test_a_waiting_run_defers_and_runs_after_the_holder_releases_never_alongside
     assert api.xcom("wait_overlap", second, "work", "return_value") == int(token_second)
     assert store.holder("wait-overlap-key") is None  # released on success
     assert store.events.query(key="wait-overlap-key", kind=EventKind.SKIPPED_OVERLAP) == []
+
+
+def test_a_newer_run_replaces_a_frozen_holder_whose_late_writes_are_refused_and_whose_task_is_skipped(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """on_overlap="replace" (issue 26): the old run's task process is frozen (SIGSTOP) while it holds the
+    lease; a newer run takes it over with a larger token and publishes. Resumed, the old run's write through
+    the fence alone is refused (superseded) and its write through the lease is refused (lease taken); its
+    task ends skipped, naming the newer run, with no retry (it has retries=2), and its run succeeds."""
+    api = airflow.api
+    old = api.trigger("replace_frozen")
+    pid, old_token = int(marker(f"replace-pid-{old}")), int(marker(f"replace-token-{old}"))
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        new = api.trigger("replace_frozen")
+        new_token = int(marker(f"replace-token-{new}"))
+        assert new_token > old_token
+        (MARKERS / f"replace-go-{new}").write_text("go")
+        assert api.wait_for_run("replace_frozen", new) == "success", api.task_states("replace_frozen", new)
+        (MARKERS / f"replace-go-{old}").write_text("go")
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert api.wait_for_run("replace_frozen", old) == "success"  # a skipped task: the run did not fail
+    ti = api.task_instances("replace_frozen", old)["publish"]
+    assert ti["state"] == "skipped" and ti["try_number"] == 1, ti  # not failed, not retried into the lease
+
+    assert marker(f"replace-raw-refused-{old}") == "superseded"
+    assert (MARKERS / f"replace-write-refused-{old}").exists()
+    assert not (MARKERS / f"replace-published-{old}").exists()
+    assert marker(f"replace-published-{new}") == str(new_token)
+    rows = execute(airflow.dsn, q("SELECT writer, token FROM {schema}.replace_target", SCHEMA))
+    assert rows == [(f"replace_frozen/{new}/publish", new_token)], rows
+
+    reason = api.xcom("replace_frozen", old, "publish", "lease_skip_reason")
+    assert reason["replaced_by_owner"] == f"replace_frozen/{new}/publish" and reason["replaced_by_token"] == new_token
+    assert f"replace_frozen/{new}/publish" in api.log("replace_frozen", old, "publish")
+    (replaced,) = store.events.query(key="replace-key", kind=EventKind.REPLACED)
+    assert (replaced.owner, replaced.token) == (f"replace_frozen/{old}/publish", old_token)
+    assert (replaced.detail["by_owner"], replaced.detail["by_token"]) == (f"replace_frozen/{new}/publish", new_token)
+    wait(lambda: airflow.statsd.count("scheduled.skipped_replaced"), lambda n: n == 1, 10, "the replaced metric")
+    assert airflow.statsd.count("lease.replaced") == 1
+    assert store.holder("replace-key") is None
+
+
+def test_buffer_one_of_three_runs_started_together_one_runs_one_waits_then_runs_one_is_skipped(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """on_overlap="buffer_one" (issue 26) through the real scheduler and triggerer."""
+    api = airflow.api
+    runs = [api.trigger("buffer_three") for _ in range(3)]
+
+    def states() -> dict[str, str | None]:
+        return {run: api.task_states("buffer_three", run).get("work") for run in runs}
+
+    settled = wait(states, lambda s: sorted(map(str, s.values())) == ["deferred", "running", "skipped"], 180,
+                   "one run holding, one deferred, one skipped")
+    holder = next(r for r, state in settled.items() if state == "running")
+    waiter = next(r for r, state in settled.items() if state == "deferred")
+    skipped = next(r for r, state in settled.items() if state == "skipped")
+    _, holder_token = marker(f"buffer-started-{holder}").split()
+    reason = api.xcom("buffer_three", skipped, "work", "lease_skip_reason")
+    assert [w["owner"] for w in reason["waiters"]] == [f"buffer_three/{waiter}/work"], reason
+    assert f"buffer_three/{waiter}/work" in reason["reason"]
+    assert [w.owner for w in store.waiters(["buffer-key"])] == [f"buffer_three/{waiter}/work"]
+    (full,) = store.events.query(key="buffer-key", kind=EventKind.SKIPPED_BUFFER_FULL)
+    assert full.run is not None and full.run.run_id == skipped
+
+    (MARKERS / f"buffer-let-go-{holder}").write_text("go")
+    assert api.wait_for_run("buffer_three", holder) == "success"
+    finished = float(marker(f"buffer-finished-{holder}"))
+    started, token = marker(f"buffer-started-{waiter}", timeout=180).split()
+    assert float(started) > finished and int(token) > int(holder_token)
+    (MARKERS / f"buffer-let-go-{waiter}").write_text("go")
+    assert api.wait_for_run("buffer_three", waiter) == "success", api.task_states("buffer_three", waiter)
+    assert api.wait_for_run("buffer_three", skipped) == "success"  # skipped, not failed
+    assert store.waiters(["buffer-key"]) == [] and store.holder("buffer-key") is None
+    assert airflow.statsd.count("scheduled.skipped_buffer_full") == 1

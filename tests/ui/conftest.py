@@ -64,6 +64,45 @@ def _seed(store: LeaseStore) -> None:
     )
 
 
+#: on_overlap="replace" and "buffer_one" (issue 26), seeded through the core as the operators write them.
+REPLACE_KEY = "replace-ui-key"
+BUFFER_KEY = "buffer-ui-key"
+
+
+def policy_run(n: int) -> RunRef:
+    return RunRef(DAG_ID, f"manual__2026-12-0{n}T00:00:00+00:00", task_id="publish")
+
+
+def seed_policies(store: LeaseStore) -> None:
+    """Once per world: run 1 replaced by run 2 on REPLACE_KEY; on BUFFER_KEY run 3 holds, run 4 waits
+    (its place claimed) and run 5 was skipped naming it. Idempotent (the UI test files share the world)."""
+    from datetime import datetime, timezone
+
+    if store.holder(REPLACE_KEY) is not None:
+        return
+    t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    for n in (1, 2):
+        taken = store.try_replace(REPLACE_KEY, policy_run(n).owner(), timedelta(minutes=30),
+                                  run_after=t0 + timedelta(days=n), run=policy_run(n))
+        assert taken.lease is not None
+    holder = store.acquire(BUFFER_KEY, policy_run(3).owner(), timedelta(minutes=30), run=policy_run(3))
+    assert holder is not None
+    claim = store.wait_claim(BUFFER_KEY, policy_run(4).owner(), timedelta(hours=1), run=policy_run(4))
+    assert claim.claimed
+    store.events.record(
+        EventKind.WAITING, BUFFER_KEY, owner=policy_run(4).owner(), run=policy_run(4),
+        detail={"holder_owner": holder.owner, "holder_token": holder.token, "until": "2026-12-04T01:00:00+00:00",
+                "policy": "buffer_one", "max_waiting": 1, "place": 1},
+    )
+    store.events.record(
+        EventKind.SKIPPED_BUFFER_FULL, BUFFER_KEY, owner=policy_run(5).owner(), run=policy_run(5),
+        detail={"reason": f"lease {BUFFER_KEY!r} is held by {holder.owner!r}, and {policy_run(4).owner()!r} "
+                          "already waits for it (on_overlap='buffer_one', 1 waiting place)",
+                "holder_owner": holder.owner, "holder_token": holder.token, "max_waiting": 1,
+                "policy": "buffer_one", "waiters": [w.to_dict() for w in claim.waiters]},
+    )
+
+
 def _zombie_publish(store: LeaseStore, holder: Lease) -> None:
     """The crashed holder wakes up after a newer token reached the fence: its publish is rejected.
 

@@ -12,7 +12,7 @@ from airflow_lease_provider.core import EventKind
 from airflow_lease_provider.core.identity import RunRef
 from airflow_lease_provider.reading import encode_cursor
 from tests.pg import execute, q
-from tests.ui.conftest import API_KEY, SCRIPT_KEY, World
+from tests.ui.conftest import API_KEY, BUFFER_KEY, REPLACE_KEY, SCRIPT_KEY, World, policy_run, seed_policies
 from tests.ui.server import DAG_ID, LEASE_KEY
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -342,3 +342,42 @@ def test_an_owner_whose_task_id_is_a_unicode_digit_is_read_everywhere(world: Wor
     finally:
         execute(store.db.dsn, q("DELETE FROM {schema}.lease WHERE key = %s", store.schema), (key,))
         execute(store.db.dsn, q("DELETE FROM {schema}.event WHERE key = %s", store.schema), (key,))
+
+
+def test_replaced_and_buffered_runs_are_shown_on_the_page_the_timeline_and_the_task_tab(world: World) -> None:
+    """Issue 26, item 5: a run replaced by a newer one, a run waiting in the buffer and a run skipped
+    because the waiting place was taken, through the plugin's JSON (what the pages draw)."""
+    server = world.server
+    seed_policies(world.store)
+    old, new, waiter, skipped = policy_run(1), policy_run(2), policy_run(4), policy_run(5)
+
+    leases = {row["key"]: row for row in server.request("GET", "/lease/api/leases", "viewer").json()["leases"]}
+    assert [w["owner"] for w in leases[BUFFER_KEY]["waiting"]] == [waiter.owner()]
+    assert leases[BUFFER_KEY]["waiting"][0]["run"]["run_id"] == waiter.run_id
+    assert leases[REPLACE_KEY]["waiting"] == [] and leases[REPLACE_KEY]["owner"] == new.owner()
+
+    (replaced,) = server.request(
+        "GET", "/lease/api/events", "viewer", params={"key": REPLACE_KEY, "kind": "replaced"}
+    ).json()["events"]
+    assert replaced["run"]["run_id"] == old.run_id and replaced["blocked_by"]["run_id"] == new.run_id
+    assert new.owner() in replaced["summary"] and "replaced" in replaced["summary"]
+    (full,) = server.request(
+        "GET", "/lease/api/events", "viewer", params={"key": BUFFER_KEY, "kind": "skipped_buffer_full"}
+    ).json()["events"]
+    assert [w["run_id"] for w in full["waiting"]] == [waiter.run_id] and waiter.owner() in full["summary"]
+
+    def tab(ref: RunRef) -> dict:
+        return server.request("GET", "/lease/api/task-instance", "viewer", params={
+            "dag_id": DAG_ID, "run_id": ref.run_id, "task_id": "publish"}).json()
+
+    old_tab = tab(old)
+    assert new.owner() in old_tab["skip_reason"] and [e["kind"] for e in old_tab["events"]] == ["replaced", "acquired"]
+    assert waiter.owner() in tab(skipped)["skip_reason"]
+    assert [e["kind"] for e in tab(waiter)["events"]] == ["waiting"]
+    assert "waiting place 1 of 1" in tab(waiter)["events"][0]["summary"]
+
+    timeline = server.request("GET", "/lease/api/timeline", "viewer", params={"key": REPLACE_KEY}).json()
+    outcomes = {h["owner"]: h["outcome"] for h in timeline["holdings"]}
+    assert outcomes == {old.owner(): "replaced", new.owner(): "held"}, timeline["holdings"]
+    buffered = server.request("GET", "/lease/api/timeline", "viewer", params={"key": BUFFER_KEY}).json()
+    assert {"waiting", "skipped_buffer_full"} <= {m["kind"] for m in buffered["markers"]}

@@ -19,7 +19,7 @@ import pytest
 
 from airflow_lease_provider.core import EventKind
 from tests.pg import execute, q
-from tests.ui.conftest import BROWSER_KEY, World
+from tests.ui.conftest import BROWSER_KEY, BUFFER_KEY, World, policy_run, seed_policies
 from tests.ui.server import DAG_ID, LEASE_KEY, password
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -263,4 +263,29 @@ def test_a_key_with_a_bidi_override_from_an_older_version_is_isolated_and_shown_
     assert text.locator("bdi.name[dir=auto] .codepoint").first.inner_text() == "U+202E"
     assert "\u202e" not in text.inner_text() and "Force-releasing it frees it now." in text.inner_text()
     frame.locator("#confirm-cancel").click()
+    page.close()
+
+
+def test_a_replaced_run_and_a_waiting_run_in_the_browser(browser: Any, world: World) -> None:
+    """Issue 26, item 5: the replaced run's Lease tab says which run replaced it; the Leases page shows the
+    run that waits for a buffered key; the skipped run's tab names the waiter."""
+    seed_policies(world.store)
+    old, new, waiter, skipped = policy_run(1), policy_run(2), policy_run(4), policy_run(5)
+    page = login(browser, world, "viewer")
+    page.goto(f"{world.server.url}/lease/ui/task?dag_id={DAG_ID}&run_id={quote(old.run_id, safe='')}"
+              "&task_id=publish&map_index=-1")
+    page.locator("#explain h2", has_text="Replaced by a newer run, skipped").wait_for()
+    assert new.run_id in page.locator("#replaced-by").inner_text()
+    page.goto(f"{world.server.url}/lease/ui/task?dag_id={DAG_ID}&run_id={quote(skipped.run_id, safe='')}"
+              "&task_id=publish&map_index=-1")
+    page.locator("#explain h2", has_text="Skipped (every waiting place taken)").wait_for()
+    assert waiter.run_id in page.locator("#waiting-runs").inner_text()
+    page.close()
+
+    page = login(browser, world, "admin")
+    frame = open_leases_from_nav(page)
+    row = frame.locator(f"#leases tbody tr[data-key='{BUFFER_KEY}']")
+    row.locator(".waiting-runs").wait_for()
+    assert "1 waiting" in row.inner_text() and waiter.run_id in row.inner_text()
+    assert frame.locator("#events tbody tr[data-kind=replaced]").count() >= 1
     page.close()

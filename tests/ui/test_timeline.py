@@ -64,6 +64,14 @@ def test_a_lost_lease_recorded_after_the_next_holder_took_it() -> None:
     assert outcomes(events) == [(1, "lost", at(0), at(12)), (2, "released", at(12), at(20))]
 
 
+def test_a_replaced_holding_ends_at_the_takeover_not_at_the_keepers_later_loss() -> None:
+    # on_overlap="replace": B took the key over at 5 (its 'replaced' event is about A's token 1); A's keeper
+    # recorded its loss only at 7, when its renewal was refused.
+    events = [acquired(0, A, 1), acquired(5, B, 2), ev("replaced", 5, A, 1, by_owner=B, by_token=2),
+              ev("lost", 7, A, 1, reason="renewal refused"), ev("released", 9, B, 2)]
+    assert outcomes(events) == [(1, "replaced", at(0), at(5)), (2, "released", at(5), at(9))]
+
+
 def test_no_end_event_and_another_owner_next_is_an_expiry_at_the_known_expiry() -> None:
     (first, second) = derive_holdings(
         [acquired(0, A, 1, ttl_minutes=10), acquired(45, B, 2), ev("released", 50, B, 2)], since=SINCE, now=NOW

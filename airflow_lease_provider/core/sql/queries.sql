@@ -24,6 +24,41 @@ SELECT * FROM {schema}.lease_acquire(%(key)s, %(owner)s, %(ttl)s,
 SELECT * FROM {schema}.lease_acquire_logged(%(key)s, %(owner)s, %(ttl)s, %(detail)s,
                                             %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
 
+-- name: replace [prepared]
+-- The replace policy's acquire (migrations/0012): a free, expired or own lease is granted as acquire grants
+-- it; a lease held by a run whose run_after is strictly earlier than %(run_after)s is taken over, with a
+-- larger token, in the same statement; any other holder is answered by one read (no lock, no write).
+-- %(takeover)s false: never take over (a replace_grace not over yet; 'older' says whether it would have).
+-- %(detail)s NULL: no events (ledger off); else the 'acquired' and (a takeover) 'replaced' events.
+SELECT * FROM {schema}.lease_replace(%(key)s, %(owner)s, %(ttl)s, %(run_after)s, %(takeover)s, %(detail)s,
+                                     %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
+
+-- name: wait_claim
+-- Take or keep a waiter's place (migrations/0012): at most %(max_waiting)s per key, lapsing after %(ttl)s.
+SELECT * FROM {schema}.lease_wait_claim(%(key)s, %(owner)s, %(ttl)s, %(max_waiting)s,
+                                        %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
+
+-- name: wait_release
+-- Give a waiter's place back (it got the lease, gave up, or was killed).
+DELETE FROM {schema}.lease_waiter WHERE key = %(key)s AND owner = %(owner)s RETURNING owner;
+
+-- name: waiters
+-- The live waiters of some keys (NULL: every key), oldest first, of some DAGs (NULL: all).
+SELECT w.key, w.owner, w.since, w.expires_at, w.dag_id, w.run_id, w.task_id, w.map_index
+  FROM {schema}.lease_waiter w
+ WHERE (%(keys)s::text[] IS NULL OR w.key = ANY(%(keys)s::text[]))
+   AND w.expires_at > clock_timestamp()
+   AND (%(dag_ids)s::text[] IS NULL OR w.dag_id = ANY(%(dag_ids)s::text[]))
+ ORDER BY w.key, w.since, w.owner
+ LIMIT %(limit)s;
+
+-- name: replacement
+-- Whether token %(token)s of %(key)s was taken over by lease_replace, from the lease row: the grant that
+-- replaced it, if it is still the row's newest (its owner, token and run columns).
+SELECT l.owner, l.token, l.dag_id, l.run_id, l.task_id, l.map_index
+  FROM {schema}.lease l
+ WHERE l.key = %(key)s AND l.replaced_token = %(token)s;
+
 -- name: renew [prepared]
 -- Extends a lease only while it is still this owner's, with this token, and unexpired (decision 6):
 -- a renewal never brings back a lease that lapsed, even if nobody took it. A renewal that waited on a
@@ -257,7 +292,7 @@ SELECT last.id, last.at, last.kind, last.key, last.owner, last.token, last.detai
 UNION ALL
 SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
   FROM {schema}.event e JOIN last ON e.token = last.token
- WHERE e.key = %(key)s AND e.kind IN ('released', 'lost', 'force_released')
+ WHERE e.key = %(key)s AND e.kind IN ('released', 'lost', 'force_released', 'replaced')
    AND e.at >= last.at AND e.at < %(since)s;
 
 -- name: catchup_events

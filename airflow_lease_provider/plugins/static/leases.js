@@ -64,7 +64,10 @@
         cellKey(el("a", { href: "#events", onclick: () => filterKey(l.key) }, name(l.key))),
         cell("State", badge(l.held ? "held" : "free", l.held ? "held" : "free")),
         cell("Holder", l.holder_run ? runBlock(l.holder_run) : el("span", { class: "mono" }, name(l.owner)),
-          l.held ? null : el("span", { class: "small" }, "last holder")),
+          l.held ? null : el("span", { class: "small" }, "last holder"),
+          // The runs holding a waiting place for the key (buffer_one, wait with max_waiting), oldest first.
+          (l.waiting || []).length ? el("span", { class: "small waiting-runs" }, `${l.waiting.length} waiting: `,
+            ...l.waiting.map((w) => (w.run ? runBlock(w.run) : el("span", { class: "mono" }, name(w.owner))))) : null),
         cell("Token", el("span", { class: "mono" }, l.token)),
         cell("Acquired", time(l.acquired_at)),
         cell("Expires in", expires),
@@ -89,7 +92,7 @@
       cellKey(el("a", { href: "#events", onclick: () => filterKey(e.key) }, name(e.key))),
       cell("Run / task", e.run ? runBlock(e.run, e.task) : (e.owner ? el("span", { class: "mono" }, name(e.owner)) : el("span", { class: "mono" }, "—"))),
       cell("What happened", el("span", { class: "wrap" }, e.summary),
-        e.blocked_by ? el("span", { class: "small" }, "blocked by run ", runBlock(e.blocked_by)) : null),
+        e.blocked_by ? el("span", { class: "small" }, e.kind === "replaced" ? "replaced by run " : "blocked by run ", runBlock(e.blocked_by)) : null),
     ));
   }
 

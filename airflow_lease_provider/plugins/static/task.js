@@ -11,18 +11,28 @@
 
   function explain(data) {
     const box = document.getElementById("explain");
-    const skip = data.events.find((e) => e.kind === "skipped_overlap" || e.kind === "overlap_failed");
+    const SKIPS = ["skipped_overlap", "overlap_failed", "skipped_buffer_full", "replaced"];
+    const skip = data.events.find((e) => SKIPS.includes(e.kind));
     const catchup = data.events.find((e) => e.kind === "skipped_catchup");
     const parts = [];
     if (skip) {
       box.className = "explain skipped";
       // The first line is the skip reason itself, as the operator recorded it.
-      const verb = skip.kind === "skipped_overlap" ? "Skipped" : "Failed (on_overlap=fail)";
+      const verb = { skipped_overlap: "Skipped", overlap_failed: "Failed (on_overlap=fail)",
+        skipped_buffer_full: "Skipped (every waiting place taken)", replaced: "Replaced by a newer run, skipped" }[skip.kind];
       const reason = data.skip_reason || skip.detail.reason || ["lease ", name(skip.key), " was held by another run"];
       parts.push(el("h2", { class: "wrap", id: "skip-reason" }, `${verb}: `, reason));
-      parts.push(el("p", {}, skip.blocked_by ? ["Holder: ", runBlock(skip.blocked_by)] : ["Holder: ", skip.detail.holder_owner ? name(skip.detail.holder_owner) : "unknown"],
-        skip.detail.holder_token ? ` with token ${skip.detail.holder_token}` : "",
-        skip.detail.holder_expires_at ? [" until ", time(skip.detail.holder_expires_at)] : ""));
+      if (skip.kind === "replaced") {
+        parts.push(el("p", { id: "replaced-by" }, "Replaced by: ", skip.blocked_by ? runBlock(skip.blocked_by) : name(skip.detail.by_owner || "unknown"),
+          ` with token ${skip.detail.by_token}; this run's token ${skip.token} is refused by the fence from the takeover on.`));
+      } else {
+        parts.push(el("p", {}, skip.blocked_by ? ["Holder: ", runBlock(skip.blocked_by)] : ["Holder: ", skip.detail.holder_owner ? name(skip.detail.holder_owner) : "unknown"],
+          skip.detail.holder_token ? ` with token ${skip.detail.holder_token}` : "",
+          skip.detail.holder_expires_at ? [" until ", time(skip.detail.holder_expires_at)] : ""));
+      }
+      if (skip.waiting && skip.waiting.length) {
+        parts.push(el("p", { id: "waiting-runs" }, "Waiting: ", ...skip.waiting.map((w) => runBlock(w))));
+      }
       parts.push(el("p", { class: "muted" }, "A skip is not a failure: the two runs never overlapped, and no failure alert fired."));
     } else if (catchup) {
       box.className = "explain";

@@ -8,14 +8,15 @@ const LeaseTimeline = (() => {
   const HOUR = 3600e3, DAY = 24 * HOUR;
   const OUTCOME_TEXT = {
     held: "held now", released: "released", expired: "expired", lost: "lost",
-    force_released: "force-released", reentered: "re-entered by a retry",
+    force_released: "force-released", reentered: "re-entered by a retry", replaced: "replaced by a newer run",
   };
   const MARKER_TEXT = {
     skipped_overlap: "overlap skip", overlap_failed: "overlap failure", waiting: "waiting",
+    skipped_buffer_full: "skip: waiting place taken",
     skipped_catchup: "catch-up skip", fence_rejected: "fence rejection",
   };
   const LANES = [
-    { name: "skips", label: "Skips", kinds: ["skipped_overlap", "overlap_failed", "waiting"] },
+    { name: "skips", label: "Skips", kinds: ["skipped_overlap", "overlap_failed", "waiting", "skipped_buffer_full"] },
     { name: "catchup", label: "Catch-up", kinds: ["skipped_catchup"] },
     { name: "fence", label: "Fence", kinds: ["fence_rejected"] },
   ];
@@ -173,6 +174,7 @@ const LeaseTimeline = (() => {
     return el("div", { class: "legend" },
       item("out-held", "held now"), item("out-released", "released"), item("out-expired", "expired"),
       item("out-lost", "lost"), item("out-force_released", "force-released"), item("out-reentered", "re-entered by a retry"),
+      item("out-replaced", "replaced by a newer run"),
       item("m-skipped_overlap", "overlap skip"), item("m-skipped_catchup", "catch-up skip (slots)"), item("m-fence_rejected", "fence rejection"));
   }
 
