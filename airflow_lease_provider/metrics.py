@@ -3,6 +3,7 @@
 ==============================  =====================================================================
 ``scheduled.skipped_overlap``   a leased task was skipped because another run held the lease
 ``scheduled.skipped_catchup``   catch-up slots skipped after downtime (by the count skipped)
+``scheduled.coalesced``         catch-up slots coalesced into one run after downtime (by the count)
 ``lease.acquired``              a lease was acquired
 ``lease.overlap_failed``        ``on_overlap="fail"``: the task failed because the lease was held
 ``lease.lost``                  a held lease was lost (renewal refused or too late); the task fails

@@ -43,6 +43,8 @@ class EventKind(str, enum.Enum):
     SKIPPED_CATCHUP = "skipped_catchup"
     WAITING = "waiting"
     OVERLAP_FAILED = "overlap_failed"
+    #: A coalesced catch-up: the missed slots folded into one run's data interval (issue 26 item 4).
+    COALESCED = "coalesced"
 
     def __str__(self) -> str:
         return self.value

@@ -33,6 +33,7 @@ class Outcome(enum.Enum):
     FENCE_REJECTED = "fence_rejected"
     RELEASED = "released"
     SKIPPED_CATCHUP = "skipped_catchup"
+    COALESCED = "coalesced"
 
 
 @dataclass(frozen=True)
@@ -58,6 +59,9 @@ OUTCOMES: dict[Outcome, OutcomeSpec] = {
     Outcome.RELEASED: OutcomeSpec(EventKind.RELEASED, True, None, logging.INFO),
     Outcome.SKIPPED_CATCHUP: OutcomeSpec(
         EventKind.SKIPPED_CATCHUP, False, "scheduled.skipped_catchup", logging.WARNING, topic="catch-up"
+    ),
+    Outcome.COALESCED: OutcomeSpec(
+        EventKind.COALESCED, False, "scheduled.coalesced", logging.WARNING, topic="catch-up"
     ),
 }
 

@@ -104,6 +104,14 @@ VALUES ('skipped_catchup', %(key)s, %(owner)s, NULL, %(detail)s, %(dag_id)s, %(r
 ON CONFLICT ((detail->>'dag_id'), (detail->>'run_id')) WHERE kind = 'skipped_catchup' DO NOTHING
 RETURNING id, at;
 
+-- name: record_coalesced
+-- One record per coalesced run in one statement, as record_skipped_catchup, by the unique index of
+-- migrations/0013 (kind 'coalesced'): a row back means "this call wrote it".
+INSERT INTO {schema}.event (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
+VALUES ('coalesced', %(key)s, %(owner)s, NULL, %(detail)s, %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s)
+ON CONFLICT ((detail->>'dag_id'), (detail->>'run_id')) WHERE kind = 'coalesced' DO NOTHING
+RETURNING id, at;
+
 -- name: prune_events
 -- Deletes in bounded batches so a long-neglected table never holds a long lock.
 DELETE FROM {schema}.event
