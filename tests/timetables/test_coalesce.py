@@ -88,7 +88,9 @@ def test_the_run_stored_before_the_outage_is_widened_not_moved(
 @pytest.mark.parametrize("cap", [2, 3, 5])
 def test_with_max_backfill_n_the_other_kept_runs_are_normal_slots(clock: FrozenClock, cap: int) -> None:
     last = DataInterval(minute(2025, 6, 14, 11, 55), minute(2025, 6, 14, 12, 0))
-    runs, _ = scheduled_runs(CappedCatchupTimetable(FIVE, max_backfill=cap, coalesce=True), last, CATCHUP, clock)
+    runs, _ = scheduled_runs(
+        CappedCatchupTimetable(FIVE, max_backfill=cap, coalesce=True), last, CATCHUP, clock
+    )
     plain, _ = scheduled_runs(CappedCatchupTimetable(FIVE, max_backfill=cap), last, CATCHUP, clock)
     assert len(runs) == cap
     assert runs[1:] == plain[1:]
@@ -162,7 +164,9 @@ def test_catchup_false_is_latest_only_as_without_coalesce(
     coalescing = CappedCatchupTimetable(FIVE, max_backfill=cap, coalesce=True)
     plain = CappedCatchupTimetable(FIVE, max_backfill=cap)
     last = DataInterval(minute(2025, 6, 14, 11, 55), minute(2025, 6, 14, 12, 0))
-    assert scheduled_runs(coalescing, last, NO_CATCHUP, clock) == scheduled_runs(plain, last, NO_CATCHUP, clock)
+    assert scheduled_runs(coalescing, last, NO_CATCHUP, clock) == scheduled_runs(
+        plain, last, NO_CATCHUP, clock
+    )
     stale = DagRunInfo.interval(last.end, minute(2025, 6, 14, 12, 5))
     created = coalescing.next_run_info_from_dag_model(dag_model=stored(stale))
     assert created == plain.next_run_info_from_dag_model(dag_model=stored(stale))
@@ -218,11 +222,23 @@ def test_a_manual_run_in_the_gap_does_not_shorten_the_coalesced_range(clock: Fro
         # Fall back, Berlin 2025-10-26: 02:30 happens twice (runs once, the later).
         ("30 2 * * *", pendulum.datetime(2025, 10, 23, 2, 30, tz="Europe/Berlin"), minute(2025, 10, 29, 12)),
         # An every-hour schedule across the fold runs the repeated hour twice.
-        ("0 * * * *", pendulum.datetime(2025, 10, 25, 20, 0, tz="Europe/Berlin"), minute(2025, 10, 26, 4, 30)),
-        ("*/20 * * * *", pendulum.datetime(2025, 3, 29, 20, 0, tz="Europe/Berlin"), minute(2025, 3, 30, 3, 30)),
+        (
+            "0 * * * *",
+            pendulum.datetime(2025, 10, 25, 20, 0, tz="Europe/Berlin"),
+            minute(2025, 10, 26, 4, 30),
+        ),
+        (
+            "*/20 * * * *",
+            pendulum.datetime(2025, 3, 29, 20, 0, tz="Europe/Berlin"),
+            minute(2025, 3, 30, 3, 30),
+        ),
         # New York's changes, on the DST days themselves.
         ("*/15 * * * *", pendulum.datetime(2025, 3, 8, 23, 0, tz="America/New_York"), minute(2025, 3, 9, 12)),
-        ("*/15 * * * *", pendulum.datetime(2025, 11, 1, 23, 0, tz="America/New_York"), minute(2025, 11, 2, 12)),
+        (
+            "*/15 * * * *",
+            pendulum.datetime(2025, 11, 1, 23, 0, tz="America/New_York"),
+            minute(2025, 11, 2, 12),
+        ),
     ],
 )
 @pytest.mark.parametrize("cap", [1, 3])
@@ -298,7 +314,9 @@ def test_serialization_round_trip_and_old_forms() -> None:
     assert "coalesce" not in plain.serialize()
     old = {"cron": FIVE, "max_backfill": 3, "catchup_window": None, "timezone": "UTC", "data_interval": True}
     assert CappedCatchupTimetable.deserialize(old).coalesce is False
-    assert CappedCatchupTimetable.deserialize(old) != CappedCatchupTimetable(FIVE, max_backfill=3, coalesce=True)
+    assert CappedCatchupTimetable.deserialize(old) != CappedCatchupTimetable(
+        FIVE, max_backfill=3, coalesce=True
+    )
 
 
 def test_a_real_dag_serializes_and_schedules_coalesced(clock: FrozenClock) -> None:

@@ -4,6 +4,7 @@ real PostgreSQL; its line, its metric (``scheduled.coalesced``) and what the led
 from __future__ import annotations
 
 import logging
+from collections.abc import Iterator
 from typing import Any
 
 import pendulum
@@ -18,19 +19,38 @@ from airflow_lease_provider.timetables.catchup_record import (
     SKIPPED_CATCHUP,
     record_skipped_catchup,
 )
-from tests.timetables.test_catchup_record import (  # noqa: F401  (fixtures)
-    BEFORE_GAP,
-    FakeTI,
-    at,
-    dag_run,
-    metrics,
-    real_ledger,
-)
+from tests.timetables.test_catchup_record import BEFORE_GAP, FakeTI, at, dag_run
 
 # Before the outage the last run covered [02:00, 03:00]; after it the oldest kept run covers [03:00, 11:00]
 # (hourly, coalesce=True): the 7 slots ending 04:00 .. 10:00 are folded into it.
 COALESCED_RUN = dag_run("scheduled__2025-06-15T03:00:00+00:00", at(2025, 6, 15, 3), at(2025, 6, 15, 11))
 NEXT = dag_run("scheduled__2025-06-15T11:00:00+00:00", at(2025, 6, 15, 11), at(2025, 6, 15, 12))
+
+
+@pytest.fixture
+def metrics(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, int | None, dict | None]]:
+    """Every increment of the task-side Stats, from any thread."""
+    import threading
+
+    from airflow.sdk.observability.stats import Stats
+
+    calls: list[tuple[str, int | None, dict | None]] = []
+    lock = threading.Lock()
+
+    def incr(stat: str, count: int | None = None, rate: Any = None, *, tags: dict | None = None) -> None:
+        with lock:
+            calls.append((stat, count, tags))
+
+    monkeypatch.setattr(Stats, "incr", incr)
+    return calls
+
+
+@pytest.fixture
+def real_ledger(request: pytest.FixtureRequest) -> Iterator[Any]:
+    """The real EventLedger on the test PostgreSQL (root conftest's ``store``)."""
+    store = request.getfixturevalue("store")
+    store.ensure_schema()
+    yield store.events
 
 
 def coalescing_context(run: Any, previous: Any, *, try_number: int = 1, task_id: str = "publish") -> dict:
@@ -72,21 +92,30 @@ def test_the_coalesced_run_records_its_range_once(
         "run_id": COALESCED_RUN.run_id,
         "max_backfill": 2,
     }
-    assert event.run is not None and (event.run.dag_id, event.run.run_id) == ("articles", COALESCED_RUN.run_id)
+    assert event.run is not None and (event.run.dag_id, event.run.run_id) == (
+        "articles",
+        COALESCED_RUN.run_id,
+    )
     # Not a skip: nothing was dropped.
     assert real_ledger.query(kind=SKIPPED_CATCHUP) == []
 
     # Another task of the run and a retry find the record and stay quiet; the next run folded nothing.
     caplog.clear()
-    again = record_skipped_catchup(coalescing_context(COALESCED_RUN, BEFORE_GAP, task_id="other"), ledger=real_ledger)
+    again = record_skipped_catchup(
+        coalescing_context(COALESCED_RUN, BEFORE_GAP, task_id="other"), ledger=real_ledger
+    )
     assert again == folded
-    retry = record_skipped_catchup(coalescing_context(COALESCED_RUN, BEFORE_GAP, try_number=2), ledger=real_ledger)
+    retry = record_skipped_catchup(
+        coalescing_context(COALESCED_RUN, BEFORE_GAP, try_number=2), ledger=real_ledger
+    )
     assert retry == folded
     assert record_skipped_catchup(coalescing_context(NEXT, COALESCED_RUN), ledger=real_ledger) is None
     assert len(real_ledger.query(kind=COALESCED)) == 1 and len(metrics) == 1 and caplog.records == []
 
 
-def test_many_callers_at_once_write_one_record(real_ledger: Any, metrics: list, pg_dsn: str, schema: str) -> None:
+def test_many_callers_at_once_write_one_record(
+    real_ledger: Any, metrics: list, pg_dsn: str, schema: str
+) -> None:
     """Six tasks of the run at the same moment, each with its own store: the database lets one through."""
     from airflow_lease_provider.core import LeaseStore
     from tests.timetables.test_catchup_record_once import _call_together
@@ -94,7 +123,9 @@ def test_many_callers_at_once_write_one_record(real_ledger: Any, metrics: list, 
     def call(i: int) -> Any:
         with LeaseStore(pg_dsn, schema=schema) as store:
             return record_skipped_catchup(
-                coalescing_context(COALESCED_RUN, BEFORE_GAP, task_id=f"t{i}"), ledger=store.events, key=f"k{i % 3}"
+                coalescing_context(COALESCED_RUN, BEFORE_GAP, task_id=f"t{i}"),
+                ledger=store.events,
+                key=f"k{i % 3}",
             )
 
     results = _call_together(6, call)
