@@ -16,7 +16,7 @@ from typing import Any
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.db import Row
 from airflow_lease_provider.core.errors import InvalidArgument
-from airflow_lease_provider.core.events import Event
+from airflow_lease_provider.core.events import Event, EventKind
 from airflow_lease_provider.core.store import Store
 from airflow_lease_provider.core.types import Lease
 
@@ -112,14 +112,22 @@ class LeaseHistory:
         return self._events("timeline_open_holding", {"key": key, "since": since})
 
     def catchup_events(
-        self, dag_ids: Collection[str], since: datetime, until: datetime, *, limit: int = 1000
+        self,
+        dag_ids: Collection[str],
+        since: datetime,
+        until: datetime,
+        *,
+        limit: int = 1000,
+        coalesced: bool = False,
     ) -> list[Event]:
-        """The skipped catch-up records (one per gap) of these DAGs in ``[since, until)``, newest first."""
+        """The skipped catch-up records (one per gap) of these DAGs in ``[since, until)``, newest first;
+        with ``coalesced``, the coalesced catch-up records (one per coalesced run) too."""
         _range(since, until)
         dags = sorted(dag_ids)
         if not dags:
             return []
-        params = {"dag_ids": dags, "since": since, "until": until, "limit": _limit(limit, 100_000)}
+        kinds = [EventKind.SKIPPED_CATCHUP.value] + ([EventKind.COALESCED.value] if coalesced else [])
+        params = {"dag_ids": dags, "since": since, "until": until, "limit": _limit(limit, 100_000), "kinds": kinds}
         return self._events("catchup_events", params)
 
     def _trend(self, name: str, params: dict[str, Any]) -> list[TrendRow]:

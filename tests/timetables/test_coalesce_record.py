@@ -169,3 +169,45 @@ def test_the_dst_day_range_is_recorded_in_utc(real_ledger: Any, metrics: list) -
     (event,) = real_ledger.query(kind=COALESCED)
     assert event.detail["last_end"] == "2025-03-30T01:30:00+00:00"
     assert event.detail["coalesced_start"] == "2025-03-27T01:30:00+00:00"
+
+
+def test_the_timeline_shows_the_coalesced_range_and_the_trends_do_not_count_it_as_skipped(store: Any) -> None:
+    """The Leases page's timeline (a key's markers, the DAG's catch-up records) and the DAG tab's reads."""
+    from datetime import timedelta
+
+    from airflow_lease_provider.core.history import LeaseHistory
+    from airflow_lease_provider.core.identity import RunRef
+    from airflow_lease_provider.plugins import timeline
+
+    store.ensure_schema()
+    run = RunRef("etl", "scheduled__c", task_id="load")
+    lease = store.acquire("etl.load", "etl/scheduled__c/load", timedelta(minutes=10), run=run)
+    assert lease is not None
+    # Recorded under the DAG id (a leased task without lease_key), as catchup_record writes it.
+    detail = {
+        "dag_id": "etl",
+        "run_id": "scheduled__c",
+        "count": 287,
+        "coalesced_start": "2025-06-14T12:00:00+00:00",
+        "coalesced_end": "2025-06-15T12:00:00+00:00",
+    }
+    store.events.record(EventKind.COALESCED, "etl", owner="etl/scheduled__c", detail=detail, run=run)
+
+    data = timeline.key_timeline(store, "etl.load", range_name="24h")
+    (marker,) = [m for m in data["markers"] if m["kind"] == "coalesced"]
+    assert marker["slots"] == 287
+    assert (marker["coalesced_start"], marker["coalesced_end"]) == (
+        detail["coalesced_start"],
+        detail["coalesced_end"],
+    )
+    assert marker["summary"].startswith("catch-up coalesced 287 missed slot(s) into this run")
+    # Nothing was skipped: the trends' catch-up counts stay at zero, and the DAG id is not a lease key.
+    assert timeline.dag_trend(store, "etl", range_name="7d")["totals"]["catchup_slots"] == 0
+    history = LeaseHistory(store)
+    now = history.now()
+    assert [u.key for u in history.dag_keys("etl", now - timedelta(days=1), now)] == ["etl.load"]
+    # The task's Lease tab (the writer's task instance) and the Leases page's event list.
+    from airflow_lease_provider.reading import task_instance_events
+
+    tab = task_instance_events(store, "etl", "scheduled__c", "load")
+    assert [e["kind"] for e in tab["events"] if e["kind"] == "coalesced"] == ["coalesced"]

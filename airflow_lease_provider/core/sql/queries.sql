@@ -269,10 +269,11 @@ SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id
    AND e.at >= last.at AND e.at < %(since)s;
 
 -- name: catchup_events
--- The skipped catch-up records of some DAGs in [since, until) (one per gap), newest first.
+-- The catch-up records of some DAGs in [since, until) (one per gap and kind), newest first: %(kinds)s is
+-- skipped_catchup, and coalesced where the caller shows coalesced ranges too (the timeline's markers).
 SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
   FROM {schema}.event e
- WHERE e.kind = 'skipped_catchup' AND e.dag_id = ANY(%(dag_ids)s::text[])
+ WHERE e.kind = ANY(%(kinds)s::text[]) AND e.dag_id = ANY(%(dag_ids)s::text[])
    AND e.at >= %(since)s AND e.at < %(until)s
  ORDER BY e.at DESC, e.id DESC
  LIMIT %(limit)s;
@@ -307,12 +308,13 @@ SELECT date_trunc(%(unit)s, e.at AT TIME ZONE 'UTC') AS bucket, e.kind, count(*)
 
 -- name: dag_keys
 -- The lease keys one DAG's runs used in [since, until), most recently used first: the event's key, or for
--- a fence rejection the lease key in its detail. Catch-up records name the DAG, not a lease: left out.
+-- a fence rejection the lease key in its detail. Catch-up records (skipped or coalesced) name the DAG, not
+-- a lease: left out.
 SELECT CASE WHEN e.kind = 'fence_rejected' THEN coalesce(e.detail->>'lease_key', e.key) ELSE e.key END AS lease_key,
        count(*) AS events, max(e.at) AS last_at
   FROM {schema}.event e
  WHERE e.dag_id = %(dag_id)s
-   AND e.at >= %(since)s AND e.at < %(until)s AND e.kind <> 'skipped_catchup'
+   AND e.at >= %(since)s AND e.at < %(until)s AND e.kind NOT IN ('skipped_catchup', 'coalesced')
  GROUP BY 1
  ORDER BY max(e.at) DESC, 1
  LIMIT %(limit)s;

@@ -13,6 +13,7 @@
     const box = document.getElementById("explain");
     const skip = data.events.find((e) => e.kind === "skipped_overlap" || e.kind === "overlap_failed");
     const catchup = data.events.find((e) => e.kind === "skipped_catchup");
+    const coalesced = data.events.find((e) => e.kind === "coalesced");
     const parts = [];
     if (skip) {
       box.className = "explain skipped";
@@ -24,6 +25,13 @@
         skip.detail.holder_token ? ` with token ${skip.detail.holder_token}` : "",
         skip.detail.holder_expires_at ? [" until ", time(skip.detail.holder_expires_at)] : ""));
       parts.push(el("p", { class: "muted" }, "A skip is not a failure: the two runs never overlapped, and no failure alert fired."));
+    } else if (coalesced) {
+      // CappedCatchupTimetable(coalesce=True): the missed range was folded into this run's data interval.
+      box.className = "explain";
+      parts.push(el("h2", {}, "This run came after a gap: the missed slots were coalesced into it"),
+        el("p", {}, coalesced.summary),
+        el("p", { class: "muted" }, "Data interval ", time(coalesced.detail.coalesced_start), " → ",
+          time(coalesced.detail.coalesced_end), ": nothing of the missed range was dropped."));
     } else if (catchup) {
       box.className = "explain";
       parts.push(el("h2", {}, "This run came after a gap: older slots were skipped"), el("p", {}, catchup.summary));
