@@ -16,7 +16,7 @@ from typing import Any
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.db import Row
 from airflow_lease_provider.core.errors import InvalidArgument
-from airflow_lease_provider.core.events import Event, EventKind
+from airflow_lease_provider.core.events import Event
 from airflow_lease_provider.core.store import Store
 from airflow_lease_provider.core.types import Lease
 
@@ -126,9 +126,8 @@ class LeaseHistory:
         dags = sorted(dag_ids)
         if not dags:
             return []
-        kinds = [EventKind.SKIPPED_CATCHUP.value] + ([EventKind.COALESCED.value] if coalesced else [])
-        params = {"dag_ids": dags, "since": since, "until": until, "limit": _limit(limit, 100_000), "kinds": kinds}
-        return self._events("catchup_events", params)
+        params = {"dag_ids": dags, "since": since, "until": until, "limit": _limit(limit, 100_000)}
+        return self._events("catchup_and_coalesced_events" if coalesced else "catchup_events", params)
 
     def _trend(self, name: str, params: dict[str, Any]) -> list[TrendRow]:
         if params["unit"] not in UNITS:

@@ -269,11 +269,20 @@ SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id
    AND e.at >= last.at AND e.at < %(since)s;
 
 -- name: catchup_events
--- The catch-up records of some DAGs in [since, until) (one per gap and kind), newest first: %(kinds)s is
--- skipped_catchup, and coalesced where the caller shows coalesced ranges too (the timeline's markers).
+-- The skipped catch-up records of some DAGs in [since, until) (one per gap), newest first.
 SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
   FROM {schema}.event e
- WHERE e.kind = ANY(%(kinds)s::text[]) AND e.dag_id = ANY(%(dag_ids)s::text[])
+ WHERE e.kind = 'skipped_catchup' AND e.dag_id = ANY(%(dag_ids)s::text[])
+   AND e.at >= %(since)s AND e.at < %(until)s
+ ORDER BY e.at DESC, e.id DESC
+ LIMIT %(limit)s;
+
+-- name: catchup_and_coalesced_events
+-- catchup_events with the coalesced catch-up records (one per coalesced run) too: the timeline's markers.
+-- Each kind is a literal, so each branch can read its partial index (migrations 0004 and 0013).
+SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
+  FROM {schema}.event e
+ WHERE (e.kind = 'skipped_catchup' OR e.kind = 'coalesced') AND e.dag_id = ANY(%(dag_ids)s::text[])
    AND e.at >= %(since)s AND e.at < %(until)s
  ORDER BY e.at DESC, e.id DESC
  LIMIT %(limit)s;
