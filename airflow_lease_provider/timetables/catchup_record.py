@@ -146,6 +146,9 @@ def record_skipped_catchup(
 ) -> SkippedSlots | None:
     """Record the slots skipped before this run, once: ledger event, one warning and the metric.
 
+    On ``CappedCatchupTimetable(..., coalesce=True)`` a run whose data interval spans missed slots records
+    them as coalesced instead (event ``coalesced``, metric ``scheduled.coalesced``) and returns them.
+
     Call it from a task of the first run after a gap (calling it from every run is fine: runs without a
     gap record nothing). With a ledger, every task, try and parallel instance of the run may call it at
     the same time: the database keeps one record per run (so per gap) and only the caller that wrote it
