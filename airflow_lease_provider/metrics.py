@@ -3,6 +3,7 @@
 =================================  ==================================================================================
 ``scheduled.skipped_overlap``      a leased task was skipped because another run held the lease
 ``scheduled.skipped_catchup``      catch-up slots skipped after downtime (by the count skipped)
+``scheduled.coalesced``            catch-up slots coalesced into one run after downtime (by the count)
 ``scheduled.skipped_replaced``     ``replace``: the task was skipped because a newer run took its lease over
                                    (counted by the replaced task when it finds out)
 ``scheduled.skipped_buffer_full``  ``buffer_one`` (``wait`` with ``max_waiting``): skipped, every waiting place taken

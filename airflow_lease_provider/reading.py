@@ -239,6 +239,11 @@ def summarize(event: Event) -> str:
         span = f" from {short_time(first)} to {short_time(last)}" if first and last else ""
         cap = f"; max_backfill={d['max_backfill']} newest ran" if d.get("max_backfill") is not None else ""
         return f"catch-up skipped {d.get('count', '?')} older slot(s){span}{cap}"
+    if kind == EventKind.COALESCED:
+        # The run's whole data interval (CappedCatchupTimetable(coalesce=True); catchup_record writes it).
+        start, end = d.get("coalesced_start"), d.get("coalesced_end")
+        span = f": its data interval covers {short_time(start)} to {short_time(end)}" if start and end else ""
+        return f"catch-up coalesced {d.get('count', '?')} missed slot(s) into this run{span}"
     if kind == EventKind.FENCE_REJECTED:
         outcome = d.get("outcome", "stale")
         what = "a duplicate publish" if outcome == "duplicate" else "a stale token"

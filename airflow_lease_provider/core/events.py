@@ -49,6 +49,8 @@ class EventKind(str, enum.Enum):
     #: ``on_overlap="buffer_one"`` (or ``wait`` with ``max_waiting``): every waiting place was taken; the run
     #: is skipped, naming the waiters in its detail.
     SKIPPED_BUFFER_FULL = "skipped_buffer_full"
+    #: A coalesced catch-up: the missed slots folded into one run's data interval (issue 26 item 4).
+    COALESCED = "coalesced"
 
     def __str__(self) -> str:
         return self.value

@@ -112,15 +112,22 @@ class LeaseHistory:
         return self._events("timeline_open_holding", {"key": key, "since": since})
 
     def catchup_events(
-        self, dag_ids: Collection[str], since: datetime, until: datetime, *, limit: int = 1000
+        self,
+        dag_ids: Collection[str],
+        since: datetime,
+        until: datetime,
+        *,
+        limit: int = 1000,
+        coalesced: bool = False,
     ) -> list[Event]:
-        """The skipped catch-up records (one per gap) of these DAGs in ``[since, until)``, newest first."""
+        """The skipped catch-up records (one per gap) of these DAGs in ``[since, until)``, newest first;
+        with ``coalesced``, the coalesced catch-up records (one per coalesced run) too."""
         _range(since, until)
         dags = sorted(dag_ids)
         if not dags:
             return []
         params = {"dag_ids": dags, "since": since, "until": until, "limit": _limit(limit, 100_000)}
-        return self._events("catchup_events", params)
+        return self._events("catchup_and_coalesced_events" if coalesced else "catchup_events", params)
 
     def _trend(self, name: str, params: dict[str, Any]) -> list[TrendRow]:
         if params["unit"] not in UNITS:

@@ -36,6 +36,7 @@ MARKER_KINDS = (
     EventKind.WAITING.value,
     EventKind.SKIPPED_BUFFER_FULL.value,
     EventKind.SKIPPED_CATCHUP.value,
+    EventKind.COALESCED.value,
     EventKind.FENCE_REJECTED.value,
 )
 _ENDS = {
@@ -211,10 +212,14 @@ def derive_holdings(
 
 
 def marker(event: Event) -> dict[str, Any]:
-    """A marker: the event's row (run, task, summary) and, for catch-up skips, the slot count."""
+    """A marker: the event's row (run, task, summary) and, for catch-up skips and coalesced catch-up, the
+    slot count (and for the latter the run's whole data interval, ``coalesced_start``/``coalesced_end``)."""
     row = reading.event_row(event)
     count = event.detail.get("count")
     row["slots"] = int(count) if isinstance(count, int) and not isinstance(count, bool) else None
+    if event.kind == EventKind.COALESCED.value:
+        row["coalesced_start"] = event.detail.get("coalesced_start")
+        row["coalesced_end"] = event.detail.get("coalesced_end")
     return row
 
 
@@ -255,7 +260,7 @@ def key_timeline(
     dags.discard(None)
     shown = {m["id"] for m in markers}
     catchup = [
-        marker(e) for e in reversed(history.catchup_events({d for d in dags if d}, since, now))
+        marker(e) for e in reversed(history.catchup_events({d for d in dags if d}, since, now, coalesced=True))
         if e.id not in shown and _in_scope(e, dag_ids)
     ]
     markers = sorted([*markers, *catchup], key=lambda m: (m["at"], m["id"]))

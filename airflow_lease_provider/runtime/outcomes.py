@@ -36,6 +36,7 @@ class Outcome(enum.Enum):
     REPLACED = "replaced"
     SKIPPED_REPLACED = "skipped_replaced"
     SKIPPED_BUFFER_FULL = "skipped_buffer_full"
+    COALESCED = "coalesced"
 
 
 @dataclass(frozen=True)
@@ -68,6 +69,9 @@ OUTCOMES: dict[Outcome, OutcomeSpec] = {
     ),
     Outcome.SKIPPED_CATCHUP: OutcomeSpec(
         EventKind.SKIPPED_CATCHUP, False, "scheduled.skipped_catchup", logging.WARNING, topic="catch-up"
+    ),
+    Outcome.COALESCED: OutcomeSpec(
+        EventKind.COALESCED, False, "scheduled.coalesced", logging.WARNING, topic="catch-up"
     ),
 }
 

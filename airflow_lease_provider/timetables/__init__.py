@@ -12,11 +12,16 @@ from airflow_lease_provider.timetables.capped_catchup import (
     skipped_slots,
     slot_idempotency_key,
 )
-from airflow_lease_provider.timetables.catchup_record import record_skipped_catchup, skipped_catchup_slots
+from airflow_lease_provider.timetables.catchup_record import (
+    coalesced_catchup_slots,
+    record_skipped_catchup,
+    skipped_catchup_slots,
+)
 
 __all__ = [
     "CappedCatchupTimetable",
     "SkippedSlots",
+    "coalesced_catchup_slots",
     "record_skipped_catchup",
     "skipped_catchup_slots",
     "skipped_slots",

@@ -21,6 +21,10 @@ Rules the implementation keeps (``docs/timetable.md`` explains the choices):
   (Airflow then refuses a DAG with ``max_active_runs`` above 1 at parse time), so the kept slots run
   back to back and a leased task in one never finds the lease held by another kept slot's run.
   ``parallel_catchup=True`` lifts that, for jobs whose runs may overlap.
+* **Coalesced catch-up (``coalesce=True``).** Where the cap drops missed slots, the oldest kept run's data
+  interval starts where the last run's ended instead, so the dropped range is folded into that run, not
+  lost (apache/airflow #25265). Only with ``catchup=True`` and outside backfills; the logical date of that
+  run is its interval's start, the one the scheduler stored before the outage.
 * **The stored next run cannot slip a stale slot in.** Before an outage the scheduler stores the next
   run in ``DagModel`` and, after the outage, creates it without asking :meth:`next_dagrun_info`; so
   :meth:`next_run_info_from_dag_model` re-applies the cap to that stored run.
@@ -272,6 +276,11 @@ class CappedCatchupTimetable(Timetable):
         (``active_runs_limit = 1``; the DAG must say ``max_active_runs=1``, Airflow refuses more at parse
         time), so kept catch-up slots run back to back instead of together, where a leased task would
         skip all but one. True: no limit from the timetable, kept runs may run together.
+    :param coalesce: False (default): the slots the cap drops are skipped (recorded ``skipped_catchup``).
+        True: they are folded into the oldest kept run, whose data interval then starts where the last
+        run's ended (recorded ``coalesced``); the other kept runs are normal slots. Needs
+        ``data_interval=True`` (a trigger-style run has no interval to widen) and no ``catchup_window``
+        (which drops a range that coalescing would keep); applies with ``catchup=True`` only.
     :raises InvalidArgument: a ``ValueError`` naming the bad parameter, raised when the DAG is parsed.
     """
 
@@ -284,6 +293,7 @@ class CappedCatchupTimetable(Timetable):
         timezone: str | Timezone | FixedTimezone = "UTC",
         data_interval: bool = True,
         parallel_catchup: bool = False,
+        coalesce: bool = False,
     ) -> None:
         self._timezone = _timezone_arg(timezone)
         parsed = _schedule_arg(schedule, self._timezone)
@@ -297,6 +307,23 @@ class CappedCatchupTimetable(Timetable):
         if not isinstance(parallel_catchup, bool):
             raise InvalidArgument("parallel_catchup", parallel_catchup, "must be True or False")
         self._parallel_catchup = parallel_catchup
+        if not isinstance(coalesce, bool):
+            raise InvalidArgument("coalesce", coalesce, "must be True or False")
+        if coalesce and not data_interval:
+            raise InvalidArgument(
+                "coalesce",
+                coalesce,
+                "needs data_interval=True: a trigger-style run (data_interval=False) has an empty data "
+                "interval, so there is no range to fold the missed slots into",
+            )
+        if coalesce and self._catchup_window is not None:
+            raise InvalidArgument(
+                "coalesce",
+                coalesce,
+                f"cannot be combined with catchup_window={self._catchup_window!r}: the window drops the "
+                "missed range that coalesce=True folds into the oldest kept run; use one or the other",
+            )
+        self._coalesce = coalesce
         #: Airflow's hook (``Timetable.active_runs_limit``, checked against the DAG's ``max_active_runs``
         #: when the DAG is built): kept catch-up slots run one at a time unless told otherwise.
         self.active_runs_limit: int | None = 1 if self._max_backfill > 1 and not parallel_catchup else None
@@ -332,6 +359,10 @@ class CappedCatchupTimetable(Timetable):
     def parallel_catchup(self) -> bool:
         return self._parallel_catchup
 
+    @property
+    def coalesce(self) -> bool:
+        return self._coalesce
+
     # -- serialization: a compatibility contract (add keys, never rename) ------------------------------
 
     def serialize(self) -> dict[str, Any]:
@@ -347,6 +378,10 @@ class CappedCatchupTimetable(Timetable):
         else:
             assert self._delta is not None
             data["delta"] = self._delta.total_seconds()
+        if self._coalesce:
+            # Only when set: the forms stored for every other DAG stay byte for byte what they were (no
+            # re-serialization on upgrade); a form without the key is coalesce=False.
+            data["coalesce"] = True
         return data
 
     @classmethod
@@ -361,6 +396,7 @@ class CappedCatchupTimetable(Timetable):
             timezone=data.get("timezone", "UTC"),
             data_interval=data.get("data_interval", True),
             parallel_catchup=data.get("parallel_catchup", False),
+            coalesce=data.get("coalesce", False),
         )
 
     def __eq__(self, other: object) -> bool:
@@ -375,7 +411,8 @@ class CappedCatchupTimetable(Timetable):
         return (
             f"{type(self).__name__}({self.schedule!r}, max_backfill={self._max_backfill}, "
             f"catchup_window={self._catchup_window!r}, timezone={_encode_timezone(self._timezone)!r}, "
-            f"data_interval={self._data_interval}, parallel_catchup={self._parallel_catchup})"
+            f"data_interval={self._data_interval}, parallel_catchup={self._parallel_catchup}"
+            + (", coalesce=True)" if self._coalesce else ")")
         )
 
     # -- UI ---------------------------------------------------------------------------------------------
@@ -386,6 +423,8 @@ class CappedCatchupTimetable(Timetable):
         cap = f"catch-up: newest {self._max_backfill}"
         if self._catchup_window is not None:
             cap += f", window {self._catchup_window}"
+        if self._coalesce:
+            cap += ", rest coalesced"
         return f"{schedule} ({cap})"
 
     def _describe(self) -> str:
@@ -401,6 +440,8 @@ class CappedCatchupTimetable(Timetable):
             cap = f"after downtime at most the newest {self._max_backfill} missed runs are made up"
         if self._catchup_window is not None:
             cap += f", none older than {self._catchup_window}"
+        if self._coalesce:
+            cap += "; the older ones are coalesced into the oldest kept run's data interval"
         if self.active_runs_limit == 1:
             cap += ", one at a time"
         return f"{base}; {cap} (with catchup=True)"
@@ -494,7 +535,8 @@ class CappedCatchupTimetable(Timetable):
             candidates.append(self._first_slot_from(grid, earliest))
         resume = max(candidates) if candidates else None
 
-        if restriction.catchup and latest is not None:
+        capped = not (restriction.catchup and latest is not None)
+        if not capped:
             # An explicit backfill (or a DAG with an end_date; Airflow passes both the same way): every
             # slot in the range, never clipped.
             slot = resume if resume is not None else grid.at_or_before(self._now())
@@ -509,9 +551,24 @@ class CappedCatchupTimetable(Timetable):
             assert info.logical_date is not None
             if info.logical_date <= to_utc(last_automated_data_interval.start):
                 info = self._info(grid, grid.after(slot))
+        if capped and restriction.catchup and resume is not None:
+            info = self._coalesced(grid, info, resume, last_end)
         if latest is not None and info.logical_date is not None and info.logical_date > latest:
             return None
         return info
+
+    def _coalesced(
+        self, grid: Grid, info: DagRunInfo, resume: DateTime, last_end: DateTime | None
+    ) -> DagRunInfo:
+        """``info`` widened back to where the schedule resumes, if the cap moved it past missed slots.
+
+        The start is the last run's interval end (the slot after it is where the schedule resumed), or
+        for a DAG's first run the start of its first slot's interval (from ``start_date``).
+        """
+        if not self._coalesce or info.data_interval is None or info.data_interval.end <= resume:
+            return info
+        start = last_end if last_end is not None and grid.after(last_end) == resume else grid.before(resume)
+        return DagRunInfo.interval(start=start, end=info.data_interval.end)
 
     def next_run_info_from_dag_model(self, *, dag_model: DagModel) -> DagRunInfo | None:
         """The run the scheduler is about to create from ``DagModel``, with the cap re-applied.
@@ -548,6 +605,18 @@ class CappedCatchupTimetable(Timetable):
         slot = max(stored, self._apply_cap(grid, stored, now, cap, newest=newest))
         if slot == stored:
             return info
+        if self._coalesce and (restriction is None or restriction.catchup):
+            # The stored run keeps its start (and logical date, which the scheduler has checked is free)
+            # and is widened to the kept slot: the missed range is folded into it, not dropped.
+            log.warning(
+                "capped catch-up: the stored next run (slot %s) is older than the newest %d slots; "
+                "scheduling slot %s with the missed range coalesced into it, from %s",
+                stored.isoformat(),
+                cap,
+                slot.isoformat(),
+                to_utc(info.data_interval.start).isoformat(),
+            )
+            return DagRunInfo.interval(start=to_utc(info.data_interval.start), end=slot)
         moved = self._info(grid, slot)
         assert moved.logical_date is not None
         taken = _scheduler.taken_logical_dates(dag_model, moved.logical_date)
@@ -621,6 +690,24 @@ class CappedCatchupTimetable(Timetable):
             return None
         return SkippedSlots(
             count, self._slot_interval(grid, first), self._slot_interval(grid, grid.before(slot))
+        )
+
+
+    def coalesced_slots(self, run: DataInterval) -> SkippedSlots | None:
+        """Which slots a coalesced run (``coalesce=True``) folded into its data interval; None for none.
+
+        The slots strictly inside the run's interval, each given as the interval its own run would have
+        had (a one-slot interval folds none). Pure, and counted, not enumerated, as :meth:`skipped_slots`.
+        """
+        if not self._data_interval:
+            return None
+        start, end = to_utc(run.start), to_utc(run.end)
+        grid = self._grid(anchor=end)
+        first = grid.after(start)
+        if first >= end:
+            return None
+        return SkippedSlots(
+            grid.count_between(start, end), self._slot_interval(grid, first), self._slot_interval(grid, grid.before(end))
         )
 
 

@@ -15,6 +15,12 @@ Leased tasks call :func:`record_skipped_catchup` themselves; any other task can 
 parallel instance may call it; a unique index on the event table (migration 0004: one ``skipped_catchup``
 event per ``(dag_id, run_id)``) lets exactly one ``INSERT ... ON CONFLICT DO NOTHING`` through, and only
 the caller whose insert went through logs the warning and counts the metric.
+
+**Coalesced catch-up** (``CappedCatchupTimetable(..., coalesce=True)``): the dropped slots are not
+skipped but folded into the oldest kept run's data interval, and that run records them instead, the
+same way once per run (kind ``coalesced``, migration 0013's unique index): ``catch-up: N missed slots of
+<job> coalesced into this run (<start> to <end>)`` and ``scheduled.coalesced`` increased by N. The same
+call records either, whichever applies to the run.
 """
 
 from __future__ import annotations
@@ -39,6 +45,9 @@ log = logging.getLogger(__name__)
 SKIPPED_CATCHUP = "skipped_catchup"
 #: The counter, on the task-side Stats (``airflow.sdk.observability.stats``).
 METRIC = "scheduled.skipped_catchup"
+#: The ledger's event kind of a coalesced catch-up (``EventKind.COALESCED``) and its counter.
+COALESCED = "coalesced"
+COALESCED_METRIC = "scheduled.coalesced"
 
 
 def _value(obj: Any, name: str) -> Any:
@@ -84,7 +93,28 @@ def skipped_catchup_slots(context: Mapping[str, Any]) -> SkippedSlots | None:
     return timetable.skipped_slots(run, previous, earliest=earliest)
 
 
-def _insert_once(ledger: EventLedger, job: str, run: RunRef, detail: dict[str, Any]) -> bool | None:
+def coalesced_catchup_slots(context: Mapping[str, Any]) -> tuple[DataInterval, SkippedSlots] | None:
+    """The run's data interval and the slots coalesced into it, from the task context; None when none were.
+
+    Only scheduled runs of a DAG on ``CappedCatchupTimetable(..., coalesce=True)`` are coalesced: the slots
+    strictly inside the run's data interval are those it stands for besides its own.
+    """
+    dag, dag_run = context.get("dag"), context.get("dag_run")
+    if dag is None or dag_run is None or _run_type(dag_run) != "scheduled":
+        return None
+    timetable = getattr(dag, "timetable", None)
+    if not isinstance(timetable, CappedCatchupTimetable) or not timetable.coalesce:
+        return None
+    run = _run_slot(dag_run)
+    if not isinstance(run, DataInterval):
+        return None
+    folded = timetable.coalesced_slots(run)
+    return None if folded is None else (run, folded)
+
+
+def _insert_once(
+    ledger: EventLedger, job: str, run: RunRef, detail: dict[str, Any], query: str = "record_skipped_catchup"
+) -> bool | None:
     """Write the run's record unless it exists: True when this call wrote it, False when it existed.
 
     None when the store could not be reached or failed: the ledger is best effort by design and must
@@ -97,7 +127,7 @@ def _insert_once(ledger: EventLedger, job: str, run: RunRef, detail: dict[str, A
     try:
         ensure_schema(ledger.db)  # cheap when current (one query); the record may be a store's first use
         rows = ledger.db.run(
-            "record_skipped_catchup",
+            query,
             {"key": job, "owner": run.run.owner(), "detail": payload, **run_columns(run)},
             durable=None,
         )
@@ -115,6 +145,9 @@ def record_skipped_catchup(
     logger: logging.Logger | Any | None = None,
 ) -> SkippedSlots | None:
     """Record the slots skipped before this run, once: ledger event, one warning and the metric.
+
+    On ``CappedCatchupTimetable(..., coalesce=True)`` a run whose data interval spans missed slots records
+    them as coalesced instead (event ``coalesced``, metric ``scheduled.coalesced``) and returns them.
 
     Call it from a task of the first run after a gap (calling it from every run is fine: runs without a
     gap record nothing). With a ledger, every task, try and parallel instance of the run may call it at
@@ -135,6 +168,9 @@ def record_skipped_catchup(
         raise InvalidArgument(
             "ledger", type(ledger).__name__, "must be a lease store's event ledger (LeaseStore(...).events)"
         )
+    coalesced = coalesced_catchup_slots(context)
+    if coalesced is not None:
+        return _record_coalesced(context, coalesced, ledger=ledger, key=key, logger=logger)
     skipped = skipped_catchup_slots(context)
     if skipped is None:
         return None
@@ -174,3 +210,52 @@ def record_skipped_catchup(
         },
     )
     return skipped
+
+
+def _run_ref(context: Mapping[str, Any], dag_id: str, run_id: str) -> RunRef:
+    """The run columns: this run, and the task instance writing the record when the context has one."""
+    ti = context.get("ti")
+    task_id, map_index = _value(ti, "task_id"), _value(ti, "map_index")
+    if not task_id:
+        return RunRef(dag_id, run_id)
+    return RunRef(dag_id, run_id, -1 if map_index is None else int(map_index), task_id=str(task_id))
+
+
+def _record_coalesced(
+    context: Mapping[str, Any],
+    coalesced: tuple[DataInterval, SkippedSlots],
+    *,
+    ledger: EventLedger | None,
+    key: str | None,
+    logger: logging.Logger | Any | None,
+) -> SkippedSlots:
+    """Record the slots coalesced into this run, once: ledger event ``coalesced``, one line, the metric."""
+    interval, folded = coalesced
+    dag_run = context["dag_run"]
+    dag_id, run_id = str(_value(dag_run, "dag_id")), str(_value(dag_run, "run_id"))
+    job = key or dag_id
+    start, end = interval.start.isoformat(), interval.end.isoformat()
+    if ledger is not None:
+        detail = {
+            **folded.detail(),
+            "coalesced_start": start,
+            "coalesced_end": end,
+            "dag_id": dag_id,
+            "run_id": run_id,
+            "max_backfill": context["dag"].timetable.max_backfill,
+        }
+        if not _insert_once(ledger, job, _run_ref(context, dag_id, run_id), detail, query="record_coalesced"):
+            return folded  # another task or try wrote the record and counted it (or will)
+    else:
+        ti = context.get("ti")
+        if ti is not None and (_value(ti, "try_number") or 1) > 1:
+            return folded  # the first try already logged and counted it
+    from airflow_lease_provider.runtime.outcomes import Outcome, report
+
+    report(
+        Outcome.COALESCED, store=None, key=job, owner=dag_id, recorded=True, logger=logger or log,
+        message=f"{folded.count} missed slots of {job} coalesced into this run ({start} to {end})",
+        tags={"dag_id": dag_id}, count=folded.count,
+        extra={"coalesced_start": start, "coalesced_end": end, "run_id": run_id},
+    )
+    return folded

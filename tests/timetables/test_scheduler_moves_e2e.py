@@ -12,6 +12,11 @@ through the REST API a user has:
   run, the insert hit ``dag_run_dag_id_logical_date_key`` and the scheduler process exited
   (``PendingRollbackError``), and again on every restart.
 
+A third case shares the deployment (its own DAG file and id): a coalesced catch-up
+(``CappedCatchupTimetable("*/5 * * * *", coalesce=True)``, issue 26 item 4) after a one-day outage gives
+one kept run whose data interval covers the whole gap, read back over REST, with its ``coalesced`` record
+in the ledger, read back through the ``airflow-lease`` CLI's ``--json``.
+
 The outage is a dag-processor that parsed the file once (``min_file_process_interval`` of an hour) and a
 ``DagModel`` row holding the next run stored five hours ago, as a scheduler leaves it when it stops.
 """
@@ -19,10 +24,13 @@ The outage is a dag-processor that parsed the file once (``min_file_process_inte
 from __future__ import annotations
 
 import datetime
+import itertools
+import json
 import subprocess
 import sys
 import textwrap
 from collections.abc import Iterator
+from pathlib import Path
 
 import pendulum
 import pytest
@@ -35,6 +43,25 @@ pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(600)]
 END_DATE_DAG = "capped_end_date_passed"
 COLLISION_DAG = "capped_manual_in_the_gap"
 LATEST_ONLY_DAG = "capped_catchup_false"
+COALESCED_DAG = "capped_coalesced_outage"
+
+# Its own file: a leased task (lease_default, the deployment's store) records the coalesced range.
+COALESCED_FILE = f'''
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from airflow_lease_provider.timetables import CappedCatchupTimetable
+
+with DAG("{COALESCED_DAG}", schedule=CappedCatchupTimetable("*/5 * * * *", coalesce=True),
+         start_date=pendulum.datetime(2025, 1, 1, tz="UTC"), catchup=True):
+    @task.leased(lease_key="{COALESCED_DAG}", lease_ttl=pendulum.duration(seconds=60))
+    def incremental(**context):
+        return [context["data_interval_start"].isoformat(), context["data_interval_end"].isoformat()]
+
+    incremental()
+'''
 
 DAG_FILE = f'''
 from __future__ import annotations
@@ -78,10 +105,11 @@ from airflow.models.dag import DagModel
 from airflow.utils.session import create_session
 
 end = pendulum.parse(sys.argv[2])
+step = pendulum.duration(minutes=int(sys.argv[3]) if len(sys.argv) > 3 else 60)
 with create_session() as session:
     model = session.get(DagModel, sys.argv[1])
-    model.next_dagrun = end - pendulum.duration(hours=1)
-    model.next_dagrun_data_interval = (end - pendulum.duration(hours=1), end)
+    model.next_dagrun = end - step
+    model.next_dagrun_data_interval = (end - step, end)
     model.next_dagrun_create_after = end
 """
 
@@ -91,11 +119,13 @@ def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     template = metadata_template
     source = scratch_dir("capped-moves-") / "capped_moves.py"
     source.write_text(textwrap.dedent(DAG_FILE))
+    coalesced = source.with_name("capped_coalesced.py")
+    coalesced.write_text(textwrap.dedent(COALESCED_FILE))
     deployment = Deployment(
-        template, [source], extra_env={"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600"}
+        template, [source, coalesced], extra_env={"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600"}
     )
     try:
-        deployment.start({END_DATE_DAG, COLLISION_DAG, LATEST_ONLY_DAG})
+        deployment.start({END_DATE_DAG, COLLISION_DAG, LATEST_ONLY_DAG, COALESCED_DAG})
         yield deployment
     except BaseException:
         print(deployment.tails())
@@ -180,6 +210,62 @@ def test_catchup_false_with_max_backfill_runs_only_the_newest_slot_after_an_outa
     assert [(r["run_type"], r["logical_date"], r["data_interval_end"]) for r in runs] == [
         ("scheduled", _z(hour.subtract(hours=1)), _z(hour)),
     ], runs
+
+
+def test_a_coalesced_catch_up_after_a_day_outage_is_one_run_over_the_whole_gap(airflow: Deployment) -> None:
+    """A 5-minute schedule, down for a day: one kept run whose data interval starts where the last run's
+    ended (the slot stored before the outage) and ends at the newest due slot; nothing of the day is
+    dropped. Before coalesce=True the kept run covered its last five minutes only."""
+    api = airflow.api
+    now = pendulum.now("UTC")
+    if now.minute % 5 == 4 and now.second > 30:  # keep "the newest slot" the same for the test's seconds
+        wait(lambda: pendulum.now("UTC"), lambda t: t.minute % 5 == 0 and t.second >= 5, 60, "the next slot")
+        now = pendulum.now("UTC")
+    newest = now.start_of("minute").subtract(minutes=now.minute % 5)
+    # The last run before the outage covered [newest - 1 day - 5 min, newest - 1 day]; the scheduler stored
+    # the next slot, [newest - 1 day, newest - 1 day + 5 min], and stopped.
+    last_end = newest.subtract(days=1)
+    result = subprocess.run(
+        [sys.executable, "-c", STALE, COALESCED_DAG, last_end.add(minutes=5).isoformat(), "5"],
+        env=airflow.env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    api.unpause(COALESCED_DAG)
+    runs = wait(lambda: api.runs(COALESCED_DAG),
+                lambda found: found and all(r["state"] in ("success", "failed") for r in found), 150,
+                f"the runs of {COALESCED_DAG} to finish")
+    first = runs[0]
+    # One kept run over the whole gap: from where the last run ended to the newest due slot.
+    assert (first["run_type"], first["logical_date"], first["data_interval_start"]) == (
+        "scheduled", _z(last_end), _z(last_end)
+    ), runs
+    end = pendulum.parse(first["data_interval_end"])
+    assert newest <= end <= pendulum.now("UTC") and end.minute % 5 == 0, runs
+    assert first["state"] == "success", runs
+    # Any later run is the normal next slot (a 5-minute boundary passed meanwhile), never one in the gap.
+    for before, after in itertools.pairwise(runs):
+        assert after["data_interval_start"] == before["data_interval_end"], runs
+        assert pendulum.parse(after["data_interval_end"]) - pendulum.parse(after["data_interval_start"]) == (
+            pendulum.duration(minutes=5)
+        ), runs
+    # The task saw the whole range; the ledger holds one coalesced record for it, read through the CLI.
+    seen = api.xcom(COALESCED_DAG, first["dag_run_id"], "incremental")
+    assert [pendulum.parse(v) for v in seen] == [last_end, end], seen
+    cli = subprocess.run(
+        [str(Path(sys.executable).with_name("airflow-lease")), "events", "--kind", "coalesced", "--json"],
+        env=airflow.env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    (event,) = [e for e in json.loads(cli.stdout)["events"] if e["dag_id"] == COALESCED_DAG]
+    slots = int((end - last_end).total_seconds() // 300) - 1
+    assert event["detail"]["count"] == slots and event["run_id"] == first["dag_run_id"], event
+    assert (event["detail"]["coalesced_start"], event["detail"]["coalesced_end"]) == (
+        last_end.isoformat(), end.isoformat()
+    ), event
+    assert event["summary"].startswith(f"catch-up coalesced {slots} missed slot(s) into this run"), event
+    assert [e for e in json.loads(cli.stdout)["events"] if e["kind"] == "skipped_catchup"] == []
+    assert airflow.statsd.count("scheduled.coalesced") == slots
+    assert airflow.statsd.count("scheduled.skipped_catchup") == 0
 
 
 def _z(moment: datetime.datetime) -> str:

@@ -36,6 +36,7 @@ VARIANTS: list[tuple[Any, dict[str, Any]]] = [
     ("0 * * * *", {"timezone": datetime.timezone(datetime.timedelta(hours=-3))}),
     ("0 * * * *", {"timezone": datetime.timezone.utc}),
     ("0 * * * *", {"max_backfill": 24, "parallel_catchup": True}),
+    ("*/5 * * * *", {"max_backfill": 3, "coalesce": True, "timezone": "Europe/Berlin"}),
 ]
 
 
@@ -46,7 +47,7 @@ def test_round_trip_keeps_every_parameter(schedule: Any, kwargs: dict[str, Any])
     restored = CappedCatchupTimetable.deserialize(data)
     assert restored == timetable
     assert hash(restored) == hash(timetable)
-    for name in ("schedule", "max_backfill", "catchup_window", "data_interval", "parallel_catchup"):
+    for name in ("schedule", "max_backfill", "catchup_window", "data_interval", "parallel_catchup", "coalesce"):
         assert getattr(restored, name) == getattr(timetable, name), name
     assert restored.timezone.utcoffset(datetime.datetime(2025, 1, 1)) == timetable.timezone.utcoffset(
         datetime.datetime(2025, 1, 1)

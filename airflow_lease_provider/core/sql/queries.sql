@@ -139,6 +139,14 @@ VALUES ('skipped_catchup', %(key)s, %(owner)s, NULL, %(detail)s, %(dag_id)s, %(r
 ON CONFLICT ((detail->>'dag_id'), (detail->>'run_id')) WHERE kind = 'skipped_catchup' DO NOTHING
 RETURNING id, at;
 
+-- name: record_coalesced
+-- One record per coalesced run in one statement, as record_skipped_catchup, by the unique index of
+-- migrations/0013 (kind 'coalesced'): a row back means "this call wrote it".
+INSERT INTO {schema}.event (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
+VALUES ('coalesced', %(key)s, %(owner)s, NULL, %(detail)s, %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s)
+ON CONFLICT ((detail->>'dag_id'), (detail->>'run_id')) WHERE kind = 'coalesced' DO NOTHING
+RETURNING id, at;
+
 -- name: prune_events
 -- Deletes in bounded batches so a long-neglected table never holds a long lock.
 DELETE FROM {schema}.event
@@ -304,6 +312,16 @@ SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id
  ORDER BY e.at DESC, e.id DESC
  LIMIT %(limit)s;
 
+-- name: catchup_and_coalesced_events
+-- catchup_events with the coalesced catch-up records (one per coalesced run) too: the timeline's markers.
+-- Each kind is a literal, so each branch can read its partial index (migrations 0004 and 0013).
+SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
+  FROM {schema}.event e
+ WHERE (e.kind = 'skipped_catchup' OR e.kind = 'coalesced') AND e.dag_id = ANY(%(dag_ids)s::text[])
+   AND e.at >= %(since)s AND e.at < %(until)s
+ ORDER BY e.at DESC, e.id DESC
+ LIMIT %(limit)s;
+
 -- name: trend_key
 -- Per %(unit)s ('hour' or 'day', UTC) and kind, and for the whole range (bucket NULL): how many events,
 -- how many distinct owners (runs, for acquisitions) and how many catch-up slots, of one lease key.
@@ -334,12 +352,13 @@ SELECT date_trunc(%(unit)s, e.at AT TIME ZONE 'UTC') AS bucket, e.kind, count(*)
 
 -- name: dag_keys
 -- The lease keys one DAG's runs used in [since, until), most recently used first: the event's key, or for
--- a fence rejection the lease key in its detail. Catch-up records name the DAG, not a lease: left out.
+-- a fence rejection the lease key in its detail. Catch-up records (skipped or coalesced) name the DAG, not
+-- a lease: left out.
 SELECT CASE WHEN e.kind = 'fence_rejected' THEN coalesce(e.detail->>'lease_key', e.key) ELSE e.key END AS lease_key,
        count(*) AS events, max(e.at) AS last_at
   FROM {schema}.event e
  WHERE e.dag_id = %(dag_id)s
-   AND e.at >= %(since)s AND e.at < %(until)s AND e.kind <> 'skipped_catchup'
+   AND e.at >= %(since)s AND e.at < %(until)s AND e.kind NOT IN ('skipped_catchup', 'coalesced')
  GROUP BY 1
  ORDER BY max(e.at) DESC, 1
  LIMIT %(limit)s;

@@ -14,6 +14,7 @@
     const SKIPS = ["skipped_overlap", "overlap_failed", "skipped_buffer_full", "replaced"];
     const skip = data.events.find((e) => SKIPS.includes(e.kind));
     const catchup = data.events.find((e) => e.kind === "skipped_catchup");
+    const coalesced = data.events.find((e) => e.kind === "coalesced");
     const parts = [];
     if (skip) {
       box.className = "explain skipped";
@@ -34,6 +35,13 @@
         parts.push(el("p", { id: "waiting-runs" }, "Waiting: ", ...skip.waiting.map((w) => runBlock(w))));
       }
       parts.push(el("p", { class: "muted" }, "A skip is not a failure: the two runs never overlapped, and no failure alert fired."));
+    } else if (coalesced) {
+      // CappedCatchupTimetable(coalesce=True): the missed range was folded into this run's data interval.
+      box.className = "explain";
+      parts.push(el("h2", {}, "This run came after a gap: the missed slots were coalesced into it"),
+        el("p", {}, coalesced.summary),
+        el("p", { class: "muted" }, "Data interval ", time(coalesced.detail.coalesced_start), " → ",
+          time(coalesced.detail.coalesced_end), ": nothing of the missed range was dropped."));
     } else if (catchup) {
       box.className = "explain";
       parts.push(el("h2", {}, "This run came after a gap: older slots were skipped"), el("p", {}, catchup.summary));

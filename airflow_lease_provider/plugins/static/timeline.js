@@ -13,11 +13,11 @@ const LeaseTimeline = (() => {
   const MARKER_TEXT = {
     skipped_overlap: "overlap skip", overlap_failed: "overlap failure", waiting: "waiting",
     skipped_buffer_full: "skip: waiting place taken",
-    skipped_catchup: "catch-up skip", fence_rejected: "fence rejection",
+    skipped_catchup: "catch-up skip", coalesced: "catch-up coalesced", fence_rejected: "fence rejection",
   };
   const LANES = [
     { name: "skips", label: "Skips", kinds: ["skipped_overlap", "overlap_failed", "waiting", "skipped_buffer_full"] },
-    { name: "catchup", label: "Catch-up", kinds: ["skipped_catchup"] },
+    { name: "catchup", label: "Catch-up", kinds: ["skipped_catchup", "coalesced"] },
     { name: "fence", label: "Fence", kinds: ["fence_rejected"] },
   ];
 
@@ -154,7 +154,7 @@ const LeaseTimeline = (() => {
       const cx = x(Date.parse(m.at)), cy = lanesY + laneIndex * laneH + laneH / 2;
       const g = svg("g", { class: `marker m-${m.kind}`, "data-kind": m.kind, "data-id": m.id });
       g.append(svg("rect", { class: "hit", x: cx - 9, y: cy - 9, width: 18, height: 18 }));  // a finger-sized target
-      if (m.kind === "skipped_catchup") {
+      if (m.kind === "skipped_catchup" || m.kind === "coalesced") {
         g.append(svg("path", { d: `M${cx} ${cy - 6} L${cx + 6} ${cy} L${cx} ${cy + 6} L${cx - 6} ${cy} Z` }));
         if (m.slots) g.append(svg("text", { class: "marker-count", x: cx + 8, y: cy + 4 }, `${m.slots}`));
       } else if (m.kind === "fence_rejected") {
@@ -175,7 +175,8 @@ const LeaseTimeline = (() => {
       item("out-held", "held now"), item("out-released", "released"), item("out-expired", "expired"),
       item("out-lost", "lost"), item("out-force_released", "force-released"), item("out-reentered", "re-entered by a retry"),
       item("out-replaced", "replaced by a newer run"),
-      item("m-skipped_overlap", "overlap skip"), item("m-skipped_catchup", "catch-up skip (slots)"), item("m-fence_rejected", "fence rejection"));
+      item("m-skipped_overlap", "overlap skip"), item("m-skipped_catchup", "catch-up skip (slots)"),
+      item("m-coalesced", "catch-up coalesced into one run (slots)"), item("m-fence_rejected", "fence rejection"));
   }
 
   // Runs vs skips per bucket, stacked: runs below, overlap skips and failures on top.
