@@ -13,8 +13,10 @@ Rules the implementation keeps (``docs/timetable.md`` explains the choices):
   reads the DAG's ``catchup`` and ``end_date`` (``serialized_dag``) and, when it moves the run, the logical
   dates its runs already have (``dag_run``) through the scheduler's session, as
   :mod:`airflow_lease_provider.timetables._scheduler` says; nothing otherwise.
-* **O(max_backfill) steps.** The newest slots are found by stepping *back* from now, never by walking
-  the gap forward, so a year-long outage of a per-minute schedule costs a handful of croniter calls.
+* **No cost per missed or kept slot.** The newest slots are counted back from now by calendar arithmetic
+  (:mod:`airflow_lease_provider.timetables._grid`), never by walking the gap, so a call after a 50-year
+  outage with ``max_backfill=10000`` costs about what Airflow's own cron timetable's call does
+  (docs/benchmarks.md, issue 28 item 2).
 * **Backfills are not clipped.** Airflow asks with ``restriction.latest`` set for ``airflow backfill``;
   those ranges are scheduled slot by slot, whatever the cap says.
 * **Kept runs run one at a time.** With ``max_backfill > 1`` the timetable's ``active_runs_limit`` is 1
@@ -56,8 +58,8 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-#: The largest accepted ``max_backfill``. Catch-up costs one croniter step per slot kept, on every
-#: scheduling decision during the catch-up; past this, use Airflow's own ``catchup=True``.
+#: The largest accepted ``max_backfill`` (the range the timetable bench measures); past this, use Airflow's
+#: own ``catchup=True``.
 MAX_BACKFILL = 10_000
 #: The shortest accepted ``catchup_window``. The scheduler creates a run a few seconds after its slot;
 #: a shorter window would drop on-time runs (Temporal enforces the same floor, Kubernetes warns of it).
@@ -498,7 +500,7 @@ class CappedCatchupTimetable(Timetable):
         elif start == newest_due or self._due_fit_in(grid, start, newest_due, cap):
             slot = start
         else:
-            # The oldest of the newest ``cap`` due slots: ``cap - 1`` steps back, on one croniter iterator.
+            # The oldest of the newest ``cap`` due slots, ``cap - 1`` back, counted by the grid's arithmetic.
             slot = max(start, grid.back_from(newest_due, cap - 1, stop=start))
         if self._catchup_window is not None:
             slot = max(slot, grid.at_or_after(now - self._catchup_window))
