@@ -20,7 +20,28 @@ from demo.deployment import StatsdListener
 
 VENV_BIN = Path(sys.executable).parent
 DAGS = Path(__file__).parent / "dags"
-EXAMPLES = Path(__file__).parents[2] / "dags_examples"
+REPO = Path(__file__).parents[2]
+EXAMPLES = REPO / "dags_examples"
+
+
+def _batch_parts(text: str) -> dict[int, tuple[int, str]]:
+    """Command index -> (exit status, its output), from the output of tests/airflow/cli_batch.py."""
+    from tests.airflow.cli_batch import MARK
+
+    parts: dict[int, tuple[int, str]] = {}
+    current: int | None = None
+    lines: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith(MARK):
+            word, index, *status = line[len(MARK):].split()
+            if word == "start":
+                current, lines = int(index), []
+            elif current is not None:
+                parts[current] = (int(status[0]), "".join(lines))
+                current = None
+        elif current is not None:
+            lines.append(line)
+    return parts
 
 
 def base_env(home: Path, dags: Path) -> dict[str, str]:
@@ -63,6 +84,33 @@ class AirflowHome:
         args = ["airflow", "dags", "test", dag_id] + ([logical_date] if logical_date else [])
         return subprocess.run(args, env={**self.env, **kw}, capture_output=True, text=True, timeout=timeout)
 
+    def dags_test_many(
+        self, runs: list[str | tuple[str, str | None]], timeout: int = 240
+    ) -> list[subprocess.CompletedProcess]:
+        """``airflow dags test`` of each run in turn (a DAG id, or a DAG id and logical date), as
+        :meth:`dags_test` runs them but all in one process (tests/airflow/cli_batch.py): Airflow starts
+        once, which is most of a run's CPU. Each result has its own run's output and exit status;
+        ``timeout`` is per run."""
+        commands = []
+        for run in runs:
+            dag_id, logical_date = (run, None) if isinstance(run, str) else run
+            commands.append(["dags", "test", dag_id] + ([logical_date] if logical_date else []))
+        done = subprocess.run(
+            [sys.executable, "-m", "tests.airflow.cli_batch", json.dumps(commands)],
+            env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout * len(commands),
+        )
+        outs, errs = _batch_parts(done.stdout), _batch_parts(done.stderr)
+        results = []
+        for index, command in enumerate(commands):
+            if index not in outs or index not in errs:
+                raise AssertionError(
+                    f"the batch ended (status {done.returncode}) before {command} finished:\n"
+                    + done.stdout[-3000:] + done.stderr[-3000:]
+                )
+            (status, out), (_, err) = outs[index], errs[index]
+            results.append(subprocess.CompletedProcess(["airflow", *command], status, out, err))
+        return results
+
     def dags_test_background(self, dag_id: str, logical_date: str | None = None) -> subprocess.Popen:
         args = ["airflow", "dags", "test", dag_id] + ([logical_date] if logical_date else [])
         log = open(self.path / f"{dag_id}.log", "w")  # noqa: SIM115 - closed with the process
@@ -70,11 +118,17 @@ class AirflowHome:
         self.procs.append(proc)
         return proc
 
-    def task_states(self) -> dict[tuple[str, int], str]:
-        """(task_id, map_index) -> state, over every run in this home's metadata database."""
+    def task_states(self, dag_id: str | None = None) -> dict[tuple[str, int], str]:
+        """(task_id, map_index) -> state, over every run in this home's metadata database (of one DAG's
+        runs with ``dag_id``)."""
         conn = sqlite3.connect(self.path / "airflow.db")
         try:
-            rows = conn.execute("SELECT task_id, map_index, state FROM task_instance").fetchall()
+            if dag_id is None:
+                rows = conn.execute("SELECT task_id, map_index, state FROM task_instance").fetchall()
+            else:
+                rows = conn.execute(
+                    "SELECT task_id, map_index, state FROM task_instance WHERE dag_id = ?", (dag_id,)
+                ).fetchall()
         finally:
             conn.close()
         return {(t, m): s for t, m, s in rows}

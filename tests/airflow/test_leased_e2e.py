@@ -129,10 +129,12 @@ def test_run_scoped_lease_spans_three_tasks_and_an_overlapping_run_is_skipped_wh
 def test_example_dags_load_and_pass_airflow_dags_test(airflow_home, store: LeaseStore, schema, tmp_path) -> None:
     home = airflow_home("examples", dags=EXAMPLES, extra_env={"LEASE_EXAMPLES_SCHEMA": schema})
     assert import_errors(home) == {}
-    for dag_id in ("article_publisher", "billing_close", "sales_publisher"):
-        result = home.dags_test(dag_id, "2026-11-29T10:00:00+00:00")
-        states = {t: s for (t, _), s in home.task_states().items()}
+    dag_ids = ("article_publisher", "billing_close", "sales_publisher")
+    results = home.dags_test_many([(dag_id, "2026-11-29T10:00:00+00:00") for dag_id in dag_ids])
+    for dag_id, result in zip(dag_ids, results, strict=True):
+        states = {t: s for (t, _), s in home.task_states(dag_id).items()}
         assert states and set(states.values()) == {"success"}, result.stdout[-4000:]
+        assert result.returncode == 0, result.stderr[-4000:]
     assert {lease.key for lease in store.leases()} == {
         "article-publisher", "billing-close", "asset:s3://example-lake/sales/daily", "asset:s3://example-lake/sales/summary",
     }
@@ -199,8 +201,7 @@ def test_default_keys_of_ids_that_read_alike_are_different_leases(airflow_home, 
     """DAG etl.daily task load, DAG etl task daily.load (a task group's) and task load, and the run lease of
     DAG etl.load: four identities, four keys (before, three of them were two keys)."""
     home = airflow_home("alike", extra_env={"LEASE_TEST_MARKERS": str(markers(tmp_path, "k"))})
-    for dag_id in ("etl.daily", "etl", "etl.load"):
-        result = home.dags_test(dag_id)
+    for result in home.dags_test_many(["etl.daily", "etl", "etl.load"]):
         assert "DagRun Finished" in result.stdout + result.stderr, result.stdout[-3000:]
     states = {t: s for (t, _), s in home.task_states().items()}
     assert set(states.values()) == {"success"}, states

@@ -6,7 +6,7 @@ import pytest
 
 from tests.pg import EmbeddedServer, drop_schema, new_schema_name
 from tests.reliability.dbstate import Rows
-from tests.reliability.outage import start
+from tests.reliability.outage import halt, start
 
 
 @pytest.fixture
@@ -22,6 +22,7 @@ def server() -> Iterator[EmbeddedServer]:
     """A private server per test module, since these tests stop, freeze and kill it."""
     srv = EmbeddedServer()
     yield srv
+    halt(srv)  # bounded, whatever a test left; then the stop below finds nothing running
     srv.stop()
 
 

@@ -9,15 +9,19 @@ TTL is up; once the store is back, the next acquire proceeds.
 from __future__ import annotations
 
 import logging
+import signal
+import subprocess
 import threading
 import time
 from datetime import timedelta
 
+import psutil
 import pytest
 
 from airflow_lease_provider.core import FenceStore, LeaseLost, LeaseStore, LeaseStoreUnavailable
 from tests.pg import EmbeddedServer, execute
-from tests.reliability.outage import Call, frozen, start, stop
+from tests.reliability import outage
+from tests.reliability.outage import Call, cluster, frozen, halt, is_up, start, stop
 
 FAIL_CLOSED_WITHIN = 10.0
 #: Short timeouts for the hang tests, and how long they wait for a call to give up: the connect timeout
@@ -216,3 +220,63 @@ def test_fence_transaction_reconnects_a_connection_that_died_while_idle(
     with fences.transaction("blog", 2, key="job") as cur:
         cur.execute("SELECT 1")
     assert fences.current("blog", key="job") == 2
+
+
+# -- the outage helpers themselves: a freeze is always undone, and a server left stuck is recovered ---------
+
+
+def test_a_backend_gone_while_the_server_freezes_leaves_no_process_stopped(
+    server: EmbeddedServer, private: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A backend that exits (its client closed) and is reaped while ``frozen()`` stops the cluster: the
+    freeze still holds every other process, and all of them run again after it. Here the listing of the
+    postmaster's children includes a process that is already gone, as a listing taken just before the
+    backend's exit does: before the fix its SIGSTOP raised NoSuchProcess before the freeze's ``try`` and
+    left the postmaster and the rest stopped (the red run of issue 25: the next fast stop waited 60 s)."""
+    exited = subprocess.Popen(["true"])
+    gone = psutil.Process(exited.pid)
+    exited.wait()  # exited and reaped: signalling it fails as for a backend the postmaster reaped
+    children = psutil.Process.children
+
+    def with_a_gone_one(self: psutil.Process, recursive: bool = False) -> list[psutil.Process]:
+        return [*children(self, recursive=recursive), gone]
+
+    monkeypatch.setattr(psutil.Process, "children", with_a_gone_one)
+    with frozen(server):
+        assert not is_up(server), "the server answered while frozen"
+        listed = [p for p in cluster(server) if p.pid != gone.pid]
+        assert listed and all(_status(p) in (psutil.STATUS_STOPPED, psutil.STATUS_ZOMBIE) for p in listed)
+    monkeypatch.undo()
+    assert not [p.pid for p in cluster(server) if _status(p) == psutil.STATUS_STOPPED]
+    assert is_up(server)
+
+
+def test_a_server_left_frozen_is_running_again_within_seconds(server: EmbeddedServer, private: str) -> None:
+    """The fixtures' ``start()`` on a server a test left frozen (a freeze cut short): before, it found the
+    server not answering and ran ``pg_ctl stop -m fast``, which waits for stopped processes until it gives
+    up after 60 s, and the next test's setup did the same."""
+    for proc in cluster(server):
+        proc.send_signal(signal.SIGSTOP)
+    started = time.monotonic()
+    start(server)
+    assert is_up(server) and time.monotonic() - started < 15
+
+
+def test_a_server_that_does_not_stop_is_killed_and_the_next_start_works(
+    server: EmbeddedServer, private: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """``halt()`` kills what a fast shutdown did not stop in time (here no time at all), and clears the
+    lock files the killed postmaster left, so that the next start is not refused."""
+    before = cluster(server)
+    monkeypatch.setattr(outage, "STOP_WITHIN", 0.0)
+    halt(server)
+    assert not cluster(server) and not any(p.is_running() and _status(p) != psutil.STATUS_ZOMBIE for p in before)
+    start(server)
+    assert is_up(server)
+
+
+def _status(proc: psutil.Process) -> str:
+    try:
+        return str(proc.status())
+    except psutil.NoSuchProcess:
+        return "gone"
