@@ -62,7 +62,7 @@ def test_metadata_has_the_fields_of_an_official_provider(dists: Dists) -> None:
     assert meta["Requires-Python"] == ">=3.10"
     assert meta["Description-Content-Type"] == "text/markdown"
     # Extras are for users; the tests' tools are a dependency group, not published.
-    assert sorted(meta.get_all("Provides-Extra")) == ["embedded", "s3", "statsd"]
+    assert sorted(meta.get_all("Provides-Extra")) == ["embedded", "s3", "sql", "statsd"]
 
 
 def test_the_license_files_are_in_the_wheel_and_the_sdist(dists: Dists) -> None:
