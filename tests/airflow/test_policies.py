@@ -280,3 +280,35 @@ def test_replace_grace_lets_the_older_holder_finish_first_then_takes_over(
         run_task(newer, ti(2), 2)
     with pytest.raises(InvalidArgument, match="replace_grace"):
         leased("w", lambda: None, on_overlap="skip", replace_grace=timedelta(seconds=1))
+
+
+def test_a_run_arriving_while_the_lease_is_free_does_not_jump_ahead_of_the_waiting_run(
+    lease_env, store: LeaseStore, counted  # noqa: F811
+) -> None:
+    """buffer_one: the holder releases and, before the waiting run is resumed (its trigger's poll, the
+    scheduler and a worker: seconds), a newer run starts. It must not take the free lease ahead of the run
+    that waits (which would then wait again and could be skipped at its deadline, starved by every run
+    arriving in that window): the place is taken, so the newer run is skipped naming the waiting run, and
+    the waiting run then gets the lease."""
+    holder = store.acquire("buf-jump", "job/holder/work", timedelta(minutes=5))
+    assert holder is not None
+
+    def buffered() -> Any:
+        return leased("work", lambda lease=None: lease.token, lease_key="buf-jump", on_overlap="buffer_one",
+                      lease_poll_interval=timedelta(seconds=1))
+
+    with pytest.raises(TaskDeferred) as deferred:
+        run_task(buffered(), ti(1), 1)
+    deadline = deferred.value.trigger.serialize()[1]["deadline"]
+    assert store.release(holder)
+
+    newer = ti(2)
+    with pytest.raises(AirflowSkipException) as skipped:
+        run_task(buffered(), newer, 2)
+    assert owner(1) in str(skipped.value), skipped.value
+    assert store.holder("buf-jump") is None  # the newer run took nothing
+    assert [w["owner"] for w in newer.xcoms["lease_skip_reason"]["waiters"]] == [owner(1)]
+
+    token = run_task(buffered(), ti(1), 1, resume=deadline)
+    assert token > holder.token
+    assert store.waiters(["buf-jump"]) == []
