@@ -198,6 +198,10 @@ class LeaseContext:
             resource, self.token, **self._as_holder(idempotency_key)
         ) as cur:
             yield cur
+            # Checked again right before the commit: a takeover (on_overlap="replace"), a force-release or a
+            # loss while the caller's statements ran rolls them back (LeaseLost), where the fence, which
+            # decided at the start, would have let them commit after it.
+            self.check()
 
     @contextmanager
     def publish(

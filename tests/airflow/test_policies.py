@@ -312,3 +312,29 @@ def test_a_run_arriving_while_the_lease_is_free_does_not_jump_ahead_of_the_waiti
     token = run_task(buffered(), ti(1), 1, resume=deadline)
     assert token > holder.token
     assert store.waiters(["buf-jump"]) == []
+
+
+def test_a_fenced_transaction_open_across_the_takeover_commits_nothing(
+    lease_env, store: LeaseStore, fences: FenceStore, counted  # noqa: F811
+) -> None:
+    """The old holder's fenced transaction passed the lease check and the fence before a newer run took
+    the lease over (its write was slow); its commit comes after the takeover. From the takeover on, its
+    fenced writes are refused: the transaction is rolled back (the fence does not advance) and the task
+    ends skipped, naming the newer run."""
+    seen: dict[str, Any] = {}
+
+    def old_body(lease=None):
+        with lease.fenced_transaction("slow-target") as cur:
+            cur.execute("SELECT 1")
+            taken = store.try_replace("span-key", owner(2), timedelta(minutes=5), run_after=T0 + timedelta(minutes=2),
+                                      run=RunRef("job", run_id(2), task_id="work"))
+            seen["new token"] = taken.lease.token if taken.lease else None
+        seen["committed"] = True
+
+    old = leased("work", old_body, lease_key="span-key", on_overlap="replace", lease_ttl=timedelta(minutes=5))
+    with pytest.raises(AirflowSkipException) as skipped:
+        run_task(old, ti(1), 1)
+    assert seen["new token"] is not None, seen
+    assert "committed" not in seen, seen
+    assert fences.current("slow-target", key="span-key") is None  # the fence did not advance: nothing written
+    assert owner(2) in str(skipped.value), skipped.value
