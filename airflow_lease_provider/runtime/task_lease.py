@@ -183,11 +183,12 @@ class TaskLease:
             # With a replace_grace, the first attempt never takes over: an older holder gets the grace first.
             grace: timedelta | None = getattr(self.task, "replace_grace", None) if policy.replaces else None
             takeover = grace is None or waited is not None
-            if waited is None and self.others_wait(key, policy):
+            queued = self.queued_behind(key, policy) if waited is None else None
+            if queued is not None:
                 # Runs wait for the key (it may be free: released before the waiting run was resumed, which
                 # takes seconds): they go first. This run queues behind them, or is skipped when every place
                 # is taken, instead of taking the lease ahead of them.
-                outcome = Acquisition(None, self.store.holder(key))
+                outcome = queued
             elif policy.replaces:
                 outcome = self.store.try_replace(key, self.owner, self.ttl(), run_after=self.order(), run=self.run,
                                                  takeover=takeover)
@@ -237,12 +238,19 @@ class TaskLease:
             return None
         return policy.max_waiting or getattr(self.task, "max_waiting", None)
 
-    def others_wait(self, key: str, policy: OverlapPolicy) -> bool:
-        """With waiting places (``buffer_one``, ``wait`` with ``max_waiting``): whether another run has a live
-        place for ``key`` (one more read, before the first acquire only)."""
+    def queued_behind(self, key: str, policy: OverlapPolicy) -> Acquisition | None:
+        """With waiting places (``buffer_one``, ``wait`` with ``max_waiting``): when another run has a live
+        place for ``key``, the refusal to act on (the key's holder, None when it is free); None when nobody
+        else waits or this owner holds the key (its own retry re-enters). One more read before a first
+        acquire, for these policies only; a second when someone waits."""
         if self.max_waiting(policy) is None:
-            return False
-        return any(w.owner != self.owner for w in self.store.waiters([key]))
+            return None
+        if not any(w.owner != self.owner for w in self.store.waiters([key])):
+            return None
+        holder = self.store.holder(key)
+        if holder is not None and holder.owner == self.owner:
+            return None
+        return Acquisition(None, holder)
 
     def give_up_place(self, key: str) -> None:
         """Give this run's waiting place back (it got the lease or gave up); it lapses by itself if this fails."""

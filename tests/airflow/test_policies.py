@@ -338,3 +338,22 @@ def test_a_fenced_transaction_open_across_the_takeover_commits_nothing(
     assert "committed" not in seen, seen
     assert fences.current("slow-target", key="span-key") is None  # the fence did not advance: nothing written
     assert owner(2) in str(skipped.value), skipped.value
+
+
+def test_the_holders_own_retry_re_enters_its_lease_while_another_run_waits(
+    lease_env, store: LeaseStore  # noqa: F811
+) -> None:
+    """buffer_one: the holder's try 1 died holding the lease and a newer run waits for it; the holder's
+    retry is the same owner and re-enters at once, as with every policy (the waiter keeps waiting)."""
+
+    def buffered(body: Any) -> Any:
+        return leased("work", body, lease_key="buf-own", on_overlap="buffer_one",
+                      lease_poll_interval=timedelta(seconds=1))
+
+    first = store.acquire("buf-own", owner(1), timedelta(minutes=5))
+    assert first is not None
+    with pytest.raises(TaskDeferred):
+        run_task(buffered(lambda: None), ti(2), 2)
+    token = run_task(buffered(lambda lease=None: lease.token), ti(1, try_number=2), 1)
+    assert token > first.token
+    assert [w.owner for w in store.waiters(["buf-own"])] == [owner(2)]
