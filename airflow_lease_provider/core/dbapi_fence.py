@@ -169,6 +169,7 @@ class DbApiFence:
         self.dialect = sql_dialect(dialect)
         self.where = where
         prefix = "" if schema is None else _quoted("schema", schema) + "."
+        self._schema = schema
         self._names = {
             "fence": prefix + _quoted("table", FENCE_TABLE), "publish": prefix + _quoted("table", PUBLISH_TABLE),
             "text": self.dialect.text, "bigint": self.dialect.bigint, "timestamp": self.dialect.timestamp,
@@ -219,6 +220,17 @@ class DbApiFence:
         with self._connection("create the fence tables") as conn:
             try:
                 cur = conn.cursor()
+                private = self.dialect.name == "sqlite" and self._sqlite_private(cur)
+            except Exception as exc:
+                _rollback(conn)
+                raise self._unavailable(exc, "read the target's databases") from None
+            if private:
+                raise InvalidArgument(
+                    "connect", self.where,
+                    "opens an in-memory or temporary SQLite database: every connection gets one of its own, "
+                    "gone when it closes, so no fence can be kept there; point the connection at a file",
+                )
+            try:
                 for statement in _CREATE:
                     cur.execute(self._sql(statement))
                 conn.commit()
@@ -226,6 +238,13 @@ class DbApiFence:
                 _rollback(conn)
                 raise self._unavailable(exc, "create the fence tables") from None
         self._schema_ready = True
+
+    def _sqlite_private(self, cur: Any) -> bool:
+        """Whether the fence's SQLite database (``schema``'s, else ``main``) has no file: ``:memory:`` or a
+        temporary database, private to each connection."""
+        name = self._schema or "main"
+        cur.execute("PRAGMA database_list")
+        return any(str(row[1]) == name and not row[2] for row in cur.fetchall())
 
     def _ready(self) -> None:
         if not self._schema_ready:

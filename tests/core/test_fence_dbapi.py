@@ -271,6 +271,17 @@ def test_bad_inputs_are_named(tmp_path: Path) -> None:
     assert not (tmp_path / "t.db").exists() or fence.current("r", key="k") is None
 
 
+@pytest.mark.parametrize("database", [":memory:", ""])
+def test_an_in_memory_or_temporary_sqlite_target_is_refused_by_name(database: str) -> None:
+    """Each connection to ``:memory:`` (or ``""``, a temporary file) is a database of its own, gone when it
+    closes: the fence could never be kept there. Refused with an error naming the target and why, not a
+    driver's "no such table" on the first publish."""
+    fence = DbApiFence(lambda: sqlite3.connect(database), dialect="sqlite", where="sqlite connection 'mem'")
+    with pytest.raises(InvalidArgument) as refused:
+        fence.advance("r", 1, key="k")
+    assert "sqlite connection 'mem'" in str(refused.value) and "in-memory" in str(refused.value), refused.value
+
+
 def test_a_refusal_is_recorded_in_a_real_lease_store_ledger(tmp_path: Path, store: LeaseStore) -> None:
     fence = DbApiFence(lambda: sqlite3.connect(tmp_path / "t.db"), dialect="sqlite", where="sqlite 't'",
                        ledger=store.events)
