@@ -23,6 +23,7 @@ from airflow_lease_provider.core import (
     DuplicatePublish,
     EventKind,
     FenceDecision,
+    InvalidArgument,
     Lease,
     LeaseKeeper,
     LeaseLost,
@@ -109,7 +110,15 @@ class LeaseContext:
         (``lease``, ``current_lease()``) is the one of the first key in sorted order."""
         from airflow_lease_provider.assets import asset_lease_key
 
-        return self.for_key(asset_lease_key(asset.uri, self.partition_key))
+        uri = getattr(asset, "uri", None)
+        if not isinstance(uri, str):
+            raise InvalidArgument("asset", asset, "must be an Asset, one of this task's outlets")
+        try:
+            return self.for_key(asset_lease_key(uri, self.partition_key))
+        except KeyError:
+            raise InvalidArgument(
+                "asset", asset, f"is not an outlet this task holds a lease for (it holds {sorted(self.leases) or [self.key]})"
+            ) from None
 
     def check(self) -> Lease:
         """The early safety net: raise :class:`LeaseLost` unless this owner still holds this token.
