@@ -208,6 +208,13 @@ class DbApiFence:
         except Exception as exc:
             raise self._unavailable(exc, f"connect to {doing}") from None
         try:
+            if self.dialect.begin is None and getattr(conn, "autocommit", False) is True:
+                # The driver opens the transaction itself (psycopg2), unless the connection was handed out in
+                # autocommit mode: then the fence advance and each statement would commit on their own.
+                try:
+                    conn.autocommit = False
+                except Exception as exc:
+                    raise self._unavailable(exc, f"leave autocommit mode to {doing}") from None
             yield conn
         finally:
             try:

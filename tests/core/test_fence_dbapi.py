@@ -133,6 +133,31 @@ def test_an_error_in_the_callers_sql_rolls_the_fence_back(target: Target) -> Non
     assert fence.current("blog", key="job") is None
 
 
+def test_a_connection_in_autocommit_mode_still_writes_in_one_transaction(target: Target) -> None:
+    """A driver connection made in autocommit mode (psycopg2 ``autocommit = True``; a hook may hand one
+    out) would commit the fence advance and each statement on its own: a failing write would leave the
+    fence advanced and half the rows in. The fence turns autocommit off on its own connection first."""
+
+    def autocommit() -> Any:
+        conn = target.connect()
+        if target.name == "postgres":
+            conn.autocommit = True
+        else:
+            conn.isolation_level = None  # sqlite3's autocommit
+        return conn
+
+    fence = DbApiFence(autocommit, dialect=target.name, where="test autocommit", schema=target.schema)
+    insert = target.sql(INSERT)
+    with pytest.raises(ZeroDivisionError), fence.transaction("blog", 4, key="job", idempotency_key="once") as cur:
+        cur.execute(insert, {"slot": "half", "token": 4})
+        raise ZeroDivisionError
+    assert fence.current("blog", key="job") is None  # the fence did not advance
+    assert target.run(target.sql(SELECT_ROWS)) == []  # and nothing was written
+    with fence.transaction("blog", 4, key="job", idempotency_key="once") as cur:  # the key was not used up
+        cur.execute(insert, {"slot": "whole", "token": 4})
+    assert target.run(target.sql(SELECT_ROWS)) == [("whole", 4)] and fence.current("blog", key="job") == 4
+
+
 def test_the_idempotency_key_is_used_once_and_a_refusal_does_not_use_it(target: Target) -> None:
     fence = target.fence()
     assert fence.advance("billing", 5, key="job", idempotency_key="2026-11-29").accepted
