@@ -215,6 +215,13 @@ class DbApiFence:
                     conn.autocommit = False
                 except Exception as exc:
                     raise self._unavailable(exc, f"leave autocommit mode to {doing}") from None
+            elif self.dialect.begin is not None and getattr(conn, "autocommit", None) is False:
+                # sqlite3 on Python 3.12+ with autocommit=False keeps a transaction open at all times, so the
+                # fence's own BEGIN IMMEDIATE would fail: switched to explicit transactions (commits nothing).
+                try:
+                    conn.autocommit = True
+                except Exception as exc:
+                    raise self._unavailable(exc, f"open a transaction to {doing}") from None
             yield conn
         finally:
             try:
@@ -240,7 +247,7 @@ class DbApiFence:
             try:
                 for statement in _CREATE:
                     cur.execute(self._sql(statement))
-                conn.commit()
+                _commit(conn)
             except Exception as exc:
                 _rollback(conn)
                 raise self._unavailable(exc, "create the fence tables") from None
@@ -315,7 +322,7 @@ class DbApiFence:
                     _rollback(conn)
                     raise
                 try:
-                    conn.commit()
+                    _commit(conn)
                 except Exception as exc:
                     _rollback(conn)
                     raise self._unavailable(exc, "commit the publish") from None
@@ -346,7 +353,7 @@ class DbApiFence:
             try:
                 decision = self._decide(conn.cursor(), params)
                 if decision.accepted:
-                    conn.commit()
+                    _commit(conn)
                 else:
                     _rollback(conn)
             except Exception as exc:
@@ -414,7 +421,7 @@ class DbApiFence:
                 if self.dialect.begin is not None:
                     cur.execute(self.dialect.begin)
                 given_back = self._run(cur, _RELEASE, params) > 0
-                conn.commit()
+                _commit(conn)
         except Exception as exc:
             log.warning(
                 "fence %r: could not give back the claim of idempotency key %r (%s); it stays claimed",
@@ -432,9 +439,19 @@ class DbApiFence:
         return decision
 
 
+def _commit(conn: Any) -> None:
+    """Commit; also a transaction ``commit()`` leaves open: sqlite3 on Python 3.12+ with ``autocommit=True``
+    does nothing on ``commit()``, and the fence's ``BEGIN IMMEDIATE`` would be rolled back at close."""
+    conn.commit()
+    if getattr(conn, "in_transaction", False) is True:
+        conn.cursor().execute("COMMIT")
+
+
 def _rollback(conn: Any) -> None:
     try:
         conn.rollback()
+        if getattr(conn, "in_transaction", False) is True:  # as in _commit: rollback() did nothing
+            conn.cursor().execute("ROLLBACK")
     except Exception:  # a dead connection rolled back by itself
         log.debug("rollback on a fence connection failed", exc_info=True)
 

@@ -158,6 +158,73 @@ def test_a_connection_in_autocommit_mode_still_writes_in_one_transaction(target:
     assert target.run(target.sql(SELECT_ROWS)) == [("whole", 4)] and fence.current("blog", key="job") == 4
 
 
+class _Sqlite312:
+    """A sqlite3 connection as Python 3.12+ hands it out with ``autocommit=True`` or ``False`` (PEP 249
+    transaction control; the venv's Python has only the legacy one), reproduced on a real connection:
+
+    * ``True``: no implicit transaction, and ``commit()`` / ``rollback()`` do nothing (an explicit
+      ``BEGIN`` stays open until committed in SQL, and is rolled back when the connection closes);
+    * ``False``: a transaction is always open (``BEGIN`` again fails), ``commit()`` opens the next one;
+      set to ``True``, it commits the open one and switches.
+    Checked against the real 3.12.1 and 3.13.0 modules: a ``BEGIN IMMEDIATE`` ... ``commit()`` on an
+    ``autocommit=True`` connection keeps nothing; ``BEGIN IMMEDIATE`` on an ``autocommit=False`` one
+    raises "cannot start a transaction within a transaction"."""
+
+    def __init__(self, path: Path, autocommit: bool) -> None:
+        self._conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        self._autocommit = autocommit
+        if not autocommit:
+            self._conn.execute("BEGIN")
+
+    @property
+    def autocommit(self) -> bool:
+        return self._autocommit
+
+    @autocommit.setter
+    def autocommit(self, value: bool) -> None:
+        if value and not self._autocommit and self._conn.in_transaction:
+            self._conn.execute("COMMIT")
+        self._autocommit = value
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.in_transaction
+
+    def cursor(self) -> sqlite3.Cursor:
+        return self._conn.cursor()
+
+    def commit(self) -> None:
+        if not self._autocommit:
+            self._conn.execute("COMMIT")
+            self._conn.execute("BEGIN")
+
+    def rollback(self) -> None:
+        if not self._autocommit:
+            self._conn.execute("ROLLBACK")
+            self._conn.execute("BEGIN")
+
+    def close(self) -> None:
+        self._conn.close()  # an open transaction is rolled back
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_a_python_312_sqlite_connection_in_either_autocommit_mode_commits_and_rolls_back(
+    tmp_path: Path, autocommit: bool
+) -> None:
+    path = tmp_path / "t.db"
+    fence = DbApiFence(lambda: _Sqlite312(path, autocommit), dialect="sqlite", where="sqlite 't'")
+    with fence.transaction("blog", 3, key="job") as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS rows (v)")
+        cur.execute("INSERT INTO rows VALUES (1)")
+    with pytest.raises(ZeroDivisionError), fence.transaction("blog", 4, key="job") as cur:
+        cur.execute("INSERT INTO rows VALUES (2)")
+        raise ZeroDivisionError
+    assert fence.advance("blog", 5, key="job").accepted and fence.current("blog", key="job") == 5
+    check = sqlite3.connect(path)
+    assert check.execute("SELECT v FROM rows").fetchall() == [(1,)]
+    check.close()
+
+
 def test_the_idempotency_key_is_used_once_and_a_refusal_does_not_use_it(target: Target) -> None:
     fence = target.fence()
     assert fence.advance("billing", 5, key="job", idempotency_key="2026-11-29").accepted
