@@ -194,7 +194,9 @@ class LeaseContext:
         dialect the fence is known to work on (SQLite; others are refused: docs/airflow.md, "Where the
         fence is kept"). The fence's tables are kept in that database, and the yielded DB-API cursor (the
         driver's own: psycopg2's, sqlite3's) writes in the same transaction as the fence advance.
-        ``asset``: publish under the lease of that outlet asset (see :meth:`fence`).
+        ``asset``: publish under the lease of that outlet asset (see :meth:`fence`). The lease is checked
+        again after the block, before the commit: lost meanwhile (replaced, force-released, expired), the
+        block's writes are rolled back and :class:`LeaseLost` is raised.
         """
         holder = self if asset is None else self.for_asset(asset)
         if holder is not self:
