@@ -169,6 +169,7 @@ class DbApiFence:
         self.dialect = sql_dialect(dialect)
         self.where = where
         prefix = "" if schema is None else _quoted("schema", schema) + "."
+        self._schema = schema
         self._names = {
             "fence": prefix + _quoted("table", FENCE_TABLE), "publish": prefix + _quoted("table", PUBLISH_TABLE),
             "text": self.dialect.text, "bigint": self.dialect.bigint, "timestamp": self.dialect.timestamp,
@@ -207,6 +208,20 @@ class DbApiFence:
         except Exception as exc:
             raise self._unavailable(exc, f"connect to {doing}") from None
         try:
+            if self.dialect.begin is None and getattr(conn, "autocommit", False) is True:
+                # The driver opens the transaction itself (psycopg2), unless the connection was handed out in
+                # autocommit mode: then the fence advance and each statement would commit on their own.
+                try:
+                    conn.autocommit = False
+                except Exception as exc:
+                    raise self._unavailable(exc, f"leave autocommit mode to {doing}") from None
+            elif self.dialect.begin is not None and getattr(conn, "autocommit", None) is False:
+                # sqlite3 on Python 3.12+ with autocommit=False keeps a transaction open at all times, so the
+                # fence's own BEGIN IMMEDIATE would fail: switched to explicit transactions (commits nothing).
+                try:
+                    conn.autocommit = True
+                except Exception as exc:
+                    raise self._unavailable(exc, f"open a transaction to {doing}") from None
             yield conn
         finally:
             try:
@@ -219,13 +234,31 @@ class DbApiFence:
         with self._connection("create the fence tables") as conn:
             try:
                 cur = conn.cursor()
+                private = self.dialect.name == "sqlite" and self._sqlite_private(cur)
+            except Exception as exc:
+                _rollback(conn)
+                raise self._unavailable(exc, "read the target's databases") from None
+            if private:
+                raise InvalidArgument(
+                    "connect", self.where,
+                    "opens an in-memory or temporary SQLite database: every connection gets one of its own, "
+                    "gone when it closes, so no fence can be kept there; point the connection at a file",
+                )
+            try:
                 for statement in _CREATE:
                     cur.execute(self._sql(statement))
-                conn.commit()
+                _commit(conn)
             except Exception as exc:
                 _rollback(conn)
                 raise self._unavailable(exc, "create the fence tables") from None
         self._schema_ready = True
+
+    def _sqlite_private(self, cur: Any) -> bool:
+        """Whether the fence's SQLite database (``schema``'s, else ``main``) has no file: ``:memory:`` or a
+        temporary database, private to each connection."""
+        name = self._schema or "main"
+        cur.execute("PRAGMA database_list")
+        return any(str(row[1]) == name and not row[2] for row in cur.fetchall())
 
     def _ready(self) -> None:
         if not self._schema_ready:
@@ -289,7 +322,7 @@ class DbApiFence:
                     _rollback(conn)
                     raise
                 try:
-                    conn.commit()
+                    _commit(conn)
                 except Exception as exc:
                     _rollback(conn)
                     raise self._unavailable(exc, "commit the publish") from None
@@ -320,7 +353,7 @@ class DbApiFence:
             try:
                 decision = self._decide(conn.cursor(), params)
                 if decision.accepted:
-                    conn.commit()
+                    _commit(conn)
                 else:
                     _rollback(conn)
             except Exception as exc:
@@ -388,7 +421,7 @@ class DbApiFence:
                 if self.dialect.begin is not None:
                     cur.execute(self.dialect.begin)
                 given_back = self._run(cur, _RELEASE, params) > 0
-                conn.commit()
+                _commit(conn)
         except Exception as exc:
             log.warning(
                 "fence %r: could not give back the claim of idempotency key %r (%s); it stays claimed",
@@ -406,9 +439,19 @@ class DbApiFence:
         return decision
 
 
+def _commit(conn: Any) -> None:
+    """Commit; also a transaction ``commit()`` leaves open: sqlite3 on Python 3.12+ with ``autocommit=True``
+    does nothing on ``commit()``, and the fence's ``BEGIN IMMEDIATE`` would be rolled back at close."""
+    conn.commit()
+    if getattr(conn, "in_transaction", False) is True:
+        conn.cursor().execute("COMMIT")
+
+
 def _rollback(conn: Any) -> None:
     try:
         conn.rollback()
+        if getattr(conn, "in_transaction", False) is True:  # as in _commit: rollback() did nothing
+            conn.cursor().execute("ROLLBACK")
     except Exception:  # a dead connection rolled back by itself
         log.debug("rollback on a fence connection failed", exc_info=True)
 

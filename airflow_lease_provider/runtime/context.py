@@ -23,6 +23,7 @@ from airflow_lease_provider.core import (
     DuplicatePublish,
     EventKind,
     FenceDecision,
+    InvalidArgument,
     Lease,
     LeaseKeeper,
     LeaseLost,
@@ -109,7 +110,15 @@ class LeaseContext:
         (``lease``, ``current_lease()``) is the one of the first key in sorted order."""
         from airflow_lease_provider.assets import asset_lease_key
 
-        return self.for_key(asset_lease_key(asset.uri, self.partition_key))
+        uri = getattr(asset, "uri", None)
+        if not isinstance(uri, str):
+            raise InvalidArgument("asset", asset, "must be an Asset, one of this task's outlets")
+        try:
+            return self.for_key(asset_lease_key(uri, self.partition_key))
+        except KeyError:
+            raise InvalidArgument(
+                "asset", asset, f"is not an outlet this task holds a lease for (it holds {sorted(self.leases) or [self.key]})"
+            ) from None
 
     def check(self) -> Lease:
         """The early safety net: raise :class:`LeaseLost` unless this owner still holds this token.
@@ -185,7 +194,9 @@ class LeaseContext:
         dialect the fence is known to work on (SQLite; others are refused: docs/airflow.md, "Where the
         fence is kept"). The fence's tables are kept in that database, and the yielded DB-API cursor (the
         driver's own: psycopg2's, sqlite3's) writes in the same transaction as the fence advance.
-        ``asset``: publish under the lease of that outlet asset (see :meth:`fence`).
+        ``asset``: publish under the lease of that outlet asset (see :meth:`fence`). The lease is checked
+        again after the block, before the commit: lost meanwhile (replaced, force-released, expired), the
+        block's writes are rolled back and :class:`LeaseLost` is raised.
         """
         holder = self if asset is None else self.for_asset(asset)
         if holder is not self:
@@ -198,6 +209,10 @@ class LeaseContext:
             resource, self.token, **self._as_holder(idempotency_key)
         ) as cur:
             yield cur
+            # Checked again right before the commit: a takeover (on_overlap="replace"), a force-release or a
+            # loss while the caller's statements ran rolls them back (LeaseLost), where the fence, which
+            # decided at the start, would have let them commit after it.
+            self.check()
 
     @contextmanager
     def publish(

@@ -18,6 +18,7 @@ from typing import Any, NoReturn
 
 from airflow_lease_provider import metrics, settings
 from airflow_lease_provider.core import (
+    Acquisition,
     InvalidArgument,
     Lease,
     LeaseError,
@@ -182,7 +183,13 @@ class TaskLease:
             # With a replace_grace, the first attempt never takes over: an older holder gets the grace first.
             grace: timedelta | None = getattr(self.task, "replace_grace", None) if policy.replaces else None
             takeover = grace is None or waited is not None
-            if policy.replaces:
+            queued = self.queued_behind(key, policy) if waited is None else None
+            if queued is not None:
+                # Runs wait for the key (it may be free: released before the waiting run was resumed, which
+                # takes seconds): they go first. This run queues behind them, or is skipped when every place
+                # is taken, instead of taking the lease ahead of them.
+                outcome = queued
+            elif policy.replaces:
                 outcome = self.store.try_replace(key, self.owner, self.ttl(), run_after=self.order(), run=self.run,
                                                  takeover=takeover)
             else:
@@ -230,6 +237,20 @@ class TaskLease:
         if not policy.waits:
             return None
         return policy.max_waiting or getattr(self.task, "max_waiting", None)
+
+    def queued_behind(self, key: str, policy: OverlapPolicy) -> Acquisition | None:
+        """With waiting places (``buffer_one``, ``wait`` with ``max_waiting``): when another run has a live
+        place for ``key``, the refusal to act on (the key's holder, None when it is free); None when nobody
+        else waits or this owner holds the key (its own retry re-enters). One more read before a first
+        acquire, for these policies only; a second when someone waits."""
+        if self.max_waiting(policy) is None:
+            return None
+        if not any(w.owner != self.owner for w in self.store.waiters([key])):
+            return None
+        holder = self.store.holder(key)
+        if holder is not None and holder.owner == self.owner:
+            return None
+        return Acquisition(None, holder)
 
     def give_up_place(self, key: str) -> None:
         """Give this run's waiting place back (it got the lease or gave up); it lapses by itself if this fails."""

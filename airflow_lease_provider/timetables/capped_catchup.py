@@ -95,6 +95,8 @@ def _timezone_arg(value: object) -> Timezone | FixedTimezone:
         return pendulum.timezone(value)
     except (ValueError, pendulum.tz.exceptions.TimezoneError) as exc:
         raise InvalidArgument("timezone", value, f"is not a known timezone ({exc})") from None
+    except OSError:  # a name the zone files' directory cannot even look up (too long for a file name)
+        raise InvalidArgument("timezone", value, "is not a known timezone") from None
 
 
 def _schedule_arg(value: object, timezone: Timezone | FixedTimezone) -> CronGrid | datetime.timedelta:

@@ -176,3 +176,24 @@ def test_a_task_keyed_by_its_outlets_publishes_each_asset_under_its_own_lease(
         ("warehouse.sales", asset_lease_key(summary.uri), tokens["summary"]),
         ("warehouse.files", asset_lease_key(daily.uri), tokens["daily"]),
     }
+
+
+def test_asset_that_is_not_an_outlet_of_the_task_is_named(store: LeaseStore, target_file: Path) -> None:
+    """``asset=``: a value that is no asset, or an asset the task holds no lease for, is an error naming
+    ``asset`` and the leases the task holds, before anything is written."""
+    from airflow.sdk import Asset
+
+    from airflow_lease_provider.core import InvalidArgument
+
+    daily, other = Asset("daily", uri="s3://lake/daily"), Asset("other", uri="s3://lake/other")
+    seen: dict[str, str] = {}
+
+    def body(lease=None):
+        for name, asset in (("string", "s3://lake/daily"), ("not an outlet", other)):
+            with pytest.raises(InvalidArgument) as bad:
+                lease.fence("warehouse.files", conn_id="target_sqlite", asset=asset)
+            seen[name] = str(bad.value)
+
+    run_task(leased("load", body, lease_on="outlets", outlets=[daily]), TaskInstance("etl", RUN, "load"))
+    assert seen["string"].startswith("asset=") and "Asset" in seen["string"], seen
+    assert seen["not an outlet"].startswith("asset=") and "s3://lake/daily" in seen["not an outlet"], seen

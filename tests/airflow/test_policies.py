@@ -280,3 +280,80 @@ def test_replace_grace_lets_the_older_holder_finish_first_then_takes_over(
         run_task(newer, ti(2), 2)
     with pytest.raises(InvalidArgument, match="replace_grace"):
         leased("w", lambda: None, on_overlap="skip", replace_grace=timedelta(seconds=1))
+
+
+def test_a_run_arriving_while_the_lease_is_free_does_not_jump_ahead_of_the_waiting_run(
+    lease_env, store: LeaseStore, counted  # noqa: F811
+) -> None:
+    """buffer_one: the holder releases and, before the waiting run is resumed (its trigger's poll, the
+    scheduler and a worker: seconds), a newer run starts. It must not take the free lease ahead of the run
+    that waits (which would then wait again and could be skipped at its deadline, starved by every run
+    arriving in that window): the place is taken, so the newer run is skipped naming the waiting run, and
+    the waiting run then gets the lease."""
+    holder = store.acquire("buf-jump", "job/holder/work", timedelta(minutes=5))
+    assert holder is not None
+
+    def buffered() -> Any:
+        return leased("work", lambda lease=None: lease.token, lease_key="buf-jump", on_overlap="buffer_one",
+                      lease_poll_interval=timedelta(seconds=1))
+
+    with pytest.raises(TaskDeferred) as deferred:
+        run_task(buffered(), ti(1), 1)
+    deadline = deferred.value.trigger.serialize()[1]["deadline"]
+    assert store.release(holder)
+
+    newer = ti(2)
+    with pytest.raises(AirflowSkipException) as skipped:
+        run_task(buffered(), newer, 2)
+    assert owner(1) in str(skipped.value), skipped.value
+    assert store.holder("buf-jump") is None  # the newer run took nothing
+    assert [w["owner"] for w in newer.xcoms["lease_skip_reason"]["waiters"]] == [owner(1)]
+
+    token = run_task(buffered(), ti(1), 1, resume=deadline)
+    assert token > holder.token
+    assert store.waiters(["buf-jump"]) == []
+
+
+def test_a_fenced_transaction_open_across_the_takeover_commits_nothing(
+    lease_env, store: LeaseStore, fences: FenceStore, counted  # noqa: F811
+) -> None:
+    """The old holder's fenced transaction passed the lease check and the fence before a newer run took
+    the lease over (its write was slow); its commit comes after the takeover. From the takeover on, its
+    fenced writes are refused: the transaction is rolled back (the fence does not advance) and the task
+    ends skipped, naming the newer run."""
+    seen: dict[str, Any] = {}
+
+    def old_body(lease=None):
+        with lease.fenced_transaction("slow-target") as cur:
+            cur.execute("SELECT 1")
+            taken = store.try_replace("span-key", owner(2), timedelta(minutes=5), run_after=T0 + timedelta(minutes=2),
+                                      run=RunRef("job", run_id(2), task_id="work"))
+            seen["new token"] = taken.lease.token if taken.lease else None
+        seen["committed"] = True
+
+    old = leased("work", old_body, lease_key="span-key", on_overlap="replace", lease_ttl=timedelta(minutes=5))
+    with pytest.raises(AirflowSkipException) as skipped:
+        run_task(old, ti(1), 1)
+    assert seen["new token"] is not None, seen
+    assert "committed" not in seen, seen
+    assert fences.current("slow-target", key="span-key") is None  # the fence did not advance: nothing written
+    assert owner(2) in str(skipped.value), skipped.value
+
+
+def test_the_holders_own_retry_re_enters_its_lease_while_another_run_waits(
+    lease_env, store: LeaseStore  # noqa: F811
+) -> None:
+    """buffer_one: the holder's try 1 died holding the lease and a newer run waits for it; the holder's
+    retry is the same owner and re-enters at once, as with every policy (the waiter keeps waiting)."""
+
+    def buffered(body: Any) -> Any:
+        return leased("work", body, lease_key="buf-own", on_overlap="buffer_one",
+                      lease_poll_interval=timedelta(seconds=1))
+
+    first = store.acquire("buf-own", owner(1), timedelta(minutes=5))
+    assert first is not None
+    with pytest.raises(TaskDeferred):
+        run_task(buffered(lambda: None), ti(2), 2)
+    token = run_task(buffered(lambda lease=None: lease.token), ti(1, try_number=2), 1)
+    assert token > first.token
+    assert [w.owner for w in store.waiters(["buf-own"])] == [owner(2)]

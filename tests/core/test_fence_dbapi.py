@@ -133,6 +133,98 @@ def test_an_error_in_the_callers_sql_rolls_the_fence_back(target: Target) -> Non
     assert fence.current("blog", key="job") is None
 
 
+def test_a_connection_in_autocommit_mode_still_writes_in_one_transaction(target: Target) -> None:
+    """A driver connection made in autocommit mode (psycopg2 ``autocommit = True``; a hook may hand one
+    out) would commit the fence advance and each statement on its own: a failing write would leave the
+    fence advanced and half the rows in. The fence turns autocommit off on its own connection first."""
+
+    def autocommit() -> Any:
+        conn = target.connect()
+        if target.name == "postgres":
+            conn.autocommit = True
+        else:
+            conn.isolation_level = None  # sqlite3's autocommit
+        return conn
+
+    fence = DbApiFence(autocommit, dialect=target.name, where="test autocommit", schema=target.schema)
+    insert = target.sql(INSERT)
+    with pytest.raises(ZeroDivisionError), fence.transaction("blog", 4, key="job", idempotency_key="once") as cur:
+        cur.execute(insert, {"slot": "half", "token": 4})
+        raise ZeroDivisionError
+    assert fence.current("blog", key="job") is None  # the fence did not advance
+    assert target.run(target.sql(SELECT_ROWS)) == []  # and nothing was written
+    with fence.transaction("blog", 4, key="job", idempotency_key="once") as cur:  # the key was not used up
+        cur.execute(insert, {"slot": "whole", "token": 4})
+    assert target.run(target.sql(SELECT_ROWS)) == [("whole", 4)] and fence.current("blog", key="job") == 4
+
+
+class _Sqlite312:
+    """A sqlite3 connection as Python 3.12+ hands it out with ``autocommit=True`` or ``False`` (PEP 249
+    transaction control; the venv's Python has only the legacy one), reproduced on a real connection:
+
+    * ``True``: no implicit transaction, and ``commit()`` / ``rollback()`` do nothing (an explicit
+      ``BEGIN`` stays open until committed in SQL, and is rolled back when the connection closes);
+    * ``False``: a transaction is always open (``BEGIN`` again fails), ``commit()`` opens the next one;
+      set to ``True``, it commits the open one and switches.
+    Checked against the real 3.12.1 and 3.13.0 modules: a ``BEGIN IMMEDIATE`` ... ``commit()`` on an
+    ``autocommit=True`` connection keeps nothing; ``BEGIN IMMEDIATE`` on an ``autocommit=False`` one
+    raises "cannot start a transaction within a transaction"."""
+
+    def __init__(self, path: Path, autocommit: bool) -> None:
+        self._conn = sqlite3.connect(path, timeout=30, isolation_level=None)
+        self._autocommit = autocommit
+        if not autocommit:
+            self._conn.execute("BEGIN")
+
+    @property
+    def autocommit(self) -> bool:
+        return self._autocommit
+
+    @autocommit.setter
+    def autocommit(self, value: bool) -> None:
+        if value and not self._autocommit and self._conn.in_transaction:
+            self._conn.execute("COMMIT")
+        self._autocommit = value
+
+    @property
+    def in_transaction(self) -> bool:
+        return self._conn.in_transaction
+
+    def cursor(self) -> sqlite3.Cursor:
+        return self._conn.cursor()
+
+    def commit(self) -> None:
+        if not self._autocommit:
+            self._conn.execute("COMMIT")
+            self._conn.execute("BEGIN")
+
+    def rollback(self) -> None:
+        if not self._autocommit:
+            self._conn.execute("ROLLBACK")
+            self._conn.execute("BEGIN")
+
+    def close(self) -> None:
+        self._conn.close()  # an open transaction is rolled back
+
+
+@pytest.mark.parametrize("autocommit", [True, False])
+def test_a_python_312_sqlite_connection_in_either_autocommit_mode_commits_and_rolls_back(
+    tmp_path: Path, autocommit: bool
+) -> None:
+    path = tmp_path / "t.db"
+    fence = DbApiFence(lambda: _Sqlite312(path, autocommit), dialect="sqlite", where="sqlite 't'")
+    with fence.transaction("blog", 3, key="job") as cur:
+        cur.execute("CREATE TABLE IF NOT EXISTS rows (v)")
+        cur.execute("INSERT INTO rows VALUES (1)")
+    with pytest.raises(ZeroDivisionError), fence.transaction("blog", 4, key="job") as cur:
+        cur.execute("INSERT INTO rows VALUES (2)")
+        raise ZeroDivisionError
+    assert fence.advance("blog", 5, key="job").accepted and fence.current("blog", key="job") == 5
+    check = sqlite3.connect(path)
+    assert check.execute("SELECT v FROM rows").fetchall() == [(1,)]
+    check.close()
+
+
 def test_the_idempotency_key_is_used_once_and_a_refusal_does_not_use_it(target: Target) -> None:
     fence = target.fence()
     assert fence.advance("billing", 5, key="job", idempotency_key="2026-11-29").accepted
@@ -269,6 +361,17 @@ def test_bad_inputs_are_named(tmp_path: Path) -> None:
         with pytest.raises(InvalidArgument, match=name):
             fence.advance(**kwargs)
     assert not (tmp_path / "t.db").exists() or fence.current("r", key="k") is None
+
+
+@pytest.mark.parametrize("database", [":memory:", ""])
+def test_an_in_memory_or_temporary_sqlite_target_is_refused_by_name(database: str) -> None:
+    """Each connection to ``:memory:`` (or ``""``, a temporary file) is a database of its own, gone when it
+    closes: the fence could never be kept there. Refused with an error naming the target and why, not a
+    driver's "no such table" on the first publish."""
+    fence = DbApiFence(lambda: sqlite3.connect(database), dialect="sqlite", where="sqlite connection 'mem'")
+    with pytest.raises(InvalidArgument) as refused:
+        fence.advance("r", 1, key="k")
+    assert "sqlite connection 'mem'" in str(refused.value) and "in-memory" in str(refused.value), refused.value
 
 
 def test_a_refusal_is_recorded_in_a_real_lease_store_ledger(tmp_path: Path, store: LeaseStore) -> None:

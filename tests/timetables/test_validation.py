@@ -26,6 +26,8 @@ from airflow_lease_provider.timetables import CappedCatchupTimetable
         ({"catchup_window": 3600}, "catchup_window"),
         ({"timezone": "Mars/Olympus_Mons"}, "timezone"),
         ({"timezone": None}, "timezone"),
+        ({"timezone": "x" * 512}, "timezone"),  # the zone file's name is too long for the file system
+        ({"timezone": "Europe/Berlin/" + "a" * 300}, "timezone"),
         ({"data_interval": "yes"}, "data_interval"),
         ({"parallel_catchup": 1}, "parallel_catchup"),
         ({"parallel_catchup": None}, "parallel_catchup"),
