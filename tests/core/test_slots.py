@@ -14,7 +14,13 @@ from datetime import datetime, timedelta
 
 import pytest
 
-from airflow_lease_provider.core import FenceStore, InvalidArgument, LeaseStore, SlotCountMismatch, StaleFencingToken
+from airflow_lease_provider.core import (
+    FenceStore,
+    InvalidArgument,
+    LeaseStore,
+    SlotCountMismatch,
+    StaleFencingToken,
+)
 from airflow_lease_provider.core.types import slot_key
 
 TTL = timedelta(minutes=5)
