@@ -83,6 +83,10 @@ class Holding:
     latest_end: datetime | None = None
     acquired_id: int | None = None
     end_id: int | None = None
+    #: A semaphore's slot (lease_slots=N, from the acquisition's detail): slot ``slot`` of ``slots``; 1 of 1
+    #: for a single-holder lease. The timeline of a slot is its row's key (``key#i`` for i > 1).
+    slot: int = 1
+    slots: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,7 +103,18 @@ class Holding:
             "acquired_id": self.acquired_id,
             "end_id": self.end_id,
             "run": reading.run_link(reading.parse_owner(self.owner)),
+            "slot": self.slot,
+            "slots": self.slots,
         }
+
+
+def _slot_of(acquired: Event | None) -> tuple[int, int]:
+    """(slot, slots) of a holding from its acquisition's detail (a semaphore's); (1, 1) otherwise."""
+    detail = acquired.detail if acquired is not None else {}
+    slot, slots = detail.get("slot"), detail.get("slots")
+    if isinstance(slot, int) and isinstance(slots, int) and 1 <= slot <= slots:
+        return slot, slots
+    return 1, 1
 
 
 def _aware(value: Any) -> datetime | None:
@@ -172,8 +187,9 @@ def derive_holdings(
         next_start = following.at if following is not None else None
         ends = [e for e in later if e.kind in _ENDS and e.at >= start]
         expiry = _known_expiry(first, start, later)
+        slot, slots = _slot_of(first)
         base = Holding(key, owner, token, start, start, "held", start_known=first is not None,
-                       acquired_id=first.id if first is not None else None)
+                       acquired_id=first.id if first is not None else None, slot=slot, slots=slots)
         if ends:
             end_event = ends[0]
             end, outcome = end_event.at, _ENDS[end_event.kind]

@@ -135,7 +135,8 @@ const LeaseTimeline = (() => {
       const x1 = x(Date.parse(h.start)), x2 = Math.max(x(Date.parse(h.end)), x1 + 3);
       const w = x2 - x1;
       const run = h.run ? shortRun(h.run.run_id) : (h.owner || "");
-      const label = `#${h.token} ${run}`;
+      // A semaphore's slot (lease_slots=N): "slot 2/3".
+      const label = `#${h.token} ${run}${h.slots > 1 ? ` slot ${h.slot}/${h.slots}` : ""}`;
       const g = svg("g", { class: `holding out-${h.outcome}${h.end_estimated ? " estimated" : ""}`, "data-token": h.token, "data-outcome": h.outcome });
       g.append(svg("rect", { x: x1, y: barY, width: w, height: barH, rx: 3 }));
       if (w > 34) {
@@ -145,7 +146,7 @@ const LeaseTimeline = (() => {
       }
       const ended = h.outcome === "held" ? "held now" : `${OUTCOME_TEXT[h.outcome] || h.outcome} ${hm(new Date(h.end))}`;
       root.append(interactive(g, { holding: h },
-        `token ${h.token}, ${h.run ? h.run.run_id : h.owner}: ${hm(new Date(h.start))} → ${ended} (${duration(h.held_seconds)})`));
+        `token ${h.token}${h.slots > 1 ? ` (slot ${h.slot} of ${h.slots})` : ""}, ${h.run ? h.run.run_id : h.owner}: ${hm(new Date(h.start))} → ${ended} (${duration(h.held_seconds)})`));
     }
 
     for (const m of data.markers) {
