@@ -206,6 +206,9 @@ class TaskLease:
                     "its keeper finds out at its next renewal and its fenced writes are refused from now on",
                     key=key, token=outcome.lease.token,
                 )
+            if outcome.lease.slots > 1:  # a semaphore's slot (lease_slots): which one, of how many
+                metrics.incr("lease.slot_acquired", {**self.tags, "slot": str(outcome.lease.slot),
+                                                     "slots": str(outcome.lease.slots)})
             taken.append(outcome.lease)
             if waited and self.max_waiting(policy) is not None:
                 self.give_up_place(key)

@@ -67,6 +67,7 @@ def test_two_runs_hold_two_slots_at_once_both_publish_and_the_third_is_skipped_n
         (owner(2), 2, 2, "sem-key")
     ]
     assert counted["lease.acquired"] == 2 and counted["scheduled.skipped_overlap"] == 1
+    assert counted["lease.slot_acquired"] == 2
     assert store.slot_holders("sem-key") == []  # both released
 
 
