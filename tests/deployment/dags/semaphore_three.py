@@ -15,10 +15,9 @@ with DAG("semaphore_three", schedule=None, start_date=datetime(2026, 1, 1), max_
     @task.leased(lease_key="semaphore-key", lease_ttl=timedelta(seconds=20), lease_slots=2, on_overlap="skip")
     def work(lease=None, run_id=None):
         mark(f"semaphore-started-{run_id}", f"{lease.slot} {lease.token}")
-        wait_for("semaphore-publish", timeout=240)  # the test says so once both hold and the third skipped
+        wait_for("semaphore-publish", timeout=240)  # the test made the table once both hold and the third skipped
         with lease.fenced_transaction("semaphore.target") as cur:
             table = sql.Identifier(os.environ["AIRFLOW__LEASE__SCHEMA"], "semaphore_target")
-            cur.execute(sql.SQL("CREATE TABLE IF NOT EXISTS {} (writer text, slot int, token bigint)").format(table))
             cur.execute(sql.SQL("INSERT INTO {} VALUES (%s, %s, %s)").format(table),
                         (lease.owner, lease.slot, lease.token))
         mark(f"semaphore-published-{run_id}", str(lease.token))
