@@ -19,6 +19,7 @@ from typing import Any
 from airflow_lease_provider import reading
 from airflow_lease_provider.core import Event, EventKind, InvalidArgument, Lease, LeaseStore
 from airflow_lease_provider.core.history import LeaseHistory, TrendRow
+from airflow_lease_provider.core.types import slot_key
 
 #: The ranges the page offers, and the trend's bucket for each.
 RANGES: dict[str, tuple[timedelta, str]] = {
@@ -271,6 +272,21 @@ def key_timeline(
         if h.end >= since and h.start <= until
     ]
     markers = [marker(e) for e in reversed(events) if e.kind in MARKER_KINDS]
+    # A semaphore (lease_slots=N): the holdings of its other slots, each slot row's own (key#i), one lane each.
+    for slot in range(2, (row.slots if row is not None else 1) + 1):
+        slot_events = history.key_events(slot_key(key, slot), since, now + timedelta(seconds=1), dag_ids=dag_ids,
+                                         limit=MAX_EVENTS)
+        slot_row = store.lease(slot_key(key, slot))
+        if slot_row is not None and dag_ids is not None and reading.lease_dag(slot_row) not in dag_ids:
+            slot_row = None
+        slot_before = [e for e in history.open_holding(slot_key(key, slot), since) if _in_scope(e, dag_ids)]
+        holdings += [
+            h for h in derive_holdings([*slot_before, *slot_events], since=since, now=now, lease=slot_row)
+            if h.end >= since and h.start <= until
+        ]
+        markers += [marker(e) for e in reversed(slot_events) if e.kind in MARKER_KINDS]
+        events = [*events, *slot_events]
+        before = [*before, *slot_before]
     # The DAGs of the holdings (each from its acquisition, or the lease row) and of the events.
     dags = {reading.event_dag(e) for e in [*before, *events]} | {reading.lease_dag(row) if row is not None else None}
     dags.discard(None)

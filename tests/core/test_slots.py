@@ -241,3 +241,15 @@ def test_concurrent_churn_holds_at_most_n_at_any_moment(pg_dsn: str, schema: str
         # expired, database time): one holder per slot, so never more than 2 holders at once.
         for (t1, _a1, e1), (t2, a2, _e2) in zip(mine, mine[1:], strict=False):
             assert a2 >= e1, f"slot {slot}: token {t2} started at {a2} before token {t1} ended at {e1}"
+
+
+def test_the_timeline_of_a_semaphore_shows_each_slot_held_by_whom(store: LeaseStore) -> None:
+    from airflow_lease_provider.plugins import timeline
+
+    one = store.try_acquire("tl-sem", "dag/run-1/work", TTL, slots=2).lease
+    two = store.try_acquire("tl-sem", "dag/run-2/work", TTL, slots=2).lease
+    assert one is not None and two is not None and store.release(two)
+    data = timeline.key_timeline(store, "tl-sem", range_name="24h")
+    shown = sorted((h["slot"], h["slots"], h["owner"], h["outcome"]) for h in data["holdings"])
+    assert shown == [(1, 2, "dag/run-1/work", "held"), (2, 2, "dag/run-2/work", "released")], data["holdings"]
+    assert data["lease"]["slot_label"] == "slot 1 of 2"
