@@ -381,7 +381,9 @@ def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
             return _fail(
                 f"no {'held ' if args.held else ''}lease {args.key!r} in the store", kind="not_found"
             )
-        data: dict[str, Any] = {"observed_at": row["observed_at"], "leases": [row]}
+        # A semaphore (lease_slots=N): the key's row (slot 1) and the row of every other slot held now.
+        others = [r for r in reading.slot_rows(store, args.key) if r["key"] != row["key"]] if row["slots"] > 1 else []
+        data: dict[str, Any] = {"observed_at": row["observed_at"], "leases": [row, *others]}
     else:
         data = {"observed_at": None, "leases": []}
         cursor = None
@@ -399,7 +401,8 @@ def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
         [
             [
                 r["key"],
-                "held" if r["held"] else "free",
+                # A semaphore's slot (lease_slots=N): "held (slot 2 of 3)".
+                ("held" if r["held"] else "free") + (f" ({r['slot_label']})" if r.get("slot_label") else ""),
                 # The owner as written (docs/airflow.md, "Who holds a lease"): its task and map index
                 # say which task of the run holds a key that two tasks share.
                 r["owner"],

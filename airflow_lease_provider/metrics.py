@@ -8,6 +8,7 @@
                                    (counted by the replaced task when it finds out)
 ``scheduled.skipped_buffer_full``  ``buffer_one`` (``wait`` with ``max_waiting``): skipped, every waiting place taken
 ``lease.acquired``                 a lease was acquired
+``lease.slot_acquired``            ``lease_slots=N``: a slot of a semaphore was acquired (tags ``slot`` and ``slots`` too)
 ``lease.replaced``                 ``replace``: the task took its lease over from an older run (once per takeover)
 ``lease.waiting``                  a task deferred to wait for its lease (once per wait, not per resume)
 ``lease.overlap_failed``           ``on_overlap="fail"``: the task failed because the lease was held

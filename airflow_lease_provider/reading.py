@@ -88,6 +88,12 @@ def lease_row(lease: Lease) -> dict[str, Any]:
         # Both measured against the database clock, so a browser or laptop clock that is off changes nothing.
         "expires_in_seconds": seconds_of(lease.remaining) if held else 0.0,
         "since_renewal_seconds": seconds_of(lease.observed_at - lease.renewed_at) if held else None,
+        # A semaphore's slot (lease_slots=N, migrations/0014): the row of slot i > 1 is key#i; lease_key is
+        # the semaphore's key. A single-holder lease: slot 1 of 1, slot_label "".
+        "lease_key": lease.lease_key,
+        "slot": lease.slot,
+        "slots": lease.slots,
+        "slot_label": lease.slot_label,
     }
 
 
@@ -153,6 +159,13 @@ def lease(store: LeaseStore, key: str, *, dag_ids: Collection[str] | None = None
     return with_waiters(store, [lease_row(found)])[0]
 
 
+def slot_rows(store: LeaseStore, key: str, *, dag_ids: Collection[str] | None = None) -> list[dict[str, Any]]:
+    """The rows of every slot of ``key`` held now (a semaphore: "slot 2 of 3" each), by slot; one or none for a
+    single-holder lease."""
+    found = store.slot_holders(key)
+    return [lease_row(h) for h in found if dag_ids is None or lease_dag(h) in dag_ids]
+
+
 def with_waiters(store: LeaseStore, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Each lease row with ``waiting``: the runs that hold a waiting place for its key (``buffer_one``, or
     ``wait`` with ``max_waiting``), oldest first, each with its run link. One read for the page."""
@@ -207,6 +220,10 @@ def summarize(event: Event) -> str:
     d: Mapping[str, Any] = event.detail
     kind = event.kind
     if kind == EventKind.SKIPPED_OVERLAP:
+        holders = [h for h in d.get("holders") or [] if isinstance(h, dict)]
+        if holders:  # a semaphore (lease_slots): every slot was held
+            each = ", ".join(f"{h.get('owner')} (slot {h.get('slot')}, token {h.get('token')})" for h in holders)
+            return f"skipped: all {d.get('slots', len(holders))} slots of the lease were held: {each}"
         holder = d.get("holder_owner") or "another run"
         token = f" with token {d['holder_token']}" if d.get("holder_token") is not None else ""
         until = f" until {short_time(d['holder_expires_at'])}" if d.get("holder_expires_at") else ""
@@ -263,7 +280,10 @@ def summarize(event: Event) -> str:
         )
     if kind == EventKind.ACQUIRED:
         ttl = d.get("ttl_seconds")
-        return f"acquired for {format_duration(float(ttl))}" if isinstance(ttl, int | float) else "acquired"
+        said = f"acquired for {format_duration(float(ttl))}" if isinstance(ttl, int | float) else "acquired"
+        if isinstance(d.get("slots"), int) and d["slots"] > 1:  # a semaphore's slot (lease_slots)
+            said += f": slot {d.get('slot')} of {d['slots']} of {d.get('lease_key', event.key)!r}"
+        return said
     if kind == EventKind.RENEWED_LATE:
         return f"renewed late: {d.get('seconds_left', '?')} s were left ({d.get('failed_attempts', 0)} failed attempts)"
     return kind

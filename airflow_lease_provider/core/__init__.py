@@ -25,7 +25,7 @@ from airflow_lease_provider.core.events import Event, EventCount, EventKind, Eve
 from airflow_lease_provider.core.fence import FenceDecision, FenceStore
 from airflow_lease_provider.core.identity import RunRef
 from airflow_lease_provider.core.keeper import LeaseKeeper
-from airflow_lease_provider.core.lease import LeaseStore
+from airflow_lease_provider.core.lease import LeaseStore, SlotCountMismatch
 from airflow_lease_provider.core.types import (
     Acquisition,
     Holding,
@@ -56,6 +56,7 @@ __all__ = [
     "LeaseStore",
     "LeaseStoreError",
     "LeaseStoreUnavailable",
+    "SlotCountMismatch",
     "RunRef",
     "SchemaError",
     "StaleFencingToken",

@@ -28,10 +28,11 @@ from airflow_lease_provider.core.types import (
     WaitClaim,
     Waiter,
     checked,
+    slot_key,
 )
 
 __all__ = [
-    "Acquisition", "Holding", "Lease", "LeaseStore", "TokenEpoch", "TokenHolder", "WaitClaim", "Waiter", "checked",
+    "Acquisition", "Holding", "Lease", "LeaseStore", "SlotCountMismatch", "TokenEpoch", "TokenHolder", "WaitClaim", "Waiter", "checked",
     "positive_limit",
 ]
 
@@ -64,6 +65,39 @@ class LeaseChanged(LeaseError):
         self.current = current
 
 
+#: The most slots a semaphore may have.
+MAX_SLOTS = 1000
+
+
+def slot_count(value: object, parameter: str = "slots") -> int:
+    """A semaphore's slot count: an int from 1 to :data:`MAX_SLOTS`."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_SLOTS:
+        raise InvalidArgument(parameter, value, f"must be an integer from 1 to {MAX_SLOTS} (how many holders at once)")
+    return value
+
+
+class SlotCountMismatch(InvalidArgument):
+    """An acquire with ``slots=N`` found the key's slots held with another slot count (or the key held as a
+    single-holder lease while a semaphore's slot is held): a key's slot count changes only while none of
+    its slots is held. Nothing was written.
+
+    :ivar holders: the live holders of the key, by slot.
+    """
+
+    def __init__(self, key: str, slots: int, holders: list[Lease]) -> None:
+        held = sorted({h.slots for h in holders if h.slots != slots}) or sorted({h.slots for h in holders})
+        who = "; ".join(f"slot {h.slot} of {h.slots}: {h.owner!r} (token {h.token})" for h in holders) or "nobody now"
+        super().__init__(
+            "slots", slots,
+            f"lease {key!r} is held with {' and '.join(f'slots={n}' for n in held)} ({who}), not slots={slots}: "
+            "a key's slot count can change only while none of its slots is held; use the same slot count "
+            "everywhere for this key, or wait until its holders are done",
+        )
+        self.key = key
+        self.slots = slots
+        self.holders = holders
+
+
 def _dag_list(dag_ids: Collection[str] | None) -> list[str] | None:
     if dag_ids is None:
         return None
@@ -94,15 +128,23 @@ class LeaseStore(Store):
 
     # -- the lease operations ----------------------------------------------------------------------
 
-    def try_acquire(self, key: str, owner: str, ttl: timedelta, *, run: RunRef | None = None) -> Acquisition:
+    def try_acquire(
+        self, key: str, owner: str, ttl: timedelta, *, run: RunRef | None = None, slots: int = 1
+    ) -> Acquisition:
         """Take the lease if it is free, expired, or already this owner's (which bumps the token).
 
+        With ``slots=N`` (N > 1) the key is a semaphore: at most N holders at once, each in its own slot
+        (:attr:`Lease.slot`) with its own token; see :meth:`_try_acquire_slots`.
+
         :returns: the new lease, or the current holder when someone else holds it.
+        :raises SlotCountMismatch: the key's slots are held with another slot count (or as a single lease).
         """
         key = validation.name("key", key)
         owner = validation.owner("owner", owner)
         validation.ttl("ttl", ttl)
         columns = run_columns(run)  # checked before anything is sent
+        if slots != 1 or type(slots) is not int:
+            return self._try_acquire_slots(key, owner, ttl, slot_count(slots), columns)
         # Retrying after a lost connection is safe: if the first attempt did commit, the retry is the
         # same owner re-entering, which only burns the unseen token.
         db = self._ready()
@@ -128,7 +170,51 @@ class LeaseStore(Store):
         if not lease.held:
             # We lost a race to a holder our snapshot could not see yet: read who it is.
             return Acquisition(None, self.holder(key))
+        if lease.key != key:
+            # The answer is another slot's row: the key is a semaphore whose slot 1 is free (migrations/0014).
+            raise SlotCountMismatch(key, 1, self.slot_holders(key))
         return Acquisition(None, lease)
+
+    def _try_acquire_slots(
+        self, key: str, owner: str, ttl: timedelta, slots: int, columns: dict[str, Any]
+    ) -> Acquisition:
+        """A semaphore's acquire, one statement (lease_acquire_slots, migrations/0014).
+
+        Slot 1 is the key's own row, slot ``i > 1`` the row :func:`slot_key` ``(key, i)``; each has its own
+        token, strictly increasing per slot, and the holder renews, releases, force-releases and fences under
+        its row's key (:attr:`Lease.key`), so N valid holders never refuse each other at a fence. The owner's
+        own slot is granted again with a larger token; else the lowest free slot. The slot count is part of
+        the key while any slot is held: an acquire with another count is refused
+        (:class:`SlotCountMismatch`, naming both); once no slot is held, the new count applies.
+        """
+        if len(slot_key(key, slots)) > validation.MAX_NAME_LENGTH:
+            raise InvalidArgument(
+                "key", key, f"with slots={slots} its slot keys ({slot_key(key, slots)!r}) exceed "
+                f"{validation.MAX_NAME_LENGTH} characters",
+            )
+        db = self._ready()
+        sent_at = time.monotonic()
+        params: dict[str, Any] = {
+            "key": key, "owner": owner, "ttl": ttl, "slots": slots,
+            "detail": self._acquire_detail(ttl) if self.record_events else None, **columns,
+        }
+        rows = db.run("acquire_slots", params, durable=True)
+        if rows and rows[0]["acquired"]:
+            if self.record_events:
+                self._logged(rows[0]["logged"], EventKind.ACQUIRED, key)
+            return Acquisition(Lease.from_row(rows[0], sent_at), None)
+        holders = tuple(Lease.from_row(r, sent_at) for r in rows)
+        if any(h.slots != slots for h in holders):
+            raise SlotCountMismatch(key, slots, list(holders))
+        return Acquisition(None, holders[0] if holders else None, holders=holders)
+
+    def slot_holders(self, key: str) -> list[Lease]:
+        """The live holders of ``key``'s slots, by slot: one (or none) for a single-holder lease, up to N for
+        a semaphore of N slots (:attr:`Lease.slot`, :attr:`Lease.slots`)."""
+        key = validation.lookup_name("key", key)
+        db = self._ready()
+        sent_at = time.monotonic()
+        return [Lease.from_row(r, sent_at) for r in db.run("slot_holders", {"key": key})]
 
     def try_replace(
         self, key: str, owner: str, ttl: timedelta, *, run_after: datetime, run: RunRef | None = None,

@@ -46,6 +46,21 @@ class Lease:
     observed_at: datetime
     sent_at: float | None = field(default=None, compare=False, repr=False)
     run: RunRef | None = field(default=None, compare=False, repr=False)
+    #: The holder's slot of a semaphore (``slots=N`` of :meth:`LeaseStore.try_acquire`, migration 0014), and
+    #: the semaphore's slot count; 1 and 1 for a single-holder lease. For slot ``i > 1`` :attr:`key` is the
+    #: slot's own key (:func:`slot_key`): the key the holder renews, releases and fences under.
+    slot: int = 1
+    slots: int = 1
+
+    @property
+    def lease_key(self) -> str:
+        """The key that was acquired: :attr:`key` itself, or for slot ``i > 1`` the semaphore's key."""
+        return base_key(self.key, self.slot)
+
+    @property
+    def slot_label(self) -> str:
+        """``"slot 2 of 3"`` for a semaphore's holder, ``""`` for a single-holder lease."""
+        return f"slot {self.slot} of {self.slots}" if self.slots > 1 else ""
 
     @property
     def remaining(self) -> timedelta:
@@ -69,6 +84,8 @@ class Lease:
             "expires_at": self.expires_at.isoformat(),
             "released_at": self.released_at.isoformat() if self.released_at else None,
             "observed_at": self.observed_at.isoformat(),
+            # A semaphore's slot (a single-holder lease's dict is unchanged).
+            **({"slot": self.slot, "slots": self.slots, "lease_key": self.lease_key} if self.slots > 1 else {}),
         }
 
     @classmethod
@@ -80,6 +97,7 @@ class Lease:
             acquired_at=row["acquired_at"], renewed_at=row["renewed_at"], expires_at=row["expires_at"],
             released_at=row["released_at"], observed_at=row["observed_at"], sent_at=sent_at,
             run=RunRef.from_columns(row) if "dag_id" in row else None,
+            slot=int(row["slot"]) if "slot" in row else 1, slots=int(row["slots"]) if "slots" in row else 1,
         )
 
     @classmethod
@@ -97,15 +115,32 @@ class Lease:
             expires_at=when("expires_at"),
             released_at=when("released_at") if data.get("released_at") else None,
             observed_at=when("observed_at"),
+            slot=int(data.get("slot", 1)), slots=int(data.get("slots", 1)),
         )
 
     def describe(self) -> str:
         """One line for logs and skip reasons: who holds it, with which token, until when."""
         seconds = int(self.remaining.total_seconds())
+        where = f"{self.slot_label} of {self.lease_key!r} " if self.slots > 1 else ""
         return (
-            f"held by {self.owner!r} with token {self.token} until {self.expires_at.isoformat()} "
+            f"{where}held by {self.owner!r} with token {self.token} until {self.expires_at.isoformat()} "
             f"(expires in {seconds // 60}m{seconds % 60:02d}s)"
         )
+
+
+#: A semaphore's slot ``i > 1`` of key ``K`` is the lease row ``K#i`` (migrations/0014).
+SLOT_SEPARATOR = "#"
+
+
+def slot_key(key: str, slot: int) -> str:
+    """The row key of ``slot`` of the semaphore ``key``: ``key`` itself for slot 1, else ``key#slot``."""
+    return key if slot == 1 else f"{key}{SLOT_SEPARATOR}{slot}"
+
+
+def base_key(key: str, slot: int) -> str:
+    """The semaphore's key of the row ``key`` of ``slot`` (:func:`slot_key` undone)."""
+    suffix = f"{SLOT_SEPARATOR}{slot}"
+    return key[: -len(suffix)] if slot > 1 and key.endswith(suffix) else key
 
 
 _Row = TypeVar("_Row")
@@ -146,6 +181,9 @@ class Acquisition:
     lease: Lease | None
     holder: Lease | None
     replaced: TokenHolder | None = None
+    #: A semaphore's refused acquire (``slots=N``): every live holder of the key, by slot (``holder`` is the
+    #: first). Empty for a single-holder lease.
+    holders: tuple[Lease, ...] = ()
     #: :meth:`~LeaseStore.try_replace` with ``takeover=False``: the holder's run is older (it would have
     #: been taken over).
     holder_older: bool = False

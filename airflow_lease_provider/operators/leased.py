@@ -54,6 +54,9 @@ class LeasedOperator(BaseOperator):
         skipped, naming the waiters (default: no limit). ``buffer_one`` is ``wait`` with ``max_waiting=1``.
     :param replace_grace: with ``replace``: how long the older holder gets to finish before the takeover (the
         task defers meanwhile, and takes the lease as usual if it frees); default: take over at once.
+    :param lease_slots: a semaphore: at most this many runs hold the key at once (default 1), each in its own
+        slot with its own token (fenced per slot: ``lease.key`` is the slot's key); the next run follows
+        ``on_overlap`` (not ``replace``). See docs/airflow.md, "Semaphores".
     :param lease_wait_timeout: how long ``wait`` waits in total (default: the TTL).
     :param lease_poll_interval: how often the deferred wait checks the lease (default TTL/20, 1-60 s).
     :param lease_conn_id: the lease store's connection (default ``[lease] conn_id``).
@@ -77,6 +80,7 @@ class LeasedOperator(BaseOperator):
     lease_on: str
     max_waiting: int | None
     replace_grace: timedelta | None
+    lease_slots: int | None
 
     def __init__(
         self,
@@ -92,6 +96,7 @@ class LeasedOperator(BaseOperator):
         lease_on: str = "key",
         max_waiting: int | None = None,
         replace_grace: timedelta | None = None,
+        lease_slots: int | None = None,
         **kwargs: Any,
     ) -> None:
         if "deferrable" in init_parameters(type(self)):
@@ -103,6 +108,7 @@ class LeasedOperator(BaseOperator):
             "on_overlap": on_overlap, "lease_wait_timeout": lease_wait_timeout,
             "lease_poll_interval": lease_poll_interval, "lease_conn_id": lease_conn_id, "lease_scope": lease_scope,
             "lease_on": lease_on, "max_waiting": max_waiting, "replace_grace": replace_grace,
+            "lease_slots": lease_slots,
         }
         related = {
             "execution_timeout": self.execution_timeout, "mode": getattr(self, "mode", None), "outlets": self.outlets,

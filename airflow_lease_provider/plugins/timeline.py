@@ -19,6 +19,7 @@ from typing import Any
 from airflow_lease_provider import reading
 from airflow_lease_provider.core import Event, EventKind, InvalidArgument, Lease, LeaseStore
 from airflow_lease_provider.core.history import LeaseHistory, TrendRow
+from airflow_lease_provider.core.types import slot_key
 
 #: The ranges the page offers, and the trend's bucket for each.
 RANGES: dict[str, tuple[timedelta, str]] = {
@@ -83,6 +84,10 @@ class Holding:
     latest_end: datetime | None = None
     acquired_id: int | None = None
     end_id: int | None = None
+    #: A semaphore's slot (lease_slots=N, from the acquisition's detail): slot ``slot`` of ``slots``; 1 of 1
+    #: for a single-holder lease. The timeline of a slot is its row's key (``key#i`` for i > 1).
+    slot: int = 1
+    slots: int = 1
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -99,7 +104,18 @@ class Holding:
             "acquired_id": self.acquired_id,
             "end_id": self.end_id,
             "run": reading.run_link(reading.parse_owner(self.owner)),
+            "slot": self.slot,
+            "slots": self.slots,
         }
+
+
+def _slot_of(acquired: Event | None) -> tuple[int, int]:
+    """(slot, slots) of a holding from its acquisition's detail (a semaphore's); (1, 1) otherwise."""
+    detail = acquired.detail if acquired is not None else {}
+    slot, slots = detail.get("slot"), detail.get("slots")
+    if isinstance(slot, int) and isinstance(slots, int) and 1 <= slot <= slots:
+        return slot, slots
+    return 1, 1
 
 
 def _aware(value: Any) -> datetime | None:
@@ -172,8 +188,9 @@ def derive_holdings(
         next_start = following.at if following is not None else None
         ends = [e for e in later if e.kind in _ENDS and e.at >= start]
         expiry = _known_expiry(first, start, later)
+        slot, slots = _slot_of(first)
         base = Holding(key, owner, token, start, start, "held", start_known=first is not None,
-                       acquired_id=first.id if first is not None else None)
+                       acquired_id=first.id if first is not None else None, slot=slot, slots=slots)
         if ends:
             end_event = ends[0]
             end, outcome = end_event.at, _ENDS[end_event.kind]
@@ -255,6 +272,21 @@ def key_timeline(
         if h.end >= since and h.start <= until
     ]
     markers = [marker(e) for e in reversed(events) if e.kind in MARKER_KINDS]
+    # A semaphore (lease_slots=N): the holdings of its other slots, each slot row's own (key#i), one lane each.
+    for slot in range(2, (row.slots if row is not None else 1) + 1):
+        slot_events = history.key_events(slot_key(key, slot), since, now + timedelta(seconds=1), dag_ids=dag_ids,
+                                         limit=MAX_EVENTS)
+        slot_row = store.lease(slot_key(key, slot))
+        if slot_row is not None and dag_ids is not None and reading.lease_dag(slot_row) not in dag_ids:
+            slot_row = None
+        slot_before = [e for e in history.open_holding(slot_key(key, slot), since) if _in_scope(e, dag_ids)]
+        holdings += [
+            h for h in derive_holdings([*slot_before, *slot_events], since=since, now=now, lease=slot_row)
+            if h.end >= since and h.start <= until
+        ]
+        markers += [marker(e) for e in reversed(slot_events) if e.kind in MARKER_KINDS]
+        events = [*events, *slot_events]
+        before = [*before, *slot_before]
     # The DAGs of the holdings (each from its acquisition, or the lease row) and of the events.
     dags = {reading.event_dag(e) for e in [*before, *events]} | {reading.lease_dag(row) if row is not None else None}
     dags.discard(None)

@@ -15,6 +15,7 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_lease_provider.core import InvalidArgument, validation
+from airflow_lease_provider.core.lease import MAX_SLOTS
 from airflow_lease_provider.runtime.policies import OVERLAP_POLICIES
 
 LEASE_SCOPES = ("task", "run")
@@ -27,7 +28,7 @@ TARGETS = ("postgres", "external")
 LEASE_ARGUMENTS: dict[str, Any] = {
     "lease_key": None, "lease_ttl": None, "lease_renew_every": None, "on_overlap": "skip",
     "lease_wait_timeout": None, "lease_poll_interval": None, "lease_conn_id": None, "lease_scope": "task",
-    "max_waiting": None, "replace_grace": None,
+    "max_waiting": None, "replace_grace": None, "lease_slots": None,
 }
 #: The task arguments the lease arguments depend on: a TTL derived from the timeout, a sensor's mode.
 _RELATED: dict[str, Any] = {"execution_timeout": None, "mode": None, "outlets": None}
@@ -142,6 +143,7 @@ def check_policy(given: Mapping[str, Any]) -> None:
                 "replace_grace", given["replace_grace"],
                 f"applies only to on_overlap='replace' (this task has on_overlap={policy_name!r})",
             )
+    check_slots(given)
     if policy.replaces or policy.max_waiting is not None:
         if given.get("lease_scope", "task") != "task":
             raise InvalidArgument(
@@ -150,6 +152,34 @@ def check_policy(given: Mapping[str, Any]) -> None:
             )
         if given.get("lease_on", "key") != "key":
             raise InvalidArgument("on_overlap", policy_name, "needs one lease key: not with lease_on='outlets'")
+
+
+def check_slots(given: Mapping[str, Any]) -> None:
+    """``lease_slots=N``: a semaphore, at most N holders of the key at once (each in its own slot, with its own
+    token). The (N+1)-th run follows ``on_overlap``: ``skip``, ``fail``, ``wait`` (until any slot frees) or
+    ``buffer_one`` (one run waits for any slot, the next is skipped). ``replace`` is refused: a takeover of a
+    semaphore would have to pick which of the N valid holders to end. A semaphore is a task's own lease on
+    one key: not run-scoped, not keyed on outlets."""
+    slots = given.get("lease_slots")
+    if slots is None:
+        return
+    if isinstance(slots, bool) or not isinstance(slots, int) or not 1 <= slots <= MAX_SLOTS:
+        raise InvalidArgument("lease_slots", slots, f"must be an integer from 1 to {MAX_SLOTS} (or None: one holder)")
+    if slots == 1:
+        return
+    policy_name = given["on_overlap"]
+    if OVERLAP_POLICIES[policy_name].replaces:
+        raise InvalidArgument(
+            "on_overlap", policy_name,
+            f"is not for a semaphore (lease_slots={slots}): which of the {slots} valid holders would a newer run "
+            "replace? Use skip, wait, buffer_one or fail",
+        )
+    if given.get("lease_scope", "task") != "task":
+        raise InvalidArgument(
+            "lease_slots", slots, "is for a task's own lease, not with lease_scope='run' (a run lease has one holder)"
+        )
+    if given.get("lease_on", "key") != "key":
+        raise InvalidArgument("lease_slots", slots, "needs one lease key: not with lease_on='outlets'")
 
 
 def check_lease_on(given: Mapping[str, Any], *, outlets_known: bool = True) -> None:

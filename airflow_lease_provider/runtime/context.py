@@ -95,6 +95,17 @@ class LeaseContext:
     def token(self) -> int:
         return self.lease.token
 
+    @property
+    def slot(self) -> int:
+        """The slot held of a semaphore (``lease_slots=N``; :attr:`key` is then the slot's key, the one it
+        fences under); 1 for a single-holder lease."""
+        return self.lease.slot
+
+    @property
+    def slots(self) -> int:
+        """The semaphore's slot count (``lease_slots``); 1 for a single-holder lease."""
+        return self.lease.slots
+
     def for_key(self, key: str) -> LeaseContext:
         """The context of the task's lease on ``key`` (a task keyed by its outlets holds one per asset)."""
         if key == self.key:

@@ -193,7 +193,7 @@ class TaskLease:
                 outcome = self.store.try_replace(key, self.owner, self.ttl(), run_after=self.order(), run=self.run,
                                                  takeover=takeover)
             else:
-                outcome = self.store.try_acquire(key, self.owner, self.ttl(), run=self.run)
+                outcome = self.store.try_acquire(key, self.owner, self.ttl(), run=self.run, slots=self.slots)
             if outcome.lease is None and grace is not None and not takeover and outcome.holder_older:
                 now = datetime.now(timezone.utc)
                 self.defer_until_free(outcome.holder, now + grace, first=True, key=key)
@@ -203,7 +203,7 @@ class TaskLease:
                         self.store.release(lease, run=self.run)
                     except Exception:  # it expires with its TTL; the overlap policy still decides
                         self.log.exception("lease: could not give back %r token %s", lease.key, lease.token)
-                self.overlap(outcome.holder, waited=waited, key=key)
+                self.overlap(outcome.holder, waited=waited, key=key, holders=outcome.holders)
             assert outcome.lease is not None
             if outcome.replaced is not None:
                 replaced = outcome.replaced
@@ -213,11 +213,19 @@ class TaskLease:
                     "its keeper finds out at its next renewal and its fenced writes are refused from now on",
                     key=key, token=outcome.lease.token,
                 )
+            if outcome.lease.slots > 1:  # a semaphore's slot (lease_slots): which one, of how many
+                metrics.incr("lease.slot_acquired", {**self.tags, "slot": str(outcome.lease.slot),
+                                                     "slots": str(outcome.lease.slots)})
             taken.append(outcome.lease)
             if waited and self.max_waiting(policy) is not None:
                 self.give_up_place(key)
         self.others = taken[1:]
         return taken[0]
+
+    @property
+    def slots(self) -> int:
+        """The key's slot count (``lease_slots``: a semaphore of N holders; 1: a single holder)."""
+        return getattr(self.task, "lease_slots", None) or 1
 
     @property
     def policy(self) -> OverlapPolicy:
@@ -260,14 +268,20 @@ class TaskLease:
             self.log.warning("lease: could not give back the waiting place for %r; it lapses by itself", key,
                              exc_info=True)
 
-    def overlap(self, holder: Lease | None, *, waited: str | None, key: str | None = None) -> NoReturn:
+    def overlap(
+        self, holder: Lease | None, *, waited: str | None, key: str | None = None, holders: tuple[Lease, ...] = ()
+    ) -> NoReturn:
         """Another run holds the lease (``key``, default :attr:`key`): wait (deferred), skip or fail, per
-        ``on_overlap``."""
+        ``on_overlap``. A semaphore's (``lease_slots``) refusal names every holder (``holders``, by slot)."""
         from airflow_lease_provider.version_compat import AirflowSkipException
 
         key = key or self.key
         policy = self.policy
         who = holder.describe() if holder else "held by another run (it was released just now)"
+        if len(holders) > 1:
+            who = f"held in all {self.slots} slots: " + "; ".join(
+                f"slot {h.slot} by {h.owner!r} (token {h.token})" for h in holders
+            )
         holder_host = self.store.holder_host(holder) if holder else None
         if holder_host:
             who += f" on host {holder_host}"
@@ -300,6 +314,10 @@ class TaskLease:
             holder_expires_at=holder.expires_at.isoformat() if holder else None,
             holder_host=holder_host,
             policy=self.task.on_overlap,
+            **({"slots": self.slots, "holders": [
+                {"slot": h.slot, "owner": h.owner, "token": h.token, "expires_at": h.expires_at.isoformat()}
+                for h in holders
+            ]} if self.slots > 1 else {}),
         )
         self.report(policy.outcome, f"{policy.says}: {reason}", detail=detail, run=self.run, key=key)
         if policy.outcome is Outcome.OVERLAP_FAILED:
@@ -368,6 +386,7 @@ class TaskLease:
                 key=key, conn_id=self.conn_id, schema=self.store.schema,
                 poll_interval=poll.total_seconds(), deadline=end.isoformat(),
                 not_before=(datetime.now(timezone.utc) + RESUME_SETTLE).isoformat(), waiter=waiter,
+                slots=self.slots,
             ),
             method_name="execute_after_wait",
             kwargs={"deadline": end.isoformat()},
@@ -418,7 +437,8 @@ class TaskLease:
                 if release:
                     self.report(
                         Outcome.ACQUIRED,
-                        f"acquired {held.key!r} with token {held.token} (owner {held.owner}, TTL {held.ttl})",
+                        f"acquired {held.lease_key!r}{' ' + held.slot_label if held.slots > 1 else ''} with token "
+                        f"{held.token} (owner {held.owner}, TTL {held.ttl})",
                         owner=held.owner, key=held.key,
                     )
             self.ti.xcom_push(key=XCOM_LEASE, value=lease.to_dict())

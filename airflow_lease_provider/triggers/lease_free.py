@@ -44,6 +44,8 @@ class LeaseFreeTrigger(BaseTrigger):
     :param deadline: when to stop waiting and report ``timeout``.
     :param not_before: the earliest moment (ISO 8601) to report ``free``; None (a trigger serialized
         before this parameter existed): at once.
+    :param slots: the key's slot count (a semaphore, ``lease_slots``): free means fewer than ``slots``
+        holders. 1 (and a trigger serialized before this parameter existed): no holder.
     :param waiter: the waiting place to keep claimed (``owner``, ``ttl_seconds``, ``max_waiting`` and the
         run columns), or None: no place.
     """
@@ -58,8 +60,10 @@ class LeaseFreeTrigger(BaseTrigger):
         deadline: str,
         not_before: str | None = None,
         waiter: dict[str, Any] | None = None,
+        slots: int = 1,
     ) -> None:
         super().__init__()
+        self.slots = int(slots)
         self.key = key
         self.conn_id = conn_id
         self.schema = schema
@@ -79,10 +83,14 @@ class LeaseFreeTrigger(BaseTrigger):
                 "deadline": self.deadline,
                 "not_before": self.not_before,
                 "waiter": self.waiter,
+                "slots": self.slots,
             },
         )
 
     def _holder(self, store: Any) -> Any:
+        if self.slots > 1:
+            holders = store.slot_holders(self.key)
+            return holders[0] if len(holders) >= self.slots else None
         return store.holder(self.key)
 
     def _claim(self, store: Any) -> bool:

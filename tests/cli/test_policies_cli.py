@@ -41,3 +41,18 @@ def test_status_and_events_answer_replaced_waiting_and_buffer_full(run, store: L
     assert replaced["detail"]["by_owner"] == ref(2).owner() and replaced["detail"]["by_token"] > replaced["token"]
     (full,) = run_json(run, "events", "--kind", "skipped_buffer_full")["events"]
     assert [w["run_id"] for w in full["waiting"]] == [ref(4).run_id] and ref(4).owner() in full["summary"]
+
+
+def test_status_and_events_answer_which_slot_of_a_semaphore_is_held_by_whom(run, store: LeaseStore) -> None:  # noqa: F811
+    """lease_slots=N (issue 26 items 3 and 5): ``status --key`` lists every slot held, "slot i of N"."""
+    for n in (1, 2):
+        assert store.try_acquire("sem-key", ref(n).owner(), TTL, slots=3, run=ref(n)).lease is not None
+    rows = run_json(run, "status", "--key", "sem-key")["leases"]
+    assert [(r["key"], r["lease_key"], r["slot"], r["slots"], r["slot_label"], r["owner"]) for r in rows] == [
+        ("sem-key", "sem-key", 1, 3, "slot 1 of 3", ref(1).owner()),
+        ("sem-key#2", "sem-key", 2, 3, "slot 2 of 3", ref(2).owner()),
+    ]
+    code, text = run("status", "--key", "sem-key")
+    assert code == 0 and "held (slot 2 of 3)" in text and ref(2).owner() in text, text
+    (acquired,) = run_json(run, "events", "--key", "sem-key#2", "--kind", "acquired")["events"]
+    assert acquired["detail"]["slot"] == 2 and "slot 2 of 3 of 'sem-key'" in acquired["summary"]

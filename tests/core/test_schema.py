@@ -41,7 +41,7 @@ CATALOG_QUERIES = {
 #: The functions every lease and fence call runs: no SET clause (migrations/0009), every name qualified.
 HOT_FUNCTIONS = {
     "lease_acquire", "lease_acquire_logged", "lease_renew", "lease_release", "lease_release_logged",
-    "lease_event_insert", "lease_token_floor", "fence_advance", "fence_token",
+    "lease_event_insert", "lease_token_floor", "fence_advance", "fence_token", "lease_acquire_slots",
 }
 
 

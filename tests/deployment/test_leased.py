@@ -38,12 +38,12 @@ def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     files = [E2E_DAGS / "lease_e2e.py", E2E_DAGS / "_util.py", TIER_DAGS / "retry_e2e.py",
              TIER_DAGS / "marked_failed.py", TIER_DAGS / "held_connection.py",
              TIER_DAGS / "default_args_ttl.py", TIER_DAGS / "wait_overlap.py", TIER_DAGS / "replace_frozen.py",
-             TIER_DAGS / "buffer_three.py"]
+             TIER_DAGS / "buffer_three.py", TIER_DAGS / "semaphore_three.py"]
     # Every task here keeps its store connection (the other tiers run the default: one per operation).
     env = {"LEASE_TEST_MARKERS": str(MARKERS), "LEASE_TEST_HOLD_SECONDS": "240", "AIRFLOW__LEASE__SCHEMA": SCHEMA,
            "AIRFLOW__LEASE__HOLD_CONNECTION": "true"}
     dag_ids = {"overlap", "zombie", "retry_after_crash", "mapped_and_bash", "marked_failed", "held_connection",
-               "default_args_ttl", "wait_overlap", "replace_frozen", "buffer_three"}
+               "default_args_ttl", "wait_overlap", "replace_frozen", "buffer_three", "semaphore_three"}
     # With a triggerer: on_overlap="wait" defers, and the triggerer is what resumes the task.
     with deployment_for(metadata_template, files, dag_ids, env, triggerer=True) as deployment:
         for dag_id in dag_ids:
@@ -369,3 +369,48 @@ def test_buffer_one_of_three_runs_started_together_one_runs_one_waits_then_runs_
     assert api.wait_for_run("buffer_three", skipped) == "success"  # skipped, not failed
     assert store.waiters(["buffer-key"]) == [] and store.holder("buffer-key") is None
     assert airflow.statsd.count("scheduled.skipped_buffer_full") == 1
+
+
+def test_a_semaphore_of_two_with_three_runs_two_hold_at_once_both_publish_the_third_skips(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """lease_slots=2 (issue 26 item 3) through the real scheduler, runs triggered over REST together."""
+    api = airflow.api
+    runs = [api.trigger("semaphore_three") for _ in range(3)]
+
+    def states() -> dict[str, str | None]:
+        return {run: api.task_states("semaphore_three", run).get("work") for run in runs}
+
+    settled = wait(states, lambda s: sorted(map(str, s.values())) == ["running", "running", "skipped"], 180,
+                   "two runs holding a slot each, one skipped")
+    holders = [r for r, state in settled.items() if state == "running"]
+    (skipped,) = [r for r, state in settled.items() if state == "skipped"]
+    started = {r: marker(f"semaphore-started-{r}").split() for r in holders}
+    assert sorted(int(slot) for slot, _ in started.values()) == [1, 2], started
+    owners = [f"semaphore_three/{r}/work" for r in holders]
+    reason = api.xcom("semaphore_three", skipped, "work", "lease_skip_reason")
+    assert all(o in reason["reason"] for o in owners) and "all 2 slots" in reason["reason"], reason
+    assert sorted(h["owner"] for h in reason["holders"]) == sorted(owners) and reason["slots"] == 2
+    # Both held at once, by the ledger: each slot's grant came before either was released.
+    grants = [e for key in ("semaphore-key", "semaphore-key#2")
+              for e in store.events.query(key=key, kind=EventKind.ACQUIRED)]
+    assert sorted(e.owner for e in grants) == sorted(owners)
+    assert sorted(e.detail["slot"] for e in grants) == [1, 2]
+    assert [(h.slot, h.owner in owners) for h in store.slot_holders("semaphore-key")] == [(1, True), (2, True)]
+
+    # The target, made here: two CREATE TABLE IF NOT EXISTS at the same moment can both try to create it.
+    execute(airflow.dsn, q("CREATE TABLE IF NOT EXISTS {schema}.semaphore_target (writer text, slot int, token bigint)",
+                           SCHEMA))
+    (MARKERS / "semaphore-publish").write_text("go")  # both publish while both hold
+    for run in holders:
+        assert api.wait_for_run("semaphore_three", run) == "success", api.log("semaphore_three", run, "work")
+    assert api.wait_for_run("semaphore_three", skipped) == "success"  # skipped, not failed
+    rows = execute(airflow.dsn, q("SELECT writer, slot, token FROM {schema}.semaphore_target ORDER BY slot", SCHEMA))
+    assert [(w, s, t) for w, s, t in rows] == sorted(
+        ((f"semaphore_three/{r}/work", int(started[r][0]), int(started[r][1])) for r in holders),
+        key=lambda row: row[1],
+    ), rows
+    released = [e for key in ("semaphore-key", "semaphore-key#2")
+                for e in store.events.query(key=key, kind=EventKind.RELEASED)]
+    assert len(released) == 2 and max(g.at for g in grants) < min(e.at for e in released)
+    assert store.slot_holders("semaphore-key") == []

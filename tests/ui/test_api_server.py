@@ -381,3 +381,39 @@ def test_replaced_and_buffered_runs_are_shown_on_the_page_the_timeline_and_the_t
     assert outcomes == {old.owner(): "replaced", new.owner(): "held"}, timeline["holdings"]
     buffered = server.request("GET", "/lease/api/timeline", "viewer", params={"key": BUFFER_KEY}).json()
     assert {"waiting", "skipped_buffer_full"} <= {m["kind"] for m in buffered["markers"]}
+
+
+def test_a_semaphores_slots_are_shown_on_the_page_the_timeline_and_the_task_tab(world: World) -> None:
+    """Issue 26, items 3 and 5: which slot of a semaphore (lease_slots=2) is held by whom, through the
+    plugin's JSON (what the pages draw); written through the core as the operator writes it."""
+    server, store, key = world.server, world.store, "sem-ui-key"
+    first, second, third = policy_run(6), policy_run(7), policy_run(8)
+    try:
+        held = [store.try_acquire(key, ref.owner(), timedelta(minutes=30), slots=2, run=ref).lease
+                for ref in (first, second)]
+        assert all(held)
+        store.events.record(
+            EventKind.SKIPPED_OVERLAP, key, owner=third.owner(), run=third,
+            detail={"reason": f"lease {key!r} is held in all 2 slots", "slots": 2, "policy": "skip",
+                    "holders": [{"slot": h.slot, "owner": h.owner, "token": h.token} for h in held if h]},
+        )
+        leases = {row["key"]: row for row in server.request("GET", "/lease/api/leases", "viewer").json()["leases"]}
+        assert [(leases[k]["slot_label"], leases[k]["lease_key"], leases[k]["owner"]) for k in (key, f"{key}#2")] == [
+            ("slot 1 of 2", key, first.owner()), ("slot 2 of 2", key, second.owner())
+        ]
+        timeline = server.request("GET", "/lease/api/timeline", "viewer", params={"key": key}).json()
+        assert sorted((h["slot"], h["owner"]) for h in timeline["holdings"]) == [(1, first.owner()), (2, second.owner())]
+
+        def tab(ref: RunRef) -> dict:
+            return server.request("GET", "/lease/api/task-instance", "viewer", params={
+                "dag_id": DAG_ID, "run_id": ref.run_id, "task_id": "publish"}).json()
+
+        (acquired,) = tab(second)["events"]
+        assert acquired["detail"]["slot"] == 2 and f"slot 2 of 2 of {key!r}" in acquired["summary"]
+        skip = tab(third)
+        assert [h["owner"] for h in skip["events"][0]["detail"]["holders"]] == [first.owner(), second.owner()]
+        assert first.owner() in skip["events"][0]["summary"] and second.owner() in skip["events"][0]["summary"]
+    finally:
+        for k in (key, f"{key}#2"):
+            execute(store.db.dsn, q("DELETE FROM {schema}.lease WHERE key = %s", store.schema), (k,))
+            execute(store.db.dsn, q("DELETE FROM {schema}.event WHERE key = %s", store.schema), (k,))

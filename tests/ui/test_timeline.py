@@ -160,3 +160,13 @@ def test_range_names() -> None:
     assert parse_range(None)[0] == "7d" and parse_range("24h")[2] == "hour"
     with pytest.raises(InvalidArgument, match="range"):
         parse_range("1y")
+
+
+def test_a_semaphores_holding_says_its_slot() -> None:
+    """lease_slots=N (issue 26 items 3, 5): the acquisition's detail names the slot; the bar says it."""
+    slotted = ev("acquired", 0, A, 7, ttl_seconds=600, expires_at=at(10).isoformat(), slot=2, slots=3,
+                 lease_key="daily")
+    (h,) = derive_holdings([slotted, ev("released", 4, A, 7)], since=SINCE, now=NOW)
+    assert (h.slot, h.slots) == (2, 3) and h.to_dict()["slot"] == 2 and h.to_dict()["slots"] == 3
+    (plain,) = derive_holdings([acquired(0, B, 1), ev("released", 4, B, 1)], since=SINCE, now=NOW)
+    assert (plain.slot, plain.slots) == (1, 1)

@@ -24,6 +24,21 @@ SELECT * FROM {schema}.lease_acquire(%(key)s, %(owner)s, %(ttl)s,
 SELECT * FROM {schema}.lease_acquire_logged(%(key)s, %(owner)s, %(ttl)s, %(detail)s,
                                             %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
 
+-- name: acquire_slots [prepared]
+-- A semaphore's acquire (migrations/0014): at most %(slots)s holders of %(key)s, each in its own slot row
+-- (slot 1: the key's own row; slot i > 1: the row key#i) with its own token. One statement: the grant (and,
+-- %(detail)s not NULL, its 'acquired' event), or every live holder of the key by slot.
+SELECT * FROM {schema}.lease_acquire_slots(%(key)s, %(owner)s, %(ttl)s, %(slots)s, %(detail)s,
+                                           %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
+
+-- name: slot_holders
+-- The live holders of a semaphore's slots (its key's own row and its rows key#i), by slot.
+SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots
+  FROM {schema}.lease l
+ WHERE (l.key = %(key)s OR l.slot_of = %(key)s) AND l.expires_at > clock_timestamp()
+ ORDER BY l.slot, l.key;
+
 -- name: replace [prepared]
 -- The replace policy's acquire (migrations/0012): a free, expired or own lease is granted as acquire grants
 -- it; a lease held by a run whose run_after is strictly earlier than %(run_after)s is taken over, with a
@@ -72,7 +87,7 @@ UPDATE {schema}.lease AS l
  WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s
    AND l.expires_at > pg_catalog.clock_timestamp() AND l.released_at IS NULL
 RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-          pg_catalog.clock_timestamp() AS observed_at;
+          pg_catalog.clock_timestamp() AS observed_at, l.slot, l.slots;
 
 -- name: release [prepared]
 -- Frees the lease only if owner and token still match (decision 7). The row and its token stay.
@@ -92,7 +107,7 @@ SELECT * FROM {schema}.lease_release_logged(%(key)s, %(owner)s, %(token)s, %(det
 
 -- name: holder [prepared]
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots
   FROM {schema}.lease l
  WHERE l.key = %(key)s AND l.expires_at > clock_timestamp();
 
@@ -177,7 +192,7 @@ SELECT coalesce(max(version), 0) AS version FROM {schema}.schema_version;
 -- name: lease_by_key [prepared]
 -- The row of one key, held or not (see Lease.held): one index lookup, however many keys there are.
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots
   FROM {schema}.lease l
  WHERE l.key = %(key)s;
 
@@ -187,7 +202,7 @@ SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at
 -- token (NULL when the token did not match: nothing was written). No row: the key was never acquired.
 WITH old AS (
     SELECT key, owner, token, ttl, acquired_at, renewed_at, expires_at, released_at, dag_id, run_id, task_id,
-           map_index
+           map_index, slot, slots
       FROM {schema}.lease WHERE key = %(key)s FOR UPDATE
 ), upd AS (
     UPDATE {schema}.lease AS l
@@ -200,13 +215,13 @@ WITH old AS (
 )
 SELECT old.key, old.owner, old.token, old.ttl, old.acquired_at, old.renewed_at, old.expires_at,
        old.released_at, clock_timestamp() AS observed_at, (SELECT token FROM upd) AS new_token,
-       old.dag_id, old.run_id, old.task_id, old.map_index
+       old.dag_id, old.run_id, old.task_id, old.map_index, old.slot, old.slots
   FROM old;
 
 -- name: lease_page
 -- Keyset pagination by key: the keys after %(after)s (NULL: from the first), at most %(limit)s.
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots
   FROM {schema}.lease l
  WHERE (%(after)s::text IS NULL OR l.key > %(after)s::text)
    AND (NOT %(held_only)s OR (l.released_at IS NULL AND l.expires_at > clock_timestamp()))
@@ -366,7 +381,7 @@ SELECT CASE WHEN e.kind = 'fence_rejected' THEN coalesce(e.detail->>'lease_key',
 -- name: dag_leases
 -- The lease rows held (or last held) by one DAG's runs (lease_dag_key_idx, migrations/0011).
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots
   FROM {schema}.lease l
  WHERE l.dag_id = %(dag_id)s
  ORDER BY l.key

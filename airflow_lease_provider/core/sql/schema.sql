@@ -31,10 +31,18 @@ CREATE TABLE {schema}.lease (
     -- a grant by lease_acquire). A replacing run takes over only from a holder whose run_after is earlier.
     run_after      timestamptz,
     -- The token this grant took over (lease_replace); NULL for a grant of a free lease.
-    replaced_token bigint
+    replaced_token bigint,
+    -- Semaphores (migrations/0014): the slot count of the grant (1: a single-holder lease), its slot, and
+    -- for slot i > 1 (the row p_key || '#' || i) the semaphore's key. Slot 1 is the key's own row.
+    slots          integer     NOT NULL DEFAULT 1,
+    slot           integer     NOT NULL DEFAULT 1,
+    slot_of        text,
+    CONSTRAINT lease_slot_check CHECK (slot >= 1 AND slot <= slots)
 ) WITH (fillfactor = 50);
 -- The leases of one DAG (migrations/0011): the DAG-scoped status pages and the DAG tab.
 CREATE INDEX lease_dag_key_idx ON {schema}.lease (dag_id, key);
+-- The slots i > 1 of a semaphore (migrations/0014).
+CREATE INDEX lease_slot_of_idx ON {schema}.lease (slot_of, slot) WHERE slot_of IS NOT NULL;
 
 -- One row per (resource, lease key): tokens are only compared within one lease key (version 3). key ''
 -- marks a row from before version 3, a floor for the keys of that resource without a row of their own.
@@ -221,8 +229,10 @@ BEGIN
                acquired_at = pg_catalog.clock_timestamp(), renewed_at = pg_catalog.clock_timestamp(),
                expires_at = pg_catalog.clock_timestamp() + p_ttl, released_at = NULL,
                dag_id = p_dag_id, run_id = p_run_id, task_id = p_task_id, map_index = p_map_index,
-               run_after = NULL, replaced_token = NULL
+               run_after = NULL, replaced_token = NULL, slots = 1, slot = 1, slot_of = NULL
          WHERE l.key = p_key AND (l.expires_at <= pg_catalog.clock_timestamp() OR l.owner = p_owner)
+           AND (l.slots = 1 OR NOT EXISTS (SELECT 1 FROM {schema}.lease s
+                                            WHERE s.slot_of = p_key AND s.expires_at > pg_catalog.clock_timestamp()))
         RETURNING true, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
                   pg_catalog.clock_timestamp();
         IF FOUND THEN
@@ -245,7 +255,9 @@ BEGIN
     SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
            pg_catalog.clock_timestamp()
       FROM {schema}.lease l
-     WHERE l.key = p_key;
+     WHERE l.key = p_key OR (l.slot_of = p_key AND l.expires_at > pg_catalog.clock_timestamp())
+     ORDER BY l.expires_at > pg_catalog.clock_timestamp() DESC, l.slot
+     LIMIT 1;
 END;
 $$;
 
@@ -529,7 +541,8 @@ BEGIN
                acquired_at = pg_catalog.clock_timestamp(), renewed_at = pg_catalog.clock_timestamp(),
                expires_at = pg_catalog.clock_timestamp() + p_ttl, released_at = NULL,
                dag_id = p_dag_id, run_id = p_run_id, task_id = p_task_id, map_index = p_map_index,
-               run_after = p_run_after, replaced_token = CASE WHEN v_taking THEN v_old.token END
+               run_after = p_run_after, replaced_token = CASE WHEN v_taking THEN v_old.token END,
+               slots = 1, slot = 1, slot_of = NULL
          WHERE l.key = p_key
         RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at
              INTO v_new;
@@ -596,5 +609,117 @@ BEGIN
     RETURN QUERY
     SELECT v_claimed, w.owner, w.since, w.expires_at, w.dag_id, w.run_id, w.task_id, w.map_index
       FROM {schema}.lease_waiter w WHERE w.key = p_key ORDER BY w.since, w.owner;
+END;
+$$;
+
+-- A semaphore's acquire (migrations/0014): at most p_slots holders of p_key at once, each in its own slot,
+-- one statement. Slot 1 is the row of p_key itself (the row a single-holder lease uses); slot i > 1 is the
+-- row p_key || '#' || i (its slot_of is p_key). Each slot row has its own token, strictly increasing per
+-- slot, and a holder fences, renews and releases under its slot's key. When every slot is held by others
+-- with this slot count, one read answers (no lock, no write). Otherwise the acquirers of the key are
+-- serialized by a transaction-scoped advisory lock (class 0x1EA60, the key's hash), the live slots are
+-- read again, and: a slot held with another slot count (or p_key held as a single lease) refuses the
+-- acquire (the caller names both counts); the owner's own slot is granted again with a larger token;
+-- else the lowest free slot is granted (its row updated or inserted). Returns the grant (acquired, with
+-- the 'acquired' event when p_detail is given: logged), or every live holder of the key, by slot.
+CREATE FUNCTION {schema}.lease_acquire_slots(p_key text, p_owner text, p_ttl interval, p_slots integer,
+                                             p_detail jsonb, p_dag_id text, p_run_id text, p_task_id text,
+                                             p_map_index integer)
+RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
+               renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz,
+               slot integer, slots integer, logged boolean)
+LANGUAGE plpgsql
+AS $$
+#variable_conflict use_column
+DECLARE
+    v_full integer;
+    v_other integer;
+    v_slot integer;
+    v_key pg_catalog.text;
+    v_tried integer[] := '{}';
+    v_new record;
+BEGIN
+    SELECT pg_catalog.count(*) FILTER (WHERE l.owner <> p_owner AND l.slots = p_slots),
+           pg_catalog.count(*) FILTER (WHERE l.owner = p_owner OR l.slots <> p_slots)
+      INTO v_full, v_other
+      FROM {schema}.lease l
+     WHERE (l.key = p_key OR l.slot_of = p_key) AND l.expires_at > pg_catalog.clock_timestamp();
+    IF v_full < p_slots OR v_other > 0 THEN
+        PERFORM pg_catalog.pg_advisory_xact_lock(125536, pg_catalog.hashtext(p_key));
+        FOR attempt IN 1..p_slots + 2 LOOP
+            -- The live slots now (a new snapshot: this statement starts after the lock was granted).
+            SELECT s.slot INTO v_slot FROM {schema}.lease s
+             WHERE (s.key = p_key OR s.slot_of = p_key) AND s.expires_at > pg_catalog.clock_timestamp()
+               AND s.slots <> p_slots
+             LIMIT 1;
+            EXIT WHEN FOUND;
+            SELECT s.slot INTO v_slot FROM {schema}.lease s
+             WHERE (s.key = p_key OR s.slot_of = p_key) AND s.expires_at > pg_catalog.clock_timestamp()
+               AND s.owner = p_owner
+             ORDER BY s.slot LIMIT 1;
+            IF NOT FOUND THEN
+                SELECT i INTO v_slot FROM pg_catalog.generate_series(1, p_slots) i
+                 WHERE i <> ALL (v_tried)
+                   AND NOT EXISTS (SELECT 1 FROM {schema}.lease s
+                                    WHERE (s.key = p_key OR s.slot_of = p_key) AND s.slot = i
+                                      AND s.expires_at > pg_catalog.clock_timestamp())
+                 ORDER BY i LIMIT 1;
+                EXIT WHEN NOT FOUND;
+            END IF;
+            v_tried := v_tried || v_slot;
+            v_key := CASE WHEN v_slot = 1 THEN p_key ELSE p_key || '#' || v_slot END;
+            UPDATE {schema}.lease AS l
+               SET owner = p_owner, token = greatest(l.token + 1, {schema}.lease_token_floor() + 1), ttl = p_ttl,
+                   acquired_at = pg_catalog.clock_timestamp(), renewed_at = pg_catalog.clock_timestamp(),
+                   expires_at = pg_catalog.clock_timestamp() + p_ttl, released_at = NULL,
+                   dag_id = p_dag_id, run_id = p_run_id, task_id = p_task_id, map_index = p_map_index,
+                   run_after = NULL, replaced_token = NULL, slots = p_slots, slot = v_slot,
+                   slot_of = CASE WHEN v_slot = 1 THEN NULL ELSE p_key END
+             WHERE l.key = v_key AND (l.expires_at <= pg_catalog.clock_timestamp() OR l.owner = p_owner)
+            RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at
+                 INTO v_new;
+            IF NOT FOUND THEN
+                INSERT INTO {schema}.lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at,
+                                                 dag_id, run_id, task_id, map_index, slots, slot, slot_of)
+                VALUES (v_key, p_owner, {schema}.lease_token_floor() + 1, p_ttl, pg_catalog.clock_timestamp(),
+                        pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() + p_ttl,
+                        p_dag_id, p_run_id, p_task_id, p_map_index, p_slots, v_slot,
+                        CASE WHEN v_slot = 1 THEN NULL ELSE p_key END)
+                ON CONFLICT (key) DO NOTHING
+                RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at
+                     INTO v_new;
+            END IF;
+            IF FOUND THEN
+                logged := false;
+                IF p_detail IS NOT NULL THEN
+                    BEGIN
+                        PERFORM {schema}.lease_event_insert(
+                            'acquired', v_key, p_owner, v_new.token,
+                            p_detail || pg_catalog.jsonb_build_object(
+                                'expires_at', v_new.expires_at, 'slot', v_slot, 'slots', p_slots,
+                                'lease_key', p_key),
+                            p_dag_id, p_run_id, p_task_id, p_map_index);
+                        logged := true;
+                    EXCEPTION WHEN OTHERS THEN
+                        logged := false;
+                    END;
+                END IF;
+                acquired := true; key := v_new.key; owner := v_new.owner; token := v_new.token;
+                ttl := v_new.ttl; acquired_at := v_new.acquired_at; renewed_at := v_new.renewed_at;
+                expires_at := v_new.expires_at; released_at := v_new.released_at;
+                observed_at := pg_catalog.clock_timestamp(); slot := v_slot; slots := p_slots;
+                RETURN NEXT;
+                RETURN;
+            END IF;
+            -- The slot's row was taken under another lock (p_key as a single lease, or a key spelled like
+            -- this slot's held as a lease of its own): the next slot.
+        END LOOP;
+    END IF;
+    RETURN QUERY
+    SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+           pg_catalog.clock_timestamp(), l.slot, l.slots, false
+      FROM {schema}.lease l
+     WHERE (l.key = p_key OR l.slot_of = p_key) AND l.expires_at > pg_catalog.clock_timestamp()
+     ORDER BY l.slot, l.key;
 END;
 $$;

@@ -62,7 +62,9 @@
         : null;
       return el("tr", { class: l.held ? "held" : "free", "data-key": l.key },
         cellKey(el("a", { href: "#events", onclick: () => filterKey(l.key) }, name(l.key))),
-        cell("State", badge(l.held ? "held" : "free", l.held ? "held" : "free")),
+        cell("State", badge(l.held ? "held" : "free", l.held ? "held" : "free"),
+          // A semaphore's slot (lease_slots=N): "slot 2 of 3 of <key>".
+          l.slots > 1 ? el("span", { class: "small slot-label" }, `${l.slot_label} of `, name(l.lease_key)) : null),
         cell("Holder", l.holder_run ? runBlock(l.holder_run) : el("span", { class: "mono" }, name(l.owner)),
           l.held ? null : el("span", { class: "small" }, "last holder"),
           // The runs holding a waiting place for the key (buffer_one, wait with max_waiting), oldest first.

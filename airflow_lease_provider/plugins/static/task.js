@@ -26,6 +26,10 @@
       if (skip.kind === "replaced") {
         parts.push(el("p", { id: "replaced-by" }, "Replaced by: ", skip.blocked_by ? runBlock(skip.blocked_by) : name(skip.detail.by_owner || "unknown"),
           ` with token ${skip.detail.by_token}; this run's token ${skip.token} is refused by the fence from the takeover on.`));
+      } else if ((skip.detail.holders || []).length) {
+        // A semaphore (lease_slots=N): every slot was held, each by its own run.
+        parts.push(el("p", { id: "slot-holders" }, `All ${skip.detail.slots} slots were held: `,
+          ...skip.detail.holders.map((h) => el("span", { class: "mono" }, `slot ${h.slot}: `, name(h.owner), ` (token ${h.token}) `))));
       } else {
         parts.push(el("p", {}, skip.blocked_by ? ["Holder: ", runBlock(skip.blocked_by)] : ["Holder: ", skip.detail.holder_owner ? name(skip.detail.holder_owner) : "unknown"],
           skip.detail.holder_token ? ` with token ${skip.detail.holder_token}` : "",
@@ -48,6 +52,12 @@
     } else if (data.events.length) {
       box.className = "explain";
       parts.push(el("h2", {}, "This task instance ran under a lease"), el("p", { class: "muted" }, "Its lease events are below."));
+      // A semaphore (lease_slots=N): which slot it held.
+      const slotted = data.events.find((e) => e.kind === "acquired" && e.detail.slots > 1);
+      if (slotted) {
+        parts.push(el("p", { id: "lease-slot" }, `It held slot ${slotted.detail.slot} of ${slotted.detail.slots} of lease `,
+          name(slotted.detail.lease_key || slotted.key), ` with token ${slotted.token}.`));
+      }
     } else {
       box.className = "explain";
       parts.push(el("h2", {}, "No lease events for this task instance"),

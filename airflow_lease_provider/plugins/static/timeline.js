@@ -95,7 +95,9 @@ const LeaseTimeline = (() => {
     const since = Date.parse(data.since), until = Date.parse(data.until);
     const left = 8, right = 8;
     const x = (t) => left + ((Math.min(Math.max(t, since), until) - since) / (until - since)) * (width - left - right);
-    const axisH = 18, barY = axisH + 6, barH = 30, laneH = 20, lanesY = barY + barH + 8;
+    // A semaphore (lease_slots=N): one bar lane per slot, slot 1 on top.
+    const slotLanes = Math.max(1, ...data.holdings.map((h) => h.slot || 1));
+    const axisH = 18, barY = axisH + 6, barH = 30, laneH = 20, barsH = slotLanes * (barH + 2) - 2, lanesY = barY + barsH + 8;
     const height = lanesY + LANES.length * laneH + 4;
     const root = svg("svg", {
       class: "timeline", width, height, viewBox: `0 0 ${width} ${height}`, role: "img",
@@ -107,7 +109,7 @@ const LeaseTimeline = (() => {
       root.append(svg("line", { class: "tick", x1: tx, x2: tx, y1: axisH, y2: height }));
       root.append(svg("text", { class: "tick-label", x: tx, y: 12, "text-anchor": "middle" }, tick.label));
     }
-    root.append(svg("rect", { class: "lane-bg", x: left, y: barY, width: width - left - right, height: barH, rx: 4 }));
+    root.append(svg("rect", { class: "lane-bg", x: left, y: barY, width: width - left - right, height: barsH, rx: 4 }));
     LANES.forEach((lane, i) => {
       const y = lanesY + i * laneH;
       root.append(svg("line", { class: "lane-line", x1: left, x2: width - right, y1: y + laneH / 2, y2: y + laneH / 2 }));
@@ -135,17 +137,19 @@ const LeaseTimeline = (() => {
       const x1 = x(Date.parse(h.start)), x2 = Math.max(x(Date.parse(h.end)), x1 + 3);
       const w = x2 - x1;
       const run = h.run ? shortRun(h.run.run_id) : (h.owner || "");
-      const label = `#${h.token} ${run}`;
+      // A semaphore's slot (lease_slots=N): "slot 2/3".
+      const label = `#${h.token} ${run}${h.slots > 1 ? ` slot ${h.slot}/${h.slots}` : ""}`;
       const g = svg("g", { class: `holding out-${h.outcome}${h.end_estimated ? " estimated" : ""}`, "data-token": h.token, "data-outcome": h.outcome });
-      g.append(svg("rect", { x: x1, y: barY, width: w, height: barH, rx: 3 }));
+      const y = barY + ((h.slot || 1) - 1) * (barH + 2);
+      g.append(svg("rect", { x: x1, y, width: w, height: barH, rx: 3 }));
       if (w > 34) {
         const fit = Math.floor((w - 8) / 6.3);
         const text = label.length > fit ? label.slice(0, Math.max(1, fit - 1)) + "…" : label;
-        g.append(svg("text", { class: "bar-label", x: x1 + 4, y: barY + barH / 2 + 4 }, text));
+        g.append(svg("text", { class: "bar-label", x: x1 + 4, y: y + barH / 2 + 4 }, text));
       }
       const ended = h.outcome === "held" ? "held now" : `${OUTCOME_TEXT[h.outcome] || h.outcome} ${hm(new Date(h.end))}`;
       root.append(interactive(g, { holding: h },
-        `token ${h.token}, ${h.run ? h.run.run_id : h.owner}: ${hm(new Date(h.start))} → ${ended} (${duration(h.held_seconds)})`));
+        `token ${h.token}${h.slots > 1 ? ` (slot ${h.slot} of ${h.slots})` : ""}, ${h.run ? h.run.run_id : h.owner}: ${hm(new Date(h.start))} → ${ended} (${duration(h.held_seconds)})`));
     }
 
     for (const m of data.markers) {
