@@ -140,6 +140,36 @@ def test_the_same_run_re_enters_and_a_free_or_expired_lease_is_granted_plainly(s
     assert store.events.query(key="job-key", kind=EventKind.REPLACED) == []
 
 
+def test_a_newer_run_supersedes_an_older_holder_whose_lease_lapsed_unreleased(store: LeaseStore) -> None:
+    """A holder frozen (or partitioned) past its TTL, then a newer run: the old holder comes back replaced,
+    not lost, so its task skips instead of failing into a retry (that retry would only skip behind the newer
+    run). A lapsed lease that was released, or a newer holder's lapsed lease, is granted plainly."""
+    old = _take(store, 1, ttl=timedelta(seconds=1))
+    assert old.lease is not None
+    time.sleep(1.3)
+    new = _take(store, 2)
+    assert new.lease is not None and new.lease.token > old.lease.token
+    assert new.replaced is not None and new.replaced.owner == _run(1).owner()
+    assert new.replaced.token == old.lease.token
+    by = store.replaced_by(old.lease)
+    assert by is not None and by.owner == _run(2).owner() and by.token == new.lease.token
+    [event] = store.events.query(key="job-key", kind=EventKind.REPLACED)
+    assert event.owner == _run(1).owner() and event.token == old.lease.token
+    assert event.detail["lapsed"] is True and event.detail["by_token"] == new.lease.token
+
+    released = _take(store, 1, key="other", ttl=timedelta(seconds=1))
+    assert released.lease is not None and store.release(released.lease)
+    after = _take(store, 2, key="other")
+    assert after.lease is not None and after.replaced is None  # released: nobody was replaced
+
+    newer = _take(store, 5, key="third", ttl=timedelta(seconds=1))
+    assert newer.lease is not None
+    time.sleep(1.3)
+    older = _take(store, 3, key="third")  # an older run after a newer one lapsed: a plain grant
+    assert older.lease is not None and older.replaced is None
+    assert store.replaced_by(newer.lease) is None
+
+
 def test_many_replacers_at_once_leave_the_newest_run_holding_and_every_token_larger(
     store: LeaseStore, pg_dsn: str, schema: str
 ) -> None:

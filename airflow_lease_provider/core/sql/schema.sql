@@ -508,7 +508,8 @@ BEGIN
         RETURN;
     END IF;
     LOOP
-        SELECT l.owner, l.token, l.expires_at, l.run_after, l.dag_id, l.run_id, l.task_id, l.map_index
+        SELECT l.owner, l.token, l.expires_at, l.released_at, l.run_after, l.dag_id, l.run_id, l.task_id,
+               l.map_index
           INTO v_old FROM {schema}.lease l WHERE l.key = p_key FOR UPDATE;
         EXIT WHEN FOUND;
         INSERT INTO {schema}.lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at,
@@ -536,6 +537,11 @@ BEGIN
               FROM {schema}.lease l WHERE l.key = p_key;
             RETURN;
         END IF;
+        -- A lease of an older run that lapsed unreleased (its holder frozen, partitioned or dead past its
+        -- TTL) is superseded as a live one is: the old holder, if it comes back, finds itself replaced (and
+        -- skips) rather than lost (and fails into a retry that would only skip behind this run).
+        v_taking := v_taking OR (v_old.owner <> p_owner AND v_old.released_at IS NULL
+                                 AND coalesce(v_old.run_after < p_run_after, false));
         UPDATE {schema}.lease AS l
            SET owner = p_owner, token = greatest(l.token + 1, {schema}.lease_token_floor() + 1), ttl = p_ttl,
                acquired_at = pg_catalog.clock_timestamp(), renewed_at = pg_catalog.clock_timestamp(),
@@ -562,7 +568,8 @@ BEGIN
                     pg_catalog.jsonb_build_object(
                         'by_owner', p_owner, 'by_token', v_new.token, 'by_dag_id', p_dag_id, 'by_run_id', p_run_id,
                         'by_task_id', p_task_id, 'by_map_index', p_map_index, 'run_after', v_old.run_after,
-                        'by_run_after', p_run_after, 'expires_at', v_old.expires_at),
+                        'by_run_after', p_run_after, 'expires_at', v_old.expires_at,
+                        'lapsed', v_old.expires_at <= pg_catalog.clock_timestamp()),
                     v_old.dag_id, v_old.run_id, v_old.task_id, v_old.map_index);
             END IF;
             logged := true;
