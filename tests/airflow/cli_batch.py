@@ -1,6 +1,8 @@
 """Several ``airflow`` CLI commands in one process, one after the other, each parsed and run as the
 ``airflow`` console script runs it (``airflow/__main__.py``): ``python -m tests.airflow.cli_batch JSON``,
-where JSON is a list of argument lists (``[["dags", "test", "etl"], ...]``).
+where JSON is a list of argument lists (``[["dags", "test", "etl"], ...]``). An item
+``{"wait_for": PATH}`` instead is a gate: the next command starts once that file exists (so a test can
+act between two runs of one batch; gates are not counted in the command indexes).
 
 Most of a command's cost is Airflow starting: importing it, loading the providers and, for ``dags test``,
 building the in-process execution API. An ``airflow dags test`` of a one-task DAG took 10-11 CPU s on
@@ -15,9 +17,12 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 import traceback
+from pathlib import Path
 
 MARK = "@@lease-cli-batch@@"
+GATE_TIMEOUT = 600.0
 
 
 def _mark(text: str) -> None:
@@ -36,7 +41,15 @@ def _exit_status(exc: SystemExit) -> int:
     return 1
 
 
-def main(commands: list[list[str]]) -> None:
+def _wait_for(path: Path) -> None:
+    end = time.monotonic() + GATE_TIMEOUT
+    while not path.exists():
+        if time.monotonic() > end:
+            raise SystemExit(f"cli_batch: {path} did not appear within {GATE_TIMEOUT:.0f} s")
+        time.sleep(0.1)
+
+
+def main(commands: list[list[str] | dict[str, str]]) -> None:
     # As airflow/__main__.py: the configuration first, then the parser; the default configuration is
     # written once, before the first command (every command here needs it).
     from airflow import configuration  # noqa: F401
@@ -46,7 +59,12 @@ def main(commands: list[list[str]]) -> None:
 
     parser = cli_parser.get_parser()
     write_default_airflow_configuration_if_needed()
-    for index, command in enumerate(commands):
+    index = -1
+    for command in commands:
+        if isinstance(command, dict):
+            _wait_for(Path(command["wait_for"]))
+            continue
+        index += 1
         _mark(f"start {index}")
         try:
             args = parser.parse_args(command)

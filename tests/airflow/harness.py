@@ -13,6 +13,7 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -71,6 +72,51 @@ def migrate_template(root: Path) -> Path:
     return home
 
 
+def _batch_items(runs: list) -> tuple[list, list[list[str]]]:
+    """The JSON items of tests/airflow/cli_batch.py for ``runs`` (gates as ``{"wait_for": path}``), and
+    the ``dags test`` commands alone."""
+    items: list = []
+    commands: list[list[str]] = []
+    for run in runs:
+        if isinstance(run, Path):
+            items.append({"wait_for": str(run)})
+            continue
+        dag_id, logical_date = (run, None) if isinstance(run, str) else run
+        commands.append(["dags", "test", dag_id] + ([logical_date] if logical_date else []))
+        items.append(commands[-1])
+    return items, commands
+
+
+def _batch_result(command: list[str], out: tuple[int, str], err: tuple[int, str]) -> subprocess.CompletedProcess:
+    return subprocess.CompletedProcess(["airflow", *command], out[0], out[1], err[1])
+
+
+@dataclass
+class BatchRun:
+    """A background :meth:`AirflowHome.dags_test_many_background`: its runs' results as they finish."""
+
+    proc: subprocess.Popen
+    commands: list[list[str]]
+    out: Path
+    err: Path
+
+    def result(self, index: int, timeout: float = 240) -> subprocess.CompletedProcess:
+        """Run ``index``'s result, once it has finished (its output and exit status, as ``dags_test``)."""
+        end = time.monotonic() + timeout
+        while True:
+            ended = self.proc.poll() is not None
+            outs, errs = _batch_parts(self.out.read_text()), _batch_parts(self.err.read_text())
+            if index in outs and index in errs:
+                return _batch_result(self.commands[index], outs[index], errs[index])
+            if ended or time.monotonic() > end:
+                state = f"ended (status {self.proc.returncode})" if ended else f"ran {timeout} s"
+                raise AssertionError(
+                    f"the batch {state} before {self.commands[index]} finished:\n"
+                    + self.out.read_text()[-3000:] + self.err.read_text()[-3000:]
+                )
+            time.sleep(0.2)
+
+
 @dataclass
 class AirflowHome:
     """One Airflow deployment for a test."""
@@ -91,12 +137,9 @@ class AirflowHome:
         :meth:`dags_test` runs them but all in one process (tests/airflow/cli_batch.py): Airflow starts
         once, which is most of a run's CPU. Each result has its own run's output and exit status;
         ``timeout`` is per run."""
-        commands = []
-        for run in runs:
-            dag_id, logical_date = (run, None) if isinstance(run, str) else run
-            commands.append(["dags", "test", dag_id] + ([logical_date] if logical_date else []))
+        items, commands = _batch_items(runs)
         done = subprocess.run(
-            [sys.executable, "-m", "tests.airflow.cli_batch", json.dumps(commands)],
+            [sys.executable, "-m", "tests.airflow.cli_batch", json.dumps(items)],
             env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout * len(commands),
         )
         outs, errs = _batch_parts(done.stdout), _batch_parts(done.stderr)
@@ -107,9 +150,23 @@ class AirflowHome:
                     f"the batch ended (status {done.returncode}) before {command} finished:\n"
                     + done.stdout[-3000:] + done.stderr[-3000:]
                 )
-            (status, out), (_, err) = outs[index], errs[index]
-            results.append(subprocess.CompletedProcess(["airflow", *command], status, out, err))
+            results.append(_batch_result(command, outs[index], errs[index]))
         return results
+
+    def dags_test_many_background(self, runs: list[str | tuple[str, str | None] | Path]) -> BatchRun:
+        """:meth:`dags_test_many` started in the background; a :class:`~pathlib.Path` among the runs is a
+        gate: the next run starts once that file exists (the test acts in between). Each run's result from
+        :meth:`BatchRun.result` (its index counts runs only)."""
+        items, commands = _batch_items(runs)
+        name = f"batch-{len(self.procs)}"
+        out, err = self.path / f"{name}.out", self.path / f"{name}.err"
+        with open(out, "w") as stdout, open(err, "w") as stderr:
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "tests.airflow.cli_batch", json.dumps(items)],
+                env=self.env, cwd=REPO, stdout=stdout, stderr=stderr, text=True,
+            )
+        self.procs.append(proc)
+        return BatchRun(proc, commands, out, err)
 
     def dags_test_background(self, dag_id: str, logical_date: str | None = None) -> subprocess.Popen:
         args = ["airflow", "dags", "test", dag_id] + ([logical_date] if logical_date else [])

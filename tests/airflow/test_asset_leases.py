@@ -63,7 +63,10 @@ def test_two_dags_writing_one_asset_exclude_each_other_and_events_carry_the_toke
     holder = store.holder(SHARED)
     assert holder is not None and holder.owner.startswith("writer_a/")
 
-    second = home_b.dags_test("writer_b")  # while writer_a holds the shared asset's lease
+    # writer_b's two runs in one process (Airflow starts once), the second once writer_a has finished.
+    writer_a_done = tmp_path / "writer_a_done"
+    runs_b = home_b.dags_test_many_background(["writer_b", writer_a_done, "writer_b"])
+    second = runs_b.result(0)  # while writer_a holds the shared asset's lease
     assert second.returncode == 0, second.stderr[-3000:]
     assert not (marks / "b_ran").exists(), "writer_b ran while writer_a held the shared asset"
     assert home_b.task_states() == {("write", -1): "skipped"}
@@ -84,7 +87,8 @@ def test_two_dags_writing_one_asset_exclude_each_other_and_events_carry_the_toke
     assert store.holder(SHARED) is None
 
     # Now writer_b runs: both its leases, each asset's event with its own key and token.
-    second = home_b.dags_test("writer_b")
+    writer_a_done.write_text("")
+    second = runs_b.result(1)
     assert second.returncode == 0, second.stderr[-3000:]
     assert (marks / "b_ran").read_text() == f"{OTHER} {SHARED}"
     events_b = {e["name"]: e["extra"]["lease"] for e in asset_events(home_b)}

@@ -31,6 +31,7 @@ from airflow_lease_provider.core import (
     StaleFencingToken,
 )
 from airflow_lease_provider.operators import AcquireRunLeaseOperator
+from airflow_lease_provider.triggers import lease_free
 from airflow_lease_provider.triggers.lease_free import LeaseFreeTrigger
 from tests.airflow.test_semantics import TaskInstance, counted, lease_env, leased  # noqa: F401 (fixtures)
 
@@ -59,6 +60,13 @@ def ti(n: int, task_id: str = "work", try_number: int = 1) -> TaskInstance:
 
 def owner(n: int, task_id: str = "work") -> str:
     return f"job/{run_id(n)}/{task_id}"
+
+
+@pytest.fixture
+def short_settle(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The operator's deferrals settle 1 s instead of ``RESUME_SETTLE`` (10 s, against a scheduler race a
+    trigger run in process cannot meet; held to its length in tests/airflow/test_wait_resume.py)."""
+    monkeypatch.setattr(lease_free, "RESUME_SETTLE", timedelta(seconds=1))
 
 
 def first_event(trigger: LeaseFreeTrigger) -> dict:
@@ -169,7 +177,7 @@ def test_replace_is_refused_where_it_cannot_end_a_run_skipped(lease_env) -> None
 
 
 def test_buffer_one_the_first_overlapping_run_waits_and_the_next_is_skipped_naming_it(
-    lease_env, store: LeaseStore, counted  # noqa: F811
+    lease_env, store: LeaseStore, counted, short_settle  # noqa: F811
 ) -> None:
     holder = store.acquire("buf-key", "job/holder/work", timedelta(minutes=5))
     assert holder is not None

@@ -8,6 +8,7 @@ ours about the embedded store and none of the server's own progress chatter.
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 import sys
@@ -130,12 +131,19 @@ def test_airflow_dags_test_on_the_embedded_store_leaves_nothing_running(airflow_
         "        print('token', lease.token)\n"
         "    work()\n"
     )
+    from tests.airflow.harness import _batch_parts
+
     env = env_for(airflow_home, AIRFLOW__CORE__DAGS_FOLDER=str(dags))
-    migrate = subprocess.run(["airflow", "db", "migrate"], env=env, capture_output=True, text=True, timeout=400)
-    assert migrate.returncode == 0, migrate.stderr[-3000:]
+    # ``airflow db migrate`` then ``airflow dags test`` in one process (tests/airflow/cli_batch.py): Airflow
+    # starts once. The output checked is the whole process's, its exit (the server's stop) included.
+    commands = [["db", "migrate"], ["dags", "test", "embedded_smoke"]]
     result = subprocess.run(
-        ["airflow", "dags", "test", "embedded_smoke"], env=env, capture_output=True, text=True, timeout=400
+        [sys.executable, "-m", "tests.airflow.cli_batch", json.dumps(commands)],
+        env=env, cwd=ROOT, capture_output=True, text=True, timeout=800,
     )
+    migrate, run = _batch_parts(result.stdout).get(0), _batch_parts(result.stdout).get(1)
+    assert migrate is not None and migrate[0] == 0, result.stderr[-3000:]
+    assert run is not None, result.stdout[-3000:] + result.stderr[-3000:]
     output = result.stdout + result.stderr
     assert "token 1" in output, output[-4000:]
     assert servers_of(airflow_home / "lease-postgres") == []

@@ -36,16 +36,13 @@ def _instants(wall: datetime.datetime, zone: datetime.tzinfo) -> list[datetime.d
 def _walls(expression: str, start: datetime.datetime, stop: datetime.datetime) -> Iterator[datetime.datetime]:
     """croniter's naive matches in ``(start, stop]``, ascending.
 
-    Plain five-field expressions (numbers, ranges, steps, lists; day of month or day of week restricted,
-    not both) are matched minute by minute against croniter's own parsed fields, far faster than one
-    ``get_next`` per match; anything else is croniter's ``get_next``.
+    Plain five-field expressions (numbers, ranges, steps, lists) are matched minute by minute against
+    croniter's own parsed fields, far faster than one ``get_next`` per match; with both day fields
+    restricted a day matches either (croniter's default ``day_or``, classic cron); anything else (``L``,
+    ``W``, ``#``, ``?``) is croniter's ``get_next``.
     """
     fields = croniter(expression).expanded
-    plain = (
-        len(fields) == 5
-        and not any(c in expression for c in "LW#?")
-        and (fields[2] == ["*"] or fields[4] == ["*"])
-    )
+    plain = len(fields) == 5 and not any(c in expression for c in "LW#?")
     if not plain:
         iterator = croniter(expression, start_time=start)
         while (wall := iterator.get_next(datetime.datetime)) <= stop:
@@ -57,11 +54,10 @@ def _walls(expression: str, start: datetime.datetime, stop: datetime.datetime) -
     )
     day = start.date()
     while day <= stop.date():
-        if (
-            (days is None or day.day in days)
-            and (months is None or day.month in months)
-            and (weekdays is None or (day.weekday() + 1) % 7 in weekdays)
-        ):
+        of_month = days is None or day.day in days
+        of_week = weekdays is None or (day.weekday() + 1) % 7 in weekdays
+        either = days is not None and weekdays is not None
+        if (months is None or day.month in months) and ((of_month or of_week) if either else (of_month and of_week)):
             for hour in range(24) if hours is None else sorted(hours):
                 for minute in range(60) if minutes is None else sorted(minutes):
                     wall = datetime.datetime.combine(day, datetime.time(hour, minute))
