@@ -154,12 +154,14 @@ def _metadata_db(home: Path, env: dict[str, str], timeout: float) -> str | None:
 
 
 def run_overhead(
-    dsn: str, schema: str, repeats: int, pairs: int, timeout: float = 300.0, *, mapped: int = 0
+    dsn: str, schema: str, repeats: int, pairs: int, timeout: float = 300.0, *, mapped: int = 0,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Measure; returns the figures or a ``not measured`` record that says why.
 
     With ``mapped``: the DAG run is instead one ``.expand()`` of ``mapped`` plain and one of ``mapped``
-    leased no-op instances (``lease_bench_overhead_mapped``), compared per run as the pairs are."""
+    leased no-op instances (``lease_bench_overhead_mapped``), compared per run as the pairs are.
+    ``extra_env``: more environment for the DAG runs' process (``AIRFLOW__LEASE__PUSH_LEASE_XCOM``)."""
     home = Path(tempfile.mkdtemp(prefix="lease-bench-airflow-"))
     try:
         dags = home / "dags"
@@ -176,6 +178,7 @@ def run_overhead(
                 "AIRFLOW__LEASE__SCHEMA": schema,
                 "LEASE_BENCH_PAIRS": str(pairs),
                 "LEASE_BENCH_MAPPED": str(mapped),
+                **(extra_env or {}),
             }
         )
         failed = _metadata_db(home, env, timeout)
