@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.overhead import DAG_FILE, DAG_ID, _figures
+from bench.overhead import DAG_FILE, DAG_FILE_NO_XCOM, DAG_ID, NO_XCOM_DAG_ID, _figures
 
 MAPPED_DAG_ID = "lease_bench_overhead_mapped"
 
@@ -52,17 +52,29 @@ def _runs(api: Any, dag_id: str, count: int, timeout: float) -> list[dict[str, A
         state = api.wait_for_run(dag_id, run_id, timeout=timeout)
         tis = _task_instances(api, dag_id, run_id)
         runs.append(
-            {"wall_s": 0.0, "state": state, "tasks": {t: [_duration_s(ti), str(ti["state"])] for t, ti in tis.items()}}
+            {"wall_s": 0.0, "state": state, "run_id": run_id,
+             "tasks": {t: [_duration_s(ti), str(ti["state"])] for t, ti in tis.items()}}
         )
     return runs
 
 
+def _pairs(api: Any, dag_id: str, repeats: int, pairs: int, timeout: float, method: str) -> dict[str, Any]:
+    """The pairs DAG's figures, and whether its last run's first leased task pushed the ``lease`` XCom (what
+    tells the opt-out arm from the default one)."""
+    runs = _runs(api, dag_id, repeats + 1, timeout)
+    pushed = api.xcom(dag_id, runs[-1]["run_id"], "leased_0", "lease") is not None
+    return {**_figures(runs[1:], warmup=runs[0], pairs=pairs, method=method), "lease_xcom_pushed": pushed}
+
+
 def run_overhead_deployed(dsn: str, repeats: int, pairs: int, mapped: int, timeout: float = 1800.0) -> dict[str, Any]:
-    """Both arms under one deployment: the pairs DAG and (with ``mapped``) the ``.expand()`` DAG."""
+    """The arms under one deployment: the pairs DAG, the same pairs with ``[lease] push_lease_xcom = false``
+    and (with ``mapped``) the ``.expand()`` DAG."""
     from demo.deployment import Deployment, MetadataTemplate
 
     source = Path(tempfile.mkdtemp(prefix="lease-bench-deployed-")) / f"{DAG_ID}.py"
     source.write_text(DAG_FILE)
+    no_xcom = source.parent / f"{NO_XCOM_DAG_ID}.py"
+    no_xcom.write_text(DAG_FILE_NO_XCOM)
     schema = f"lease_bench_deployed_{os.getpid()}"
     env = {
         "LEASE_BENCH_PAIRS": str(pairs),
@@ -73,15 +85,15 @@ def run_overhead_deployed(dsn: str, repeats: int, pairs: int, mapped: int, timeo
     template = MetadataTemplate(dsn)
     out: dict[str, Any] = {}
     try:
-        deployment = Deployment(template, [source], extra_env=env)
+        deployment = Deployment(template, [source, no_xcom], extra_env=env)
         try:
-            dag_ids = {DAG_ID, MAPPED_DAG_ID}
+            dag_ids = {DAG_ID, MAPPED_DAG_ID, NO_XCOM_DAG_ID}
             deployment.start(dag_ids)
             for dag_id in dag_ids:
                 deployment.api.unpause(dag_id)
             method = "LocalExecutor deployment (PostgreSQL metadata), one process per task; REST task durations"
-            runs = _runs(deployment.api, DAG_ID, repeats + 1, timeout)
-            out["pairs"] = _figures(runs[1:], warmup=runs[0], pairs=pairs, method=method)
+            out["pairs"] = _pairs(deployment.api, DAG_ID, repeats, pairs, timeout, method)
+            out["no_xcom"] = _pairs(deployment.api, NO_XCOM_DAG_ID, repeats, pairs, timeout, method)
             if mapped:
                 runs = _runs(deployment.api, MAPPED_DAG_ID, repeats + 1, timeout)
                 out["mapped"] = {**_figures(runs[1:], warmup=runs[0], pairs=mapped, method=method), "mapped": mapped}

@@ -85,6 +85,7 @@ def main(argv: list[str]) -> int:
         if deployed is not None:
             found = deployed.result()
             results["deployed"] = found.get("pairs")
+            results["deployed_no_xcom"] = found.get("no_xcom")
             results["deployed_mapped"] = found.get("mapped")
             if "tails" in found:
                 results["deployed_tails"] = found["tails"]

@@ -233,11 +233,12 @@ OVERHEAD_ARMS = (
     ("in_process_no_xcom", "no-op pairs, in-process, opt-out `[lease] push_lease_xcom = false`"),
     ("in_process_mapped", "`.expand()` of {n} each, in-process (`dag.test()`)"),
     ("deployed", "no-op pairs, LocalExecutor deployment (REST durations)"),
+    ("deployed_no_xcom", "no-op pairs, LocalExecutor deployment, opt-out `[lease] push_lease_xcom = false`"),
     ("deployed_mapped", "`.expand()` of {n} each, LocalExecutor deployment (REST durations)"),
 )
 
 #: Arms that runs saved before them lack (their rows are left out, not "not measured").
-OPTIONAL_OVERHEAD_ARMS = ("in_process_no_xcom",)
+OPTIONAL_OVERHEAD_ARMS = ("in_process_no_xcom", "deployed_no_xcom")
 
 
 def _run_ratios(overhead: dict[str, Any]) -> list[float]:
