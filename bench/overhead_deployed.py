@@ -58,12 +58,22 @@ def _runs(api: Any, dag_id: str, count: int, timeout: float) -> list[dict[str, A
     return runs
 
 
-def _pairs(api: Any, dag_id: str, repeats: int, pairs: int, timeout: float, method: str) -> dict[str, Any]:
-    """The pairs DAG's figures, and whether its last run's first leased task pushed the ``lease`` XCom (what
+def _pairs(
+    api: Any, dag_ids: list[str], repeats: int, pairs: int, timeout: float, method: str
+) -> dict[str, dict[str, Any]]:
+    """The pairs DAGs' figures, their runs interleaved (round by round, which goes first alternating) so each
+    sees the same load; and whether each DAG's last run's first leased task pushed the ``lease`` XCom (what
     tells the opt-out arm from the default one)."""
-    runs = _runs(api, dag_id, repeats + 1, timeout)
-    pushed = api.xcom(dag_id, runs[-1]["run_id"], "leased_0", "lease") is not None
-    return {**_figures(runs[1:], warmup=runs[0], pairs=pairs, method=method), "lease_xcom_pushed": pushed}
+    found: dict[str, list[dict[str, Any]]] = {dag_id: [] for dag_id in dag_ids}
+    for round_ in range(repeats + 1):
+        for dag_id in dag_ids if round_ % 2 == 0 else dag_ids[::-1]:
+            found[dag_id].extend(_runs(api, dag_id, 1, timeout))
+    out = {}
+    for dag_id, runs in found.items():
+        pushed = api.xcom(dag_id, runs[-1]["run_id"], "leased_0", "lease") is not None
+        out[dag_id] = {**_figures(runs[1:], warmup=runs[0], pairs=pairs, method=method), "lease_xcom_pushed": pushed,
+                       "interleaved_with": [d for d in dag_ids if d != dag_id]}
+    return out
 
 
 def run_overhead_deployed(dsn: str, repeats: int, pairs: int, mapped: int, timeout: float = 1800.0) -> dict[str, Any]:
@@ -92,8 +102,8 @@ def run_overhead_deployed(dsn: str, repeats: int, pairs: int, mapped: int, timeo
             for dag_id in dag_ids:
                 deployment.api.unpause(dag_id)
             method = "LocalExecutor deployment (PostgreSQL metadata), one process per task; REST task durations"
-            out["pairs"] = _pairs(deployment.api, DAG_ID, repeats, pairs, timeout, method)
-            out["no_xcom"] = _pairs(deployment.api, NO_XCOM_DAG_ID, repeats, pairs, timeout, method)
+            both = _pairs(deployment.api, [DAG_ID, NO_XCOM_DAG_ID], repeats, pairs, timeout, method)
+            out["pairs"], out["no_xcom"] = both[DAG_ID], both[NO_XCOM_DAG_ID]
             if mapped:
                 runs = _runs(deployment.api, MAPPED_DAG_ID, repeats + 1, timeout)
                 out["mapped"] = {**_figures(runs[1:], warmup=runs[0], pairs=mapped, method=method), "mapped": mapped}
