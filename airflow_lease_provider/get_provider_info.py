@@ -127,6 +127,18 @@ OPTIONS: dict[str, dict[str, str]] = {
         "example": "False",
         "default": "True",
     },
+    "push_lease_xcom": {
+        "description": (
+            "Push each leased task's lease (key, token, owner, expiry) to XCom under the key "
+            "'lease' before its body runs, for downstream tasks. True (the default) costs one "
+            "XCom write per leased task (about 10 ms in the benchmark); False skips it (the "
+            "body still gets the lease in its context; downstream tasks cannot pull it)."
+        ),
+        "version_added": "0.1.0",
+        "type": "boolean",
+        "example": "False",
+        "default": "True",
+    },
 }
 
 #: Extra fields of the connection form (Airflow 3's ``conn-fields``).

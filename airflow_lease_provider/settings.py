@@ -206,3 +206,8 @@ def prepare_statements() -> bool:
     """``[lease] prepare_statements``: prepare the store's hot statements on a connection used more than
     once (default: yes)."""
     return _boolean("prepare_statements")
+
+
+def push_lease_xcom() -> bool:
+    """``[lease] push_lease_xcom``: push each leased task's lease to XCom under ``lease`` (default: yes)."""
+    return _boolean("push_lease_xcom")

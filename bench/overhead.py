@@ -91,11 +91,25 @@ DAG_FILE = textwrap.dedent(
     '''
 )
 
+#: The opt-out arm under a deployment: the same pairs under their own DAG id and keys, in a file of their own
+#: that sets ``[lease] push_lease_xcom = false`` for the task processes that parse it (under an executor a
+#: task's process parses only its own DAG's file), as a deployment's environment would for every task.
+NO_XCOM_DAG_ID = "lease_bench_overhead_no_xcom"
+DAG_FILE_NO_XCOM = (
+    DAG_FILE.replace("The task-overhead DAG of", "The task-overhead pairs with [lease] push_lease_xcom = false, of")
+    .replace("\nimport pendulum\n", '\nos.environ["AIRFLOW__LEASE__PUSH_LEASE_XCOM"] = "false"\n\nimport pendulum\n')
+    .replace('dag_id="lease_bench_overhead"', f'dag_id="{NO_XCOM_DAG_ID}"')
+    .replace('lease_key=f"bench-overhead-{i}"', 'lease_key=f"bench-overhead-nx-{i}"')
+    .replace('dag_id="lease_bench_overhead_mapped"', 'dag_id="lease_bench_overhead_mapped_no_xcom"')
+    .replace('MAPPED = int(os.environ.get("LEASE_BENCH_MAPPED", "0"))', "MAPPED = 0")
+)
+
 RUNNER = textwrap.dedent(
     """
     import importlib.util, json, sys, time
-    from sqlalchemy import select
+    from sqlalchemy import func, select
     from airflow.models.taskinstance import TaskInstance
+    from airflow.models.xcom import XComModel
     from airflow.utils.session import create_session
 
     spec = importlib.util.spec_from_file_location("lease_bench_overhead", sys.argv[1])
@@ -110,7 +124,9 @@ RUNNER = textwrap.dedent(
         with create_session() as session:
             tis = session.scalars(select(TaskInstance).where(
                 TaskInstance.dag_id == dag.dag_id, TaskInstance.run_id == run.run_id)).all()
-            runs.append({"wall_s": wall, "state": str(run.state),
+            pushed = session.scalar(select(func.count()).select_from(XComModel).where(
+                XComModel.dag_id == dag.dag_id, XComModel.run_id == run.run_id, XComModel.key == "lease"))
+            runs.append({"wall_s": wall, "state": str(run.state), "lease_xcoms": pushed,
                          "tasks": {ti.task_id + (f"[{ti.map_index}]" if ti.map_index >= 0 else ""):
                                    [ti.duration, str(ti.state)] for ti in tis}})
     print("LEASE_BENCH_JSON " + json.dumps(runs))
@@ -154,12 +170,14 @@ def _metadata_db(home: Path, env: dict[str, str], timeout: float) -> str | None:
 
 
 def run_overhead(
-    dsn: str, schema: str, repeats: int, pairs: int, timeout: float = 300.0, *, mapped: int = 0
+    dsn: str, schema: str, repeats: int, pairs: int, timeout: float = 300.0, *, mapped: int = 0,
+    extra_env: dict[str, str] | None = None,
 ) -> dict[str, Any]:
     """Measure; returns the figures or a ``not measured`` record that says why.
 
     With ``mapped``: the DAG run is instead one ``.expand()`` of ``mapped`` plain and one of ``mapped``
-    leased no-op instances (``lease_bench_overhead_mapped``), compared per run as the pairs are."""
+    leased no-op instances (``lease_bench_overhead_mapped``), compared per run as the pairs are.
+    ``extra_env``: more environment for the DAG runs' process (``AIRFLOW__LEASE__PUSH_LEASE_XCOM``)."""
     home = Path(tempfile.mkdtemp(prefix="lease-bench-airflow-"))
     try:
         dags = home / "dags"
@@ -176,6 +194,7 @@ def run_overhead(
                 "AIRFLOW__LEASE__SCHEMA": schema,
                 "LEASE_BENCH_PAIRS": str(pairs),
                 "LEASE_BENCH_MAPPED": str(mapped),
+                **(extra_env or {}),
             }
         )
         failed = _metadata_db(home, env, timeout)
@@ -196,9 +215,11 @@ def run_overhead(
         runs = json.loads(line.split(" ", 1)[1])
     finally:
         shutil.rmtree(home, ignore_errors=True)
+    # Whether the leased tasks pushed the ``lease`` XCom (the last run's count): tells the opt-out arm apart.
+    pushed = {"lease_xcoms_last_run": runs[-1].get("lease_xcoms")}
     if mapped:
-        return {**_figures(runs[1:], warmup=runs[0], pairs=mapped), "mapped": mapped}
-    return _figures(runs[1:], warmup=runs[0], pairs=pairs)
+        return {**_figures(runs[1:], warmup=runs[0], pairs=mapped), "mapped": mapped, **pushed}
+    return {**_figures(runs[1:], warmup=runs[0], pairs=pairs), **pushed}
 
 
 def _figures(runs: list[dict[str, Any]], *, warmup: dict[str, Any], pairs: int, method: str = "") -> dict[str, Any]:

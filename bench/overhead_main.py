@@ -29,6 +29,8 @@ from bench.provenance import provenance as provenance_of_checkout
 from bench.report import overhead_report
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
+#: The opt-out arm: leased tasks that do not push their lease to XCom (docs/airflow.md).
+NO_XCOM = "AIRFLOW__LEASE__PUSH_LEASE_XCOM"
 
 
 def _log(text: str) -> None:
@@ -67,6 +69,10 @@ def main(argv: list[str]) -> int:
         try:
             _log(f"in-process: {args.overhead_pairs} pairs, {args.repeats} repeats ...")
             results["in_process"] = run_overhead(args.dsn, schema, args.repeats, args.overhead_pairs)
+            _log(f"in-process, [lease] push_lease_xcom = false: {args.overhead_pairs} pairs ...")
+            results["in_process_no_xcom"] = run_overhead(
+                args.dsn, schema, args.repeats, args.overhead_pairs, extra_env={NO_XCOM: "false"}
+            )
             if args.overhead_mapped:
                 _log(f"in-process: .expand() of {args.overhead_mapped} ...")
                 results["in_process_mapped"] = run_overhead(
@@ -79,6 +85,7 @@ def main(argv: list[str]) -> int:
         if deployed is not None:
             found = deployed.result()
             results["deployed"] = found.get("pairs")
+            results["deployed_no_xcom"] = found.get("no_xcom")
             results["deployed_mapped"] = found.get("mapped")
             if "tails" in found:
                 results["deployed_tails"] = found["tails"]

@@ -33,7 +33,6 @@ from airflow.sdk import BaseHook
 from airflow_lease_provider import settings
 from airflow_lease_provider.core import FenceStore, LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.db import describe_dsn, make_dsn
-from airflow_lease_provider.core.embedded import EmbeddedPostgres
 from airflow_lease_provider.get_provider_info import CONN_TYPE, CONNECTION_FORM, DEFAULT_CONN_ID, HOOK_NAME
 from airflow_lease_provider.version_compat import AirflowNotFoundException, in_task_process
 
@@ -143,6 +142,8 @@ def embedded_dsn() -> str:
             )
             _quiet_embedded_server()
             _forget_departed_users(Path(data_dir).expanduser().resolve())
+            from airflow_lease_provider.core.embedded import EmbeddedPostgres  # only where it is the store
+
             _embedded[str(data_dir)] = EmbeddedPostgres(data_dir, on_exit="stop").start()
         return _embedded[str(data_dir)]
 

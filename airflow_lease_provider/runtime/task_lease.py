@@ -441,7 +441,8 @@ class TaskLease:
                         f"{held.token} (owner {held.owner}, TTL {held.ttl})",
                         owner=held.owner, key=held.key,
                     )
-            self.ti.xcom_push(key=XCOM_LEASE, value=lease.to_dict())
+            if settings.push_lease_xcom():  # opt-out: [lease] push_lease_xcom = false saves the XCom write
+                self.ti.xcom_push(key=XCOM_LEASE, value=lease.to_dict())
             for held in leases:
                 keepers.append(LeaseKeeper(self.store, held, renew_every=self.renew_every(held), run=self.run))
             contexts = {held.key: self.context(held, k) for held, k in zip(leases, keepers, strict=True)}
@@ -570,7 +571,8 @@ class TaskLease:
                 f"run {lease.owner} acquired {lease.key!r} with token {lease.token} until {lease.expires_at.isoformat()}",
                 owner=lease.owner,
             )
-            self.ti.xcom_push(key=XCOM_LEASE, value=lease.to_dict())
+            if settings.push_lease_xcom():
+                self.ti.xcom_push(key=XCOM_LEASE, value=lease.to_dict())
             terminate.check()
         except BaseException:
             self.give_back(lease, None, release=True)

@@ -98,6 +98,23 @@ def test_mapped_leased_task_with_per_map_keys_and_a_leased_bash_operator(airflow
     assert all(not lease.held for lease in keys.values())  # all released
     owners = [e.owner for e in store.events.query(kind="acquired") if e.key.startswith("shard-")]
     assert sorted(o.rsplit("/", 1)[1] for o in owners) == ["shard[0]", "shard[1]", "shard[2]"]  # task + map index
+    lease = home.xcom("bash", "lease")  # pushed by default, for downstream tasks
+    assert isinstance(lease, dict) and lease["key"] == "bash-mapped_and_bash" and lease["token"] >= 1, lease
+
+
+def test_push_lease_xcom_false_runs_the_task_under_its_lease_without_the_xcom(
+    airflow_home, store: LeaseStore, tmp_path
+) -> None:
+    """``[lease] push_lease_xcom = false`` read by a real task process from Airflow's config (issue 28 item 1)."""
+    home = airflow_home(
+        "no_xcom",
+        extra_env={"LEASE_TEST_MARKERS": str(markers(tmp_path, "x")), "AIRFLOW__LEASE__PUSH_LEASE_XCOM": "false"},
+    )
+    result = home.dags_test("overlap")
+    assert home.task_states() == {("hold", -1): "success", ("after", -1): "success"}, result.stdout[-3000:]
+    assert home.xcom("hold", "lease") is None, "the lease was pushed to XCom with push_lease_xcom = false"
+    assert store.holder("overlap-key") is None
+    assert [e.token for e in store.events.query(key="overlap-key", kind=EventKind.RELEASED)] == [1]
 
 
 def test_run_scoped_lease_spans_three_tasks_and_an_overlapping_run_is_skipped_whole(airflow_home, store: LeaseStore, tmp_path) -> None:

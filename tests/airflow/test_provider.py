@@ -173,3 +173,22 @@ def test_hook_stores_prepare_their_statements_unless_told_not_to(monkeypatch, pg
     monkeypatch.setenv("AIRFLOW__LEASE__PREPARE_STATEMENTS", "sometimes")
     with pytest.raises(ValueError, match=r"\[lease\] prepare_statements='sometimes'"):
         LeaseHook("lease_prep").get_store()
+
+
+def test_a_leased_task_s_store_lookup_does_not_import_the_fence_hooks_or_the_embedded_server() -> None:
+    """Under an executor each task is a new process: what it imports to reach LeaseHook is paid per leased task
+    (issue 28 item 1). The DB-API fence and the embedded server are imported only where they are used."""
+    import sys
+
+    code = (
+        "import sys\n"
+        "from airflow_lease_provider.runtime.task_lease import TaskLease\n"
+        "from airflow_lease_provider.hooks import LeaseHook\n"
+        "print(sorted(m for m in ('airflow_lease_provider.core.dbapi_fence', 'airflow_lease_provider.hooks.dbapi_fence',"
+        " 'airflow_lease_provider.core.embedded') if m in sys.modules))\n"
+        "from airflow_lease_provider.hooks import DbApiFenceHook\n"
+        "from airflow_lease_provider.hooks.dbapi_fence import DbApiFenceHook as Direct\n"
+        "print(DbApiFenceHook is Direct)\n"
+    )
+    probe = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=180)
+    assert probe.stdout.split("\n")[:2] == ["[]", "True"], probe.stdout + probe.stderr[-2000:]

@@ -537,6 +537,37 @@ def test_one_leased_execute_opens_one_store_connection(lease_env, store: LeaseSt
     assert store.holder("etl.short") is None  # released, durably, on that one connection
 
 
+def test_the_lease_xcom_is_pushed_by_default_and_push_lease_xcom_false_skips_only_the_push(
+    lease_env, monkeypatch, store: LeaseStore
+) -> None:
+    """``[lease] push_lease_xcom = false`` saves the XCom write (the largest per-task step in the bench); the
+    body still gets its lease in the context, and it is acquired, held and released durably as before."""
+    from airflow_lease_provider.runtime import current_lease
+
+    monkeypatch.delenv("AIRFLOW__LEASE__PUSH_LEASE_XCOM", raising=False)
+    pushed = TaskInstance("etl", RUN, "load")
+    run_task(leased("load", lambda: None, lease_key="etl-load"), pushed)
+    assert pushed.xcoms["lease"]["key"] == "etl-load" and pushed.xcoms["lease"]["token"] == 1
+
+    monkeypatch.setenv("AIRFLOW__LEASE__PUSH_LEASE_XCOM", "false")
+    quiet = TaskInstance("etl", "manual__next", "load")
+    token = run_task(leased("load", lambda: current_lease().token, lease_key="etl-load"), quiet)
+    assert token == 2 and "lease" not in quiet.xcoms, quiet.xcoms
+    assert store.holder("etl-load") is None
+    assert sorted(e.token for e in store.events.query(key="etl-load", kind=EventKind.RELEASED)) == [1, 2]
+    run_lease = TaskInstance("etl", RUN, "acquire_run_lease")  # the run lease's acquire task: the same
+    run_task(AcquireRunLeaseOperator(task_id="acquire_run_lease", lease_ttl=TTL), run_lease)
+    assert "lease" not in run_lease.xcoms and store.holder("etl") is not None
+
+
+def test_a_bad_push_lease_xcom_names_the_option_and_releases_the_lease(lease_env, monkeypatch, store) -> None:
+    monkeypatch.setenv("AIRFLOW__LEASE__PUSH_LEASE_XCOM", "sometimes")
+    ran = []
+    with pytest.raises(ValueError, match=r"\[lease\] push_lease_xcom='sometimes'"):
+        run_task(leased("load", lambda: ran.append(True), lease_key="etl-load"), TaskInstance("etl", RUN, "load"))
+    assert ran == [] and store.holder("etl-load") is None
+
+
 def test_a_long_body_holds_no_store_connection_between_renewals(lease_env, store: LeaseStore) -> None:
     """The shared connection's idle grace is at most half the renewal interval: a lease between two
     renewals holds no server connection ([lease] hold_connection unset)."""
