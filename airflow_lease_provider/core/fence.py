@@ -183,6 +183,11 @@ class FenceStore(Store):
         database's own (none with ``fence_only``: rejections are then only logged).
     """
 
+    #: A publish's checked arguments (:func:`publish_params`), through one method of the store so that a
+    #: subclass sees every publish's parameters: the fault harness's broken-on-purpose fences
+    #: (``chaos/stores.py``) override it, and the checker must catch them.
+    _params = staticmethod(publish_params)
+
     def __init__(
         self, dsn: str, *, fence_only: bool = False, ledger: EventLedger | None = None, **kwargs: Any
     ) -> None:
@@ -285,7 +290,7 @@ class FenceStore(Store):
         no read-then-write window. Never retried automatically: a resend after a lost reply would refuse
         its own first success.
         """
-        params = publish_params(resource, key, token, owner, idempotency_key, store_id)
+        params = self._params(resource, key, token, owner, idempotency_key, store_id)
         rows = self._ready().run("fence_advance", params, durable=True, retry=False)
         return self._reported(params, self._decision(params, rows[0]), run)
 
@@ -379,7 +384,7 @@ class FenceStore(Store):
         one of your statements (the server crashed or was cut off): nothing of the transaction committed,
         since its commit was never sent.
         """
-        params = publish_params(resource, key, token, owner, idempotency_key, store_id)
+        params = self._params(resource, key, token, owner, idempotency_key, store_id)
         if timeout is not None:
             validation.positive_timedelta("timeout", timeout)
         db = self._ready()
@@ -419,7 +424,7 @@ class FenceStore(Store):
         Raises :class:`StaleFencingToken` when refused; the caller's transaction should then roll back.
         The schema must already exist in that database (any store operation or ``ensure_schema`` makes it).
         """
-        params = publish_params(resource, key, token, owner, idempotency_key, store_id)
+        params = self._params(resource, key, token, owner, idempotency_key, store_id)
         decision = replace(self._decision(params, self.db.run_in(cursor, "fence_advance", params)[0]), _release=None)
         self._reported(params, decision, run)
         decision.raise_if_rejected()
