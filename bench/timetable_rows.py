@@ -31,11 +31,10 @@ import sys
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import pendulum
-from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction
+from airflow.timetables.base import DataInterval, TimeRestriction
 from airflow.timetables.trigger import CronTriggerTimetable
 
 from airflow_lease_provider.timetables import CappedCatchupTimetable, capped_catchup
@@ -71,17 +70,6 @@ def _best_ms(call: Callable[[], Any], repeats: int) -> tuple[float, Any, float]:
         answer = call()
         times.append(time.perf_counter() - started)
     return min(times) * 1e3, answer, times[0] * 1e3
-
-
-def _stored(info: DagRunInfo) -> SimpleNamespace:
-    """The DagModel columns the scheduler reads back, with no session (nothing is read from a database)."""
-    return SimpleNamespace(
-        next_dagrun=info.logical_date,
-        next_dagrun_data_interval=info.data_interval,
-        next_dagrun_create_after=info.run_after,
-        next_dagrun_partition_date=None,
-        next_dagrun_partition_key=None,
-    )
 
 
 def _check(schedule: str, zone: str, last: datetime.datetime, cap: int, run: datetime.datetime) -> str:
@@ -137,7 +125,9 @@ def measure_row(schedule: str, zone: str, years: int, cap: int, repeats: int) ->
     # The run stored before the outage, read back by the scheduler.
     stale = airflow.next_dagrun_info(last_automated_data_interval=last, restriction=CATCHUP)
     assert stale is not None
-    model = _stored(stale)
+    from tests.timetables.dag_model import stored  # the DagModel row the scheduler reads back
+
+    model = stored(stale)
     model_airflow, _, _ = _best_ms(lambda: airflow.next_run_info_from_dag_model(dag_model=model), repeats)
     model_capped, moved, model_cold = _best_ms(
         lambda: build().next_run_info_from_dag_model(dag_model=model), repeats
