@@ -262,6 +262,20 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
 #: are 131 s in one process, the longest file of the inner loop (``--no-airflow``); apart, they run
 #: side by side (they are mostly waiting: 22 CPU s).
 OWN_UNIT = ("tests/reliability/test_chaos.py::test_short_profile_zero_violations_over_5000_operations_and_every_fault",)
+#: Files whose tests are each a work unit of their own: long files of independent tests (no fixture wider
+#: than a function but the session's), each test one or two ``airflow dags test`` processes or a wait.
+#: As one unit, ``test_leased_e2e.py`` was the longest of the run (418 s under load, 250 s idle) and
+#: kept one process busy while the others had finished; apart, its tests fill the gaps beside the
+#: deployments. A test in one of them that uses a module-, class- or package-scoped fixture is refused at
+#: collection (it would start that fixture once per test, in several processes).
+SPLIT_FILES = (
+    "tests/airflow/test_leased_e2e.py",
+    "tests/airflow/test_task_process_settings.py",
+    "tests/airflow/test_terminate.py",
+    "tests/cli/test_embedded_store.py",
+    "tests/airflow/test_provider.py",
+    "tests/airflow/test_wrap.py",
+)
 #: Files sharing the UI tier's ``world`` fixture (tests/ui/conftest.py).
 UI_WORLD = ("tests/ui/test_api_server.py", "tests/ui/test_browser.py", "tests/ui/test_timeline_browser.py")
 #: The longest files, longest first: the order of the per-file figures of a full run at 290b9a4 (seconds
@@ -321,9 +335,25 @@ def _starts_airflow(item: pytest.Item) -> bool:
     return False
 
 
+def _shared_fixtures(item: pytest.Item) -> list[str]:
+    """The fixtures of ``item`` wider than a function and narrower than the session."""
+    info = getattr(item, "_fixtureinfo", None)
+    if info is None:
+        return []
+    return sorted(
+        name for name, definitions in info.name2fixturedefs.items()
+        if definitions and definitions[-1].scope in ("module", "class", "package")
+    )
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
+        if _file_of(item) in SPLIT_FILES and (shared := _shared_fixtures(item)):
+            raise pytest.UsageError(
+                f"{item.nodeid} uses {', '.join(shared)} (wider than a function): its file is in SPLIT_FILES "
+                "(tests/conftest.py), whose tests run as units of their own; take the file out of it"
+            )
         if not item.get_closest_marker("airflow") and _starts_airflow(item):
             item.add_marker(pytest.mark.airflow)
     ui_world = [f for f in UI_WORLD if f in {_file_of(i) for i in items}]
@@ -348,16 +378,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.hookimpl(optionalhook=True)
 def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
-    """``--dist loadfile``: a work unit per file, the UI world's files one unit, each of ``OWN_UNIT`` one."""
+    """``--dist loadfile``: a work unit per file, the UI world's files one unit, each of ``OWN_UNIT`` and
+    each test of ``SPLIT_FILES`` one."""
     if config.getvalue("dist") != "loadfile":
         return None
     from xdist.scheduler import LoadFileScheduling
 
     class FileScheduling(LoadFileScheduling):
         def _split_scope(self, nodeid: str) -> str:
-            if nodeid in OWN_UNIT:
-                return nodeid
             path = nodeid.split("::", 1)[0]
+            if nodeid in OWN_UNIT or path in SPLIT_FILES:
+                return nodeid
             return "ui-world" if path in UI_WORLD else path
 
     return FileScheduling(config, log)
