@@ -169,6 +169,24 @@ def test_capped_catch_up_as_the_scheduler_computes_it(home: Home) -> None:
     assert now - datetime.timedelta(hours=3) <= first <= now, stamps
 
 
+def kill_what_is_left(airflow_home: str) -> None:
+    """SIGKILL every process still running with this ``AIRFLOW_HOME``: ``airflow standalone`` of Airflow 3.1
+    leaves its scheduler running (PPID 1, outside the process group) after it exits on SIGTERM, and it
+    then used CPU for the rest of CI (the demo, after this tier)."""
+    marker = f"AIRFLOW_HOME={airflow_home}".encode()
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{entry}/environ", "rb") as environ:
+                found = marker in environ.read().split(b"\0")
+        except OSError:  # gone, or not ours to read
+            continue
+        if found:
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(int(entry), signal.SIGKILL)
+
+
 def test_real_airflow_processes_run_the_smoke_dag_triggered_with_no_logical_date(home: Home, pg_dsn: str) -> None:
     """The door a user walks through: ``airflow standalone`` (scheduler, dag-processor, api-server,
     triggerer) of this Airflow, the run triggered through the REST API with no logical date, the
@@ -233,6 +251,7 @@ def test_real_airflow_processes_run_the_smoke_dag_triggered_with_no_logical_date
         except subprocess.TimeoutExpired:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait(timeout=30)
+        kill_what_is_left(env["AIRFLOW_HOME"])
         if held is not None:
             store.release(held)
         store.close()
