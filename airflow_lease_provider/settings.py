@@ -209,5 +209,5 @@ def prepare_statements() -> bool:
 
 
 def push_lease_xcom() -> bool:
-    """``[lease] push_lease_xcom``: push each leased task's lease to XCom under ``lease`` (default: yes)."""
+    """``[lease] push_lease_xcom``: push each leased task's lease to XCom under ``lease`` (default: no)."""
     return _boolean("push_lease_xcom")

@@ -91,16 +91,16 @@ DAG_FILE = textwrap.dedent(
     '''
 )
 
-#: The opt-out arm under a deployment: the same pairs under their own DAG id and keys, in a file of their own
-#: that sets ``[lease] push_lease_xcom = false`` for the task processes that parse it (under an executor a
-#: task's process parses only its own DAG's file), as a deployment's environment would for every task.
-NO_XCOM_DAG_ID = "lease_bench_overhead_no_xcom"
-DAG_FILE_NO_XCOM = (
-    DAG_FILE.replace("The task-overhead DAG of", "The task-overhead pairs with [lease] push_lease_xcom = false, of")
-    .replace("\nimport pendulum\n", '\nos.environ["AIRFLOW__LEASE__PUSH_LEASE_XCOM"] = "false"\n\nimport pendulum\n')
-    .replace('dag_id="lease_bench_overhead"', f'dag_id="{NO_XCOM_DAG_ID}"')
-    .replace('lease_key=f"bench-overhead-{i}"', 'lease_key=f"bench-overhead-nx-{i}"')
-    .replace('dag_id="lease_bench_overhead_mapped"', 'dag_id="lease_bench_overhead_mapped_no_xcom"')
+#: The reference arm under a deployment: the same pairs under their own DAG id and keys, in a file of their own
+#: that sets ``[lease] push_lease_xcom = true`` (the opt-in lease XCom) for the task processes that parse it
+#: (under an executor a task's process parses only its own DAG's file), as a deployment's environment would.
+XCOM_DAG_ID = "lease_bench_overhead_xcom"
+DAG_FILE_XCOM = (
+    DAG_FILE.replace("The task-overhead DAG of", "The task-overhead pairs with [lease] push_lease_xcom = true, of")
+    .replace("\nimport pendulum\n", '\nos.environ["AIRFLOW__LEASE__PUSH_LEASE_XCOM"] = "true"\n\nimport pendulum\n')
+    .replace('dag_id="lease_bench_overhead"', f'dag_id="{XCOM_DAG_ID}"')
+    .replace('lease_key=f"bench-overhead-{i}"', 'lease_key=f"bench-overhead-x-{i}"')
+    .replace('dag_id="lease_bench_overhead_mapped"', 'dag_id="lease_bench_overhead_mapped_xcom"')
     .replace('MAPPED = int(os.environ.get("LEASE_BENCH_MAPPED", "0"))', "MAPPED = 0")
 )
 

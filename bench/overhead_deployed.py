@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from bench.overhead import DAG_FILE, DAG_FILE_NO_XCOM, DAG_ID, NO_XCOM_DAG_ID, _figures
+from bench.overhead import DAG_FILE, DAG_FILE_XCOM, DAG_ID, XCOM_DAG_ID, _figures
 
 MAPPED_DAG_ID = "lease_bench_overhead_mapped"
 
@@ -63,7 +63,7 @@ def _pairs(
 ) -> dict[str, dict[str, Any]]:
     """The pairs DAGs' figures, their runs interleaved (round by round, which goes first alternating) so each
     sees the same load; and whether each DAG's last run's first leased task pushed the ``lease`` XCom (what
-    tells the opt-out arm from the default one)."""
+    tells the reference arm from the default one)."""
     found: dict[str, list[dict[str, Any]]] = {dag_id: [] for dag_id in dag_ids}
     for round_ in range(repeats + 1):
         for dag_id in dag_ids if round_ % 2 == 0 else dag_ids[::-1]:
@@ -77,14 +77,14 @@ def _pairs(
 
 
 def run_overhead_deployed(dsn: str, repeats: int, pairs: int, mapped: int, timeout: float = 1800.0) -> dict[str, Any]:
-    """The arms under one deployment: the pairs DAG, the same pairs with ``[lease] push_lease_xcom = false``
+    """The arms under one deployment: the pairs DAG, the same pairs with ``[lease] push_lease_xcom = true``
     and (with ``mapped``) the ``.expand()`` DAG."""
     from demo.deployment import Deployment, MetadataTemplate
 
     source = Path(tempfile.mkdtemp(prefix="lease-bench-deployed-")) / f"{DAG_ID}.py"
     source.write_text(DAG_FILE)
-    no_xcom = source.parent / f"{NO_XCOM_DAG_ID}.py"
-    no_xcom.write_text(DAG_FILE_NO_XCOM)
+    with_xcom = source.parent / f"{XCOM_DAG_ID}.py"
+    with_xcom.write_text(DAG_FILE_XCOM)
     schema = f"lease_bench_deployed_{os.getpid()}"
     env = {
         "LEASE_BENCH_PAIRS": str(pairs),
@@ -95,15 +95,15 @@ def run_overhead_deployed(dsn: str, repeats: int, pairs: int, mapped: int, timeo
     template = MetadataTemplate(dsn)
     out: dict[str, Any] = {}
     try:
-        deployment = Deployment(template, [source, no_xcom], extra_env=env)
+        deployment = Deployment(template, [source, with_xcom], extra_env=env)
         try:
-            dag_ids = {DAG_ID, MAPPED_DAG_ID, NO_XCOM_DAG_ID}
+            dag_ids = {DAG_ID, MAPPED_DAG_ID, XCOM_DAG_ID}
             deployment.start(dag_ids)
             for dag_id in dag_ids:
                 deployment.api.unpause(dag_id)
             method = "LocalExecutor deployment (PostgreSQL metadata), one process per task; REST task durations"
-            both = _pairs(deployment.api, [DAG_ID, NO_XCOM_DAG_ID], repeats, pairs, timeout, method)
-            out["pairs"], out["no_xcom"] = both[DAG_ID], both[NO_XCOM_DAG_ID]
+            both = _pairs(deployment.api, [DAG_ID, XCOM_DAG_ID], repeats, pairs, timeout, method)
+            out["pairs"], out["xcom"] = both[DAG_ID], both[XCOM_DAG_ID]
             if mapped:
                 runs = _runs(deployment.api, MAPPED_DAG_ID, repeats + 1, timeout)
                 out["mapped"] = {**_figures(runs[1:], warmup=runs[0], pairs=mapped, method=method), "mapped": mapped}

@@ -123,8 +123,10 @@ class LeaseStore(Store):
     without it the columns are NULL).
     """
 
-    # Read once per store object (store_id).
+    # Read once per store object (store_id), and again after the store was made again under a shared
+    # database (Database.schema_generation).
     _store_id: str | None = None
+    _store_id_generation = 0
 
     # -- the lease operations ----------------------------------------------------------------------
 
@@ -650,7 +652,8 @@ class LeaseStore(Store):
     def store_id(self) -> str:
         """This lease store's identity (a UUID made once with the store, kept by a dump and restore, new
         for a store created again). Fenced publishes pass it (``store_id=``) so a fence records where its
-        tokens came from. Read once per store object."""
-        if self._store_id is None:
+        tokens came from. Read once per store object (again once its tables were found gone and made again)."""
+        if self._store_id is None or self._store_id_generation != self.db.schema_generation:
             self._store_id = str(self._ready().run("store_id", {})[0]["store_id"])
+            self._store_id_generation = self.db.schema_generation  # after the read: it may have made it again
         return self._store_id

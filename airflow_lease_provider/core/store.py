@@ -12,6 +12,7 @@ from airflow_lease_provider.core.db import (
     DEFAULT_SCHEMA,
     DEFAULT_STATEMENT_TIMEOUT,
     Database,
+    shared_database,
 )
 from airflow_lease_provider.core.errors import InvalidArgument
 from airflow_lease_provider.core.events import DEFAULT_RETENTION, EventLedger
@@ -39,6 +40,11 @@ class Store:
         (``None``: a connection of its own; see :mod:`airflow_lease_provider.core.db.pool`).
     :param host: the host name recorded with each lease this store acquires (default: this machine's),
         so that a skipped run can say where the holder runs.
+    :param shared: use this process's database for the same DSN, schema and settings
+        (:func:`~airflow_lease_provider.core.db.shared_database`, which needs a positive ``idle_close``)
+        instead of one of its own: the stores of the tasks one process runs reuse its connection while
+        it is open, and the schema is checked by the first of them only; a statement that finds the
+        store's tables gone makes it check again (and create it) before the statement is sent again.
     """
 
     def __init__(
@@ -55,16 +61,31 @@ class Store:
         host: str | None = None,
         prepare: bool = True,
         pool_size: int | None = None,
+        shared: bool = False,
     ) -> None:
-        self.db = Database(
-            dsn,
-            schema=schema,
-            connect_timeout=connect_timeout,
-            statement_timeout=statement_timeout,
-            idle_close=idle_close,
-            prepare=prepare,
-            pool_size=pool_size,
-        )
+        if shared:
+            if pool_size is not None or read_only or idle_close is None:
+                raise InvalidArgument(
+                    "shared", shared, "needs a positive idle_close, no pool_size and a store that is not read-only"
+                )
+            self.db = shared_database(
+                dsn, schema=schema, idle_close=idle_close, connect_timeout=connect_timeout,
+                statement_timeout=statement_timeout, prepare=prepare,
+            )
+            if self.db.on_missing_schema is None:
+                db = self.db
+                self.db.on_missing_schema = lambda: ensure_schema(db)
+        else:
+            self.db = Database(
+                dsn,
+                schema=schema,
+                connect_timeout=connect_timeout,
+                statement_timeout=statement_timeout,
+                idle_close=idle_close,
+                prepare=prepare,
+                pool_size=pool_size,
+            )
+        self.shared = shared
         self.events = EventLedger(self.db, retention=event_retention, prepare=self._ready)
         self.record_events = record_events
         self.read_only = read_only
@@ -84,8 +105,9 @@ class Store:
         if not self._schema_ready:
             if self.read_only:
                 check_schema(self.db)
-            else:
+            elif not (self.shared and self.db.schema_current):  # a shared database's first store checks it
                 ensure_schema(self.db)
+                self.db.schema_current = self.shared
             self._schema_ready = True
         return self.db
 
@@ -96,6 +118,7 @@ class Store:
         return version
 
     def close(self) -> None:
+        """Close the connection (a shared database's too: its next user opens another)."""
         self.db.close()
 
     def __enter__(self) -> Any:

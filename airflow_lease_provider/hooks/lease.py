@@ -343,6 +343,25 @@ class LeaseHook(_StoreHook):
         store: LeaseStore = super().get_store()
         return store
 
+    def get_task_store(self, idle_close: timedelta) -> LeaseStore:
+        """The store of a leased task's execute: on this process's shared database for the location and
+        settings (:func:`~airflow_lease_provider.core.db.shared_database`), whose connection stays open for
+        ``idle_close`` once idle (the caller keeps it at most half the renewal interval), so the next leased
+        task this process runs (``dag.test()``) reuses it, and the schema is checked once. With
+        ``[lease] hold_connection`` the store of :meth:`get_store` (a connection of its own, held)."""
+        if settings.hold_connection():
+            return self.get_store()
+        location = self.location
+        return LeaseStore(
+            location.dsn,
+            schema=location.schema,
+            event_retention=settings.event_retention(),
+            idle_close=idle_close,
+            host=_hostname(),
+            prepare=settings.prepare_statements(),
+            shared=True,
+        )
+
 
 class FenceHook(_StoreHook):
     """The fence store in the database you publish to (by default the lease store's database).

@@ -42,10 +42,12 @@ from airflow_lease_provider.runtime.outcomes import Outcome, report
 from airflow_lease_provider.runtime.policies import OVERLAP_POLICIES, WAITER_TTL, OverlapPolicy
 from airflow_lease_provider.runtime.signals import Terminate, interrupt_on_loss
 
-#: How long a task's store connection may stay open once idle, at most: the schema check, the acquire and,
-#: for a body shorter than this, the release share one connection (one connect per execute instead of
-#: three). Never more than half the renewal interval, so a lease between two renewals still holds no
-#: server connection (``[lease] hold_connection`` unset). The watchdog that closes it ticks every 0.25 s.
+#: How long a task's store connection may stay open once idle, at most: the acquire, a short task's release
+#: and the next leased task this process runs (``dag.test()`` runs them all in one) share one connection
+#: (``LeaseHook.get_task_store``: this process's shared database). Never more than half the renewal
+#: interval, so a lease between two renewals still holds no server connection (``[lease] hold_connection``
+#: unset), and a process whose tasks are done holds none after it. The watchdog that closes it ticks every
+#: 0.25 s.
 CONNECTION_GRACE = timedelta(seconds=1)
 
 
@@ -106,8 +108,8 @@ class TaskLease:
         else:
             # A templated key is known only now (rendered); the store would refuse a bad one too.
             key = holder.default_key() if lease_key is None else validation.name("lease_key", lease_key)
-        store = LeaseHook(conn_id).get_store()
-        share_connection(store, getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
+        grace = connection_grace(getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
+        store = LeaseHook(conn_id).get_task_store(grace)
         tags = {"dag_id": ti.dag_id, "task_id": ti.task_id, "lease_key": key}
         dag_run = context.get("dag_run") if hasattr(context, "get") else None
         run_after = getattr(dag_run, "run_after", None)
@@ -441,7 +443,7 @@ class TaskLease:
                         f"{held.token} (owner {held.owner}, TTL {held.ttl})",
                         owner=held.owner, key=held.key,
                     )
-            if settings.push_lease_xcom():  # opt-out: [lease] push_lease_xcom = false saves the XCom write
+            if settings.push_lease_xcom():  # opt-in ([lease] push_lease_xcom = true): for downstream xcom_pull
                 self.ti.xcom_push(key=XCOM_LEASE, value=lease.to_dict())
             for held in leases:
                 keepers.append(LeaseKeeper(self.store, held, renew_every=self.renew_every(held), run=self.run))
@@ -511,7 +513,10 @@ class TaskLease:
                                 key=held.key)
                 elif release:
                     self.log.info("lease: %r token %s not released", held.key, held.token)
-            self.store.close()  # the shared connection (share_connection): not left open for its grace
+            if not self.store.shared:
+                self.store.close()  # [lease] hold_connection: the task's own connection
+            # A shared one (get_task_store) closes itself once idle for its grace, unless the next leased
+            # task of this process uses it first.
         return result
 
     def replaced_by(self, lost: LeaseLost, keepers: list[LeaseKeeper]) -> TokenHolder | None:
@@ -628,20 +633,15 @@ class TaskLease:
         warn_on_clock_skew(lease, datetime.now(timezone.utc), self.log)
 
 
-def share_connection(store: LeaseStore, ttl: timedelta | None, renew_every: timedelta | None) -> None:
-    """Let one execute's operations (the schema check, the acquire, a short task's release) share a connection.
-
-    A store that closes its connection after each operation (``idle_close == 0``, the hooks' default)
-    gets a short idle grace instead (:data:`CONNECTION_GRACE`, at most half the renewal interval); a store
-    that holds its connection (``[lease] hold_connection``) is left as it is.
-    """
-    db = store.db
-    if db.idle_close == timedelta(0):
-        grace = CONNECTION_GRACE
-        if ttl is not None:
-            every = renew_every or ttl * settings.renew_fraction()
-            grace = min(grace, every / 2)
-        db.idle_close = grace
+def connection_grace(ttl: timedelta | None, renew_every: timedelta | None) -> timedelta:
+    """How long a task's store connection stays open once idle: :data:`CONNECTION_GRACE`, at most half the
+    renewal interval (a lease between two renewals holds no server connection)."""
+    grace = CONNECTION_GRACE
+    if isinstance(ttl, timedelta) and ttl > timedelta(0):
+        every = renew_every if isinstance(renew_every, timedelta) and renew_every > timedelta(0) else None
+        every = every or ttl * settings.renew_fraction()
+        grace = min(grace, every / 2)
+    return max(grace, timedelta(milliseconds=1))
 
 
 def warn_on_clock_skew(lease: Lease, received_at: datetime, logger: Any) -> None:

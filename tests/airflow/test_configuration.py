@@ -97,7 +97,7 @@ def test_the_core_defaults_and_the_airflow_defaults_agree(monkeypatch: pytest.Mo
     assert settings.event_retention() == DEFAULT_RETENTION
     assert settings.clock_skew_warning() == timedelta(seconds=float(OPTIONS["clock_skew_warning_seconds"]["default"]))
     assert (settings.embedded(), settings.hold_connection(), settings.prepare_statements()) == ("auto", False, True)
-    assert settings.push_lease_xcom() is True  # the lease XCom is pushed unless a deployment opts out
+    assert settings.push_lease_xcom() is False  # the lease XCom is pushed only where a deployment opts in
     assert Database("dbname=x").prepare is settings.prepare_statements()  # the core's default is the same
     # The table states the core's defaults (it does not import the core): the same values.
     assert CONNECTION_FIELDS["lease_schema"]["schema"]["default"] == DEFAULT_SCHEMA

@@ -87,7 +87,10 @@ def test_wait_defers_until_the_lease_is_released(airflow_home, store: LeaseStore
 
 
 def test_mapped_leased_task_with_per_map_keys_and_a_leased_bash_operator(airflow_home, store: LeaseStore, tmp_path) -> None:
-    home = airflow_home("mapped", extra_env={"LEASE_TEST_MARKERS": str(markers(tmp_path, "m"))})
+    home = airflow_home(
+        "mapped",
+        extra_env={"LEASE_TEST_MARKERS": str(markers(tmp_path, "m")), "AIRFLOW__LEASE__PUSH_LEASE_XCOM": "true"},
+    )
     result = home.dags_test("mapped_and_bash")
     states = home.task_states()
     assert [states[("shard", i)] for i in range(3)] == ["success"] * 3, result.stdout[-3000:]
@@ -98,21 +101,19 @@ def test_mapped_leased_task_with_per_map_keys_and_a_leased_bash_operator(airflow
     assert all(not lease.held for lease in keys.values())  # all released
     owners = [e.owner for e in store.events.query(kind="acquired") if e.key.startswith("shard-")]
     assert sorted(o.rsplit("/", 1)[1] for o in owners) == ["shard[0]", "shard[1]", "shard[2]"]  # task + map index
-    lease = home.xcom("bash", "lease")  # pushed by default, for downstream tasks
+    lease = home.xcom("bash", "lease")  # pushed with [lease] push_lease_xcom = true, for downstream tasks
     assert isinstance(lease, dict) and lease["key"] == "bash-mapped_and_bash" and lease["token"] >= 1, lease
 
 
-def test_push_lease_xcom_false_runs_the_task_under_its_lease_without_the_xcom(
+def test_by_default_a_task_runs_under_its_lease_without_the_lease_xcom(
     airflow_home, store: LeaseStore, tmp_path
 ) -> None:
-    """``[lease] push_lease_xcom = false`` read by a real task process from Airflow's config (issue 28 item 1)."""
-    home = airflow_home(
-        "no_xcom",
-        extra_env={"LEASE_TEST_MARKERS": str(markers(tmp_path, "x")), "AIRFLOW__LEASE__PUSH_LEASE_XCOM": "false"},
-    )
+    """``[lease] push_lease_xcom`` defaults to false in a real task process (issue 28 item 1); the test above
+    sets it true and reads the pushed lease."""
+    home = airflow_home("no_xcom", extra_env={"LEASE_TEST_MARKERS": str(markers(tmp_path, "x"))})
     result = home.dags_test("overlap")
     assert home.task_states() == {("hold", -1): "success", ("after", -1): "success"}, result.stdout[-3000:]
-    assert home.xcom("hold", "lease") is None, "the lease was pushed to XCom with push_lease_xcom = false"
+    assert home.xcom("hold", "lease") is None, "the lease was pushed to XCom by default"
     assert store.holder("overlap-key") is None
     assert [e.token for e in store.events.query(key="overlap-key", kind=EventKind.RELEASED)] == [1]
 

@@ -267,7 +267,8 @@ def test_a_fence_uses_the_lease_s_own_store_unless_told_otherwise(
 # -- failures between the acquire and the keeper --------------------------------------------------------
 
 
-def test_a_refused_xcom_push_after_the_acquire_releases_the_lease(lease_env, store: LeaseStore) -> None:
+def test_a_refused_xcom_push_after_the_acquire_releases_the_lease(lease_env, monkeypatch, store: LeaseStore) -> None:
+    monkeypatch.setenv("AIRFLOW__LEASE__PUSH_LEASE_XCOM", "true")
     ran = []
     op = leased("load", lambda: ran.append(True), lease_key="etl-load")
     with pytest.raises(RuntimeError, match="refused the XCom push"):
@@ -280,11 +281,13 @@ def test_a_refused_xcom_push_after_the_acquire_releases_the_lease(lease_env, sto
 
 
 def test_a_lease_that_ran_out_before_the_body_started_never_runs_the_body(
-    lease_env, store: LeaseStore, counted
+    lease_env, monkeypatch, store: LeaseStore, counted
 ) -> None:
     """A slow step between the acquire and the keeper's start (here an XCom push that takes longer than the
     TTL) must not let the body run under a lease another run may already hold."""
     import time as _time
+
+    monkeypatch.setenv("AIRFLOW__LEASE__PUSH_LEASE_XCOM", "true")
 
     ran = []
 
@@ -360,7 +363,10 @@ def test_the_longest_event_retention_is_taken(lease_env, monkeypatch, store: Lea
         longest.close()
 
 
-def test_a_run_lease_whose_acquire_task_fails_before_it_is_done_is_released(lease_env, store: LeaseStore) -> None:
+def test_a_run_lease_whose_acquire_task_fails_before_it_is_done_is_released(
+    lease_env, monkeypatch, store: LeaseStore
+) -> None:
+    monkeypatch.setenv("AIRFLOW__LEASE__PUSH_LEASE_XCOM", "true")
     acquire = AcquireRunLeaseOperator(task_id="acquire_run_lease", lease_ttl=TTL)
     with pytest.raises(RuntimeError):
         run_task(acquire, TaskInstance("etl", RUN, "acquire_run_lease", refuse_xcom=True))
@@ -525,39 +531,58 @@ def test_a_leased_task_renews_at_the_core_keepers_interval_by_default(lease_env,
 # -- what one execute costs (issue 28 item 1) ---------------------------------------------------------
 
 
-def test_one_leased_execute_opens_one_store_connection(lease_env, store: LeaseStore) -> None:
-    """The schema check, the acquire and the release of a short task share one connection (three before)."""
+def test_the_leased_tasks_of_one_process_share_one_store_connection(lease_env, pg_dsn: str, store: LeaseStore) -> None:
+    """The acquire and release of a short task, and the next leased task of the same process (``dag.test()``
+    runs them all in one), share one connection and one schema check; it closes itself once idle for its
+    grace (one connect per execute before, three before that)."""
+    import time
+
     from airflow_lease_provider.runtime import current_lease
 
-    seen: dict[str, Any] = {}
-    run_task(leased("short", lambda: seen.setdefault("ctx", current_lease())), TaskInstance("etl", RUN, "short"))
-    db = seen["ctx"].store.db
-    assert db.connects == 1, f"{db.connects} connections for one execute"
-    assert db._conn is None, "the execute's connection was left open after the task"
-    assert store.holder("etl.short") is None  # released, durably, on that one connection
+    def body() -> Any:
+        db = current_lease().store.db
+        return db, db.connects, db._conn.get_backend_pid()
+
+    db, connects, backend = run_task(leased("short", body), TaskInstance("etl", RUN, "short"))
+    assert connects >= 1
+    again, connects_again, backend_again = run_task(leased("next", body), TaskInstance("etl", RUN, "next"))
+    assert again is db and connects_again == connects, f"{connects_again - connects} more connects for the next task"
+    assert backend_again == backend
+    assert store.holder("etl.short") is None and store.holder("etl.next") is None  # released, durably
+    deadline = time.monotonic() + 3
+    while db._conn is not None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert db._conn is None, "the shared connection stayed open once the process was idle"
+    while execute(pg_dsn, "SELECT 1 FROM pg_stat_activity WHERE pid = %s", (backend,)):
+        assert time.monotonic() < deadline + 2, "its server backend stayed connected"
+        time.sleep(0.05)
 
 
-def test_the_lease_xcom_is_pushed_by_default_and_push_lease_xcom_false_skips_only_the_push(
+def test_the_lease_xcom_is_not_pushed_by_default_and_push_lease_xcom_true_pushes_it(
     lease_env, monkeypatch, store: LeaseStore
 ) -> None:
-    """``[lease] push_lease_xcom = false`` saves the XCom write (the largest per-task step in the bench); the
-    body still gets its lease in the context, and it is acquired, held and released durably as before."""
+    """``[lease] push_lease_xcom`` is off by default (it saves the XCom write, the largest per-task step in the
+    bench): the body still gets its lease in the context, and it is acquired, held and released durably as
+    before; ``true`` pushes the lease under ``lease`` for downstream tasks (the skip reason is pushed either way)."""
     from airflow_lease_provider.runtime import current_lease
 
     monkeypatch.delenv("AIRFLOW__LEASE__PUSH_LEASE_XCOM", raising=False)
-    pushed = TaskInstance("etl", RUN, "load")
-    run_task(leased("load", lambda: None, lease_key="etl-load"), pushed)
-    assert pushed.xcoms["lease"]["key"] == "etl-load" and pushed.xcoms["lease"]["token"] == 1
-
-    monkeypatch.setenv("AIRFLOW__LEASE__PUSH_LEASE_XCOM", "false")
-    quiet = TaskInstance("etl", "manual__next", "load")
+    quiet = TaskInstance("etl", RUN, "load")
     token = run_task(leased("load", lambda: current_lease().token, lease_key="etl-load"), quiet)
-    assert token == 2 and "lease" not in quiet.xcoms, quiet.xcoms
-    assert store.holder("etl-load") is None
-    assert sorted(e.token for e in store.events.query(key="etl-load", kind=EventKind.RELEASED)) == [1, 2]
+    assert token == 1 and "lease" not in quiet.xcoms, quiet.xcoms
     run_lease = TaskInstance("etl", RUN, "acquire_run_lease")  # the run lease's acquire task: the same
     run_task(AcquireRunLeaseOperator(task_id="acquire_run_lease", lease_ttl=TTL), run_lease)
     assert "lease" not in run_lease.xcoms and store.holder("etl") is not None
+
+    monkeypatch.setenv("AIRFLOW__LEASE__PUSH_LEASE_XCOM", "true")
+    pushed = TaskInstance("etl", "manual__next", "load")
+    run_task(leased("load", lambda: None, lease_key="etl-load"), pushed)
+    assert pushed.xcoms["lease"]["key"] == "etl-load" and pushed.xcoms["lease"]["token"] == 2
+    assert store.holder("etl-load") is None
+    assert sorted(e.token for e in store.events.query(key="etl-load", kind=EventKind.RELEASED)) == [1, 2]
+    pushed_run = TaskInstance("etl_b", RUN, "acquire_run_lease")  # another DAG: "etl" is held by its run
+    run_task(AcquireRunLeaseOperator(task_id="acquire_run_lease", lease_ttl=TTL), pushed_run)
+    assert pushed_run.xcoms["lease"]["key"] == "etl_b"
 
 
 def test_a_bad_push_lease_xcom_names_the_option_and_releases_the_lease(lease_env, monkeypatch, store) -> None:

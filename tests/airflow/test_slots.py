@@ -23,8 +23,9 @@ pytestmark = pytest.mark.airflow
 
 
 def test_two_runs_hold_two_slots_at_once_both_publish_and_the_third_is_skipped_naming_both(
-    lease_env, store: LeaseStore, fences: FenceStore, counted  # noqa: F811
+    lease_env, monkeypatch, store: LeaseStore, fences: FenceStore, counted  # noqa: F811
 ) -> None:
+    monkeypatch.setenv("AIRFLOW__LEASE__PUSH_LEASE_XCOM", "true")  # read below: the first holder's lease XCom
     seen: dict[str, Any] = {}
 
     def sem(body: Any, **kwargs: Any) -> Any:

@@ -23,6 +23,7 @@ from airflow_lease_provider.core.db.database import (
     DEFAULT_STATEMENT_TIMEOUT,
     Database,
     Row,
+    shared_database,
 )
 from airflow_lease_provider.core.db.dsn import REDACTED, describe_dsn, make_dsn, redact, remember_secrets
 from airflow_lease_provider.core.db.sqltext import (
@@ -61,6 +62,7 @@ __all__ = [
     "prepared_queries",
     "redact",
     "remember_secrets",
+    "shared_database",
     "translate",
     "with_identifiers",
     "with_names_for",

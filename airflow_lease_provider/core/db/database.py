@@ -11,13 +11,15 @@ prepares it there and goes on.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import re
+import select
 import threading
 import time
 import weakref
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any
@@ -37,7 +39,7 @@ from airflow_lease_provider.core.db.sqltext import (
     stale_plan,
     with_schema,
 )
-from airflow_lease_provider.core.db.translate import translate
+from airflow_lease_provider.core.db.translate import MISSING_STORE_OBJECT, translate
 from airflow_lease_provider.core.db.watchdog import watchdog
 from airflow_lease_provider.core.errors import InvalidArgument, LeaseError, LeaseStoreUnavailable
 
@@ -153,6 +155,13 @@ class Database:
         self._last_used = 0.0
         # Connections opened so far (benchmarks report connects per second).
         self.connects = 0
+        # Of a database shared by the stores of one process (shared_database): the schema was found current
+        # by one of them, so the others skip the check; and what brings it back when a statement says the
+        # schema, a table or a function is missing (the store was dropped, maybe made again: see run()).
+        self.schema_current = False
+        self.on_missing_schema: Callable[[], object] | None = None
+        # Bumped each time on_missing_schema ran: what a store read of the old store (its id) is stale.
+        self.schema_generation = 0
 
     # -- connections -------------------------------------------------------------------------------
 
@@ -209,6 +218,11 @@ class Database:
         # A connection inherited through fork() belongs to the parent: never use it from the child.
         if self._conn is not None and (self._conn.closed or self._pid != os.getpid()):
             self._drop()
+        elif self._conn is not None and self._conn.autocommit and _has_unread(self._conn):
+            # An idle connection the server wrote to unasked was ended by it (a terminated backend, a
+            # restart: its FATAL message or EOF is waiting): replace it before anything is sent on it.
+            log.info("lease store connection to %s was closed by the server while idle; reconnecting", self.where)
+            self._drop()
         if self._conn is None:
             if self.pool_size is None:
                 self._conn, new = self._connect(), True
@@ -258,6 +272,10 @@ class Database:
                 conn.close()
             except psycopg2.Error:
                 pass
+        elif conn is not None:
+            # The parent's connection (a forked child): closing it could send the server a Terminate for the
+            # parent's session. Keep it referenced and untouched, as the pool does (pool._inherited).
+            _inherited.append(conn)
 
     def close(self) -> None:
         with self._lock:
@@ -364,8 +382,29 @@ class Database:
                     raise error from error.__cause__
                 except psycopg2.Error as exc:
                     error = translate(exc, self.where)
+                    if attempt == 1 and conn.autocommit and self._schema_gone(exc):
+                        # The statement failed before it could change anything (its implicit transaction is
+                        # rolled back): the full schema check made the store again (or failed closed); send
+                        # the statement once more on it.
+                        continue
                     raise error from error.__cause__
             raise AssertionError("unreachable")  # pragma: no cover
+
+    def _schema_gone(self, exc: psycopg2.Error) -> bool:
+        """A statement said the store's schema, a table or a function is missing. On a database shared
+        across tasks whose check was skipped (``schema_current``), forget that check and run the full one
+        (``on_missing_schema``) before the statement is sent again; whether it should be."""
+        if getattr(exc, "pgcode", None) not in MISSING_STORE_OBJECT or not self.schema_current:
+            return False
+        self.schema_current = False
+        if self.on_missing_schema is None:
+            return False
+        log.warning("lease store at %s schema %s: its tables are gone; checking the schema again", self.where,
+                    self.schema)
+        self.schema_generation += 1
+        self.on_missing_schema()
+        self.schema_current = True
+        return True
 
     def run_in(self, cur: Any, name: str, params: Mapping[str, Any] | None = None) -> list[Row]:
         """Run one named query on ``cur`` (inside :meth:`transaction`, or a caller's own transaction on this
@@ -489,6 +528,8 @@ class Database:
                     conn.rollback()
                 except psycopg2.Error:
                     self._drop()
+                if _names_missing_store_object(exc):
+                    self.schema_current = False  # the next store of this process checks it again
                 if isinstance(exc, psycopg2.Error):
                     error = translate(exc, self.where)
                     raise error from error.__cause__
@@ -505,3 +546,69 @@ def _rows(cur: Any) -> list[Row]:
         return []
     names = [column.name for column in cur.description]
     return [dict(zip(names, row, strict=True)) for row in cur.fetchall()]
+
+
+def _names_missing_store_object(exc: BaseException) -> bool:
+    """A driver error (or a store error translated from one) saying a table, function or schema is missing."""
+    # A translated error's cause is the driver's error, or a redacted copy of it (DriverError) with its pgcode.
+    return any(getattr(error, "pgcode", None) in MISSING_STORE_OBJECT for error in (exc, exc.__cause__))
+
+
+def _has_unread(conn: Any) -> bool:
+    """Whether the server sent something on an idle connection (no statement in flight): a FATAL message
+    before it closed the session, or end of file. One ``select`` with no wait, no round trip."""
+    try:
+        readable, _, _ = select.select([conn.fileno()], [], [], 0)
+    except (OSError, ValueError, psycopg2.Error):
+        return True
+    return bool(readable)
+
+
+#: Connections inherited through fork(), kept referenced so garbage collection in the child never closes
+#: them (closing sends the server a Terminate for the parent's session).
+_inherited: list[Any] = []
+
+_shared_lock = threading.Lock()
+_shared: dict[tuple[Any, ...], Database] = {}
+_shared_pid = os.getpid()
+
+
+def shared_database(
+    dsn: str,
+    *,
+    schema: str = DEFAULT_SCHEMA,
+    idle_close: timedelta,
+    connect_timeout: timedelta = DEFAULT_CONNECT_TIMEOUT,
+    statement_timeout: timedelta = DEFAULT_STATEMENT_TIMEOUT,
+    application_name: str = "airflow-lease",
+    prepare: bool = True,
+) -> Database:
+    """This process's :class:`Database` for these settings, shared by the stores that ask for it: the
+    leased tasks that one process runs one after the other (``dag.test()``) reuse its connection instead of
+    each connecting, and the schema is checked once (see :meth:`Database.run` for a store dropped meanwhile).
+
+    ``idle_close`` must be positive: the connection closes itself once idle that long (the watchdog), so a
+    process holds no server connection once its tasks are done or between two renewals (callers keep it
+    at most half the renewal interval). Keyed by a hash of the DSN (credentials included), the schema and
+    every connection setting, so two stores share only what they would have opened alike. A forked child
+    never uses its parent's: it starts with none (and leaves the parent's connections untouched).
+    """
+    if not isinstance(idle_close, timedelta) or idle_close <= timedelta(0):
+        raise InvalidArgument("idle_close", idle_close, "must be a positive timedelta for a shared database")
+    global _shared_pid
+    key = (
+        hashlib.sha256(dsn.encode()).hexdigest(), schema, idle_close, connect_timeout, statement_timeout,
+        application_name, prepare,
+    )
+    with _shared_lock:
+        if _shared_pid != os.getpid():  # a forked child: the parent's databases and connections are not ours
+            _inherited.extend(db._conn for db in _shared.values() if db._conn is not None)
+            _shared.clear()
+            _shared_pid = os.getpid()
+        db = _shared.get(key)
+        if db is None:
+            db = _shared[key] = Database(
+                dsn, schema=schema, idle_close=idle_close, connect_timeout=connect_timeout,
+                statement_timeout=statement_timeout, application_name=application_name, prepare=prepare,
+            )
+        return db

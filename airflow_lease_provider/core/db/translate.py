@@ -86,6 +86,9 @@ def _first_line(exc: BaseException) -> str:
 
 #: SQLSTATEs of "there is no such store here" (undefined_table, invalid_schema_name).
 MISSING_OBJECT = frozenset({"42P01", "3F000"})
+#: What a statement of the store raises when the store was dropped under it: no such table, function or
+#: schema (undefined_table, undefined_function, invalid_schema_name).
+MISSING_STORE_OBJECT = frozenset({"42P01", "42883", "3F000"})
 
 
 def names_missing_object(error: BaseException) -> bool:
