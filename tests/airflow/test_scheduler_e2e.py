@@ -47,6 +47,9 @@ def live(pg_dsn: str, live_schema: str, markers: Path, metadata_template: Metada
     extra = {
         "LEASE_TEST_MARKERS": str(markers),
         "AIRFLOW__CORE__XCOM_BACKEND": "tests.airflow.refusing_xcom.RefusingXCom",
+        # live_xcom_refused fails between the acquire and the body on a refused lease XCom: pushed only
+        # with [lease] push_lease_xcom = true (off by default since issue 28).
+        "AIRFLOW__LEASE__PUSH_LEASE_XCOM": "true",
         # A frozen task is declared dead (and retried) after this many seconds without a heartbeat.
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": "30",
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT_DETECTION_INTERVAL": "2",

@@ -52,7 +52,8 @@ CHILD = textwrap.dedent(
     op.on_kill = lambda: (markers / "on_kill").write_text("")
     ti = TaskInstance("etl", RUN, "load")
     if len(sys.argv) > 2 and sys.argv[2] == "slow-xcom":
-        # The window between the acquire and the body: the XCom push (an API call in Airflow 3) takes 3 s.
+        # The window between the acquire and the body: the XCom push (an API call in Airflow 3; pushed with
+        # [lease] push_lease_xcom = true, set by _child for this case) takes 3 s.
         push = ti.xcom_push
 
         def slow_push(key, value):
@@ -65,14 +66,14 @@ CHILD = textwrap.dedent(
         # Before the acquire: the store's connection lookup (an API call in Airflow 3) takes 3 s.
         from airflow_lease_provider.hooks import LeaseHook
 
-        get_store = LeaseHook.get_store
+        get_task_store = LeaseHook.get_task_store
 
-        def slow_store(self):
+        def slow_store(self, idle_close):
             (markers / "storing").write_text("")
             time.sleep(3)
-            return get_store(self)
+            return get_task_store(self, idle_close)
 
-        LeaseHook.get_store = slow_store
+        LeaseHook.get_task_store = slow_store
     if "raising-on-kill" in sys.argv[2:]:
         def on_kill():  # one that assumes the body started
             (markers / "on_kill").write_text("")
@@ -102,6 +103,8 @@ def _child(markers: Path, pg_dsn: str, schema: str, *args: str) -> subprocess.Po
         AIRFLOW__CORE__EXECUTOR="LocalExecutor",
         PYTHONPATH=str(Path(__file__).parents[2]),
     )
+    if "slow-xcom" in args:  # the lease XCom is what is slow there: pushed only when enabled
+        env["AIRFLOW__LEASE__PUSH_LEASE_XCOM"] = "true"
     return subprocess.Popen(
         [sys.executable, "-c", CHILD, str(markers), *args],
         env=env,
