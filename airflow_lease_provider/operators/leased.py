@@ -32,7 +32,7 @@ from airflow_lease_provider.core import InvalidArgument
 from airflow_lease_provider.operators.wrap import init_parameters, leased_subclass
 from airflow_lease_provider.runtime.arguments import check_lease_arguments
 from airflow_lease_provider.runtime.signals import Terminate, stop_on_terminate
-from airflow_lease_provider.runtime.task_lease import TaskLease
+from airflow_lease_provider.runtime.task_lease import TaskLease, await_store, prepare_store
 
 
 class LeasedOperator(BaseOperator):
@@ -152,7 +152,15 @@ class LeasedOperator(BaseOperator):
     #: Whether this task's lease belongs to the DAG run (owner ``dag_id/run_id``) or to the task instance.
     _run_owned: ClassVar[bool] = False
 
+    def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
+        """Render the templates; in a task process, also start opening the lease store's connection and
+        checking its schema while Airflow finishes getting the task ready (:func:`prepare_store`)."""
+        super().render_template_fields(context, jinja_env)
+        # Set past BaseOperator.__setattr__ (which tracks the constructor's arguments): a private handle.
+        object.__setattr__(self, "_lease_store_prepared", prepare_store(self))
+
     def _task_lease(self, context: Any) -> TaskLease:
+        await_store(self.__dict__.pop("_lease_store_prepared", None))
         return TaskLease.of(
             self, context, lease_key=self.lease_key, conn_id=self.lease_conn_id,
             run_scoped=self._run_owned or self.lease_scope == "run",

@@ -10,6 +10,8 @@ hands the task) and the release. The operators and decorators only say when to c
 
 from __future__ import annotations
 
+import logging
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -50,6 +52,7 @@ from airflow_lease_provider.runtime.signals import Terminate, interrupt_on_loss
 #: 0.25 s.
 CONNECTION_GRACE = timedelta(seconds=1)
 
+log = logging.getLogger(__name__)
 
 
 @dataclass
@@ -642,6 +645,55 @@ def connection_grace(ttl: timedelta | None, renew_every: timedelta | None) -> ti
         every = every or ttl * settings.renew_fraction()
         grace = min(grace, every / 2)
     return max(grace, timedelta(milliseconds=1))
+
+
+def prepare_store(task: Any) -> threading.Thread | None:
+    """In a task process, start getting the task's store ready in the background: its connection opened and
+    its schema checked, while Airflow finishes getting the task ready (it sends the rendered fields to the API
+    server, runs its listeners); the execute then finds both done. Called when the task's templates are
+    rendered: a task process starts with no server connection, and the connect and the check were a third of
+    what a leased task adds under an executor (issue 28).
+
+    Nothing is taken here, and nothing is decided: the acquire, its durable commit and every outcome stay in
+    the execute, which waits for this thread (:func:`await_store`) and then does again, and fails closed on,
+    whatever failed here. None where nothing was started: outside a task process, with ``[lease]
+    hold_connection`` (the task's store is a connection of its own), or when the connection cannot be read
+    (the execute says why).
+    """
+    from airflow_lease_provider.version_compat import in_task_process
+
+    if not in_task_process():
+        return None
+    try:
+        if settings.hold_connection():
+            return None
+        from airflow_lease_provider.hooks import LeaseHook
+
+        grace = connection_grace(getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
+        store = LeaseHook(getattr(task, "lease_conn_id", None)).get_task_store(grace)
+    except Exception:  # the execute reads it again and reports what is wrong
+        log.debug("lease: the store could not be prepared before execute", exc_info=True)
+        return None
+    thread = threading.Thread(target=_ready, args=(store,), name="lease-store-prepare", daemon=True)
+    thread.start()
+    return thread
+
+
+def _ready(store: LeaseStore) -> None:
+    try:
+        store._ready()  # the shared database's connection, and its schema check (remembered by that database)
+    except Exception:  # the execute's own check does it again, and fails closed
+        log.debug("lease: the store could not be prepared before execute", exc_info=True)
+
+
+def await_store(thread: threading.Thread | None) -> None:
+    """Wait for :func:`prepare_store`'s thread, at most as long as its connect and one statement may take
+    (each bounded by the store); the execute then goes on either way."""
+    if thread is None or thread is threading.current_thread():
+        return
+    from airflow_lease_provider.core.db import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT
+
+    thread.join(timeout=(DEFAULT_CONNECT_TIMEOUT + 2 * DEFAULT_STATEMENT_TIMEOUT).total_seconds() + 2)
 
 
 def warn_on_clock_skew(lease: Lease, received_at: datetime, logger: Any) -> None:

@@ -558,6 +558,72 @@ def test_the_leased_tasks_of_one_process_share_one_store_connection(lease_env, p
         time.sleep(0.05)
 
 
+def _in_a_task_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    """What ``in_task_process()`` reads: the task runner's supervisor channel (set in every task process)."""
+    import airflow.sdk.execution_time.task_runner as task_runner
+
+    monkeypatch.setattr(task_runner, "SUPERVISOR_COMMS", object(), raising=False)
+
+
+def _render(op: Any, ti: TaskInstance) -> Any:
+    context = {"ti": ti, "task_instance": ti, "run_id": ti.run_id, "params": {}}
+    op.render_template_fields(context)
+    return context
+
+
+def test_in_a_task_process_the_store_connects_and_checks_its_schema_while_templates_render(
+    lease_env, monkeypatch, pg_dsn: str, schema: str
+) -> None:
+    """Under an executor each task is a fresh process: its connect and schema check were a third of what a
+    leased task added (issue 28). They start when the templates are rendered, in the background, so they
+    overlap Airflow's own steps before execute; the execute then connects no more and checks nothing again,
+    and the acquire and release are its own, durable, as before."""
+    from airflow_lease_provider.hooks import LeaseHook
+    from airflow_lease_provider.runtime import current_lease
+    from airflow_lease_provider.runtime.task_lease import connection_grace
+
+    _in_a_task_process(monkeypatch)
+    op = leased("early", lambda: (current_lease().store.db, current_lease().token), lease_key="etl-early")
+    ti = TaskInstance("etl", RUN, "early")
+    _render(op, ti)
+    prepared = op.__dict__.get("_lease_store_prepared")
+    assert prepared is not None, "rendering the templates started nothing"
+    prepared.join(10)
+    db = LeaseHook().get_task_store(connection_grace(op.lease_ttl, op.lease_renew_every)).db
+    assert db._conn is not None and db.schema_current, "the store was not connected and checked before execute"
+    assert execute(pg_dsn, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)), "no schema yet"
+    connects = db.connects
+    assert LeaseStore(pg_dsn, schema=schema).holder("etl-early") is None  # nothing is taken before execute
+    used, token = run_task(op, ti)
+    assert used is db and db.connects == connects, "the execute connected again"
+    checker = LeaseStore(pg_dsn, schema=schema)
+    assert token == 1 and checker.holder("etl-early") is None  # acquired and released by the execute
+    assert [e.token for e in checker.events.query(key="etl-early", kind=EventKind.RELEASED)] == [1]
+    checker.close()
+
+
+def test_a_store_that_cannot_be_prepared_fails_the_execute_closed(lease_env, monkeypatch) -> None:
+    """What fails while the templates render (here: nothing listens where the connection points) fails
+    nothing then; the execute tries again and fails closed, before the body."""
+    from airflow_lease_provider.core import LeaseStoreUnavailable
+
+    _in_a_task_process(monkeypatch)
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_DEFAULT", "postgresql://postgres@127.0.0.1:1/test")
+    ran: list[bool] = []
+    op = leased("down", lambda: ran.append(True), lease_key="etl-down")
+    ti = TaskInstance("etl", RUN, "down")
+    _render(op, ti)
+    with pytest.raises(LeaseStoreUnavailable):
+        run_task(op, ti)
+    assert ran == []
+
+
+def test_outside_a_task_process_rendering_opens_no_store_connection(lease_env) -> None:
+    op = leased("cli", lambda: None)
+    _render(op, TaskInstance("etl", RUN, "cli"))
+    assert op.__dict__.get("_lease_store_prepared") is None
+
+
 def test_the_lease_xcom_is_not_pushed_by_default_and_push_lease_xcom_true_pushes_it(
     lease_env, monkeypatch, store: LeaseStore
 ) -> None:
