@@ -156,11 +156,10 @@ class LeasedOperator(BaseOperator):
         """Render the templates; in a task process, also start opening the lease store's connection and
         checking its schema while Airflow finishes getting the task ready (:func:`prepare_store`)."""
         super().render_template_fields(context, jinja_env)
-        # Set past BaseOperator.__setattr__ (which tracks the constructor's arguments): a private handle.
-        object.__setattr__(self, "_lease_store_prepared", prepare_store(self))
+        prepare_store(self)
 
     def _task_lease(self, context: Any) -> TaskLease:
-        await_store(self.__dict__.pop("_lease_store_prepared", None))
+        await_store(self)
         return TaskLease.of(
             self, context, lease_key=self.lease_key, conn_id=self.lease_conn_id,
             run_scoped=self._run_owned or self.lease_scope == "run",

@@ -647,7 +647,13 @@ def connection_grace(ttl: timedelta | None, renew_every: timedelta | None) -> ti
     return max(grace, timedelta(milliseconds=1))
 
 
-def prepare_store(task: Any) -> threading.Thread | None:
+#: The thread :func:`prepare_store` started for a task (by the task object's id) until its execute takes it
+#: (:func:`await_store`). Not on the operator: a thread cannot be deep-copied, and Airflow and listeners may
+#: copy the task between its rendering and its execute.
+_preparing: dict[int, threading.Thread] = {}
+
+
+def prepare_store(task: Any) -> None:
     """In a task process, start getting the task's store ready in the background: its connection opened and
     its schema checked, while Airflow finishes getting the task ready (it sends the rendered fields to the API
     server, runs its listeners); the execute then finds both done. Called when the task's templates are
@@ -656,27 +662,26 @@ def prepare_store(task: Any) -> threading.Thread | None:
 
     Nothing is taken here, and nothing is decided: the acquire, its durable commit and every outcome stay in
     the execute, which waits for this thread (:func:`await_store`) and then does again, and fails closed on,
-    whatever failed here. None where nothing was started: outside a task process, with ``[lease]
-    hold_connection`` (the task's store is a connection of its own), or when the connection cannot be read
-    (the execute says why).
+    whatever failed here. Nothing is started outside a task process, with ``[lease] hold_connection`` (the
+    task's store is a connection of its own), or when the connection cannot be read (the execute says why).
     """
     from airflow_lease_provider.version_compat import in_task_process
 
     if not in_task_process():
-        return None
+        return
     try:
         if settings.hold_connection():
-            return None
+            return
         from airflow_lease_provider.hooks import LeaseHook
 
         grace = connection_grace(getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
         store = LeaseHook(getattr(task, "lease_conn_id", None)).get_task_store(grace)
     except Exception:  # the execute reads it again and reports what is wrong
         log.debug("lease: the store could not be prepared before execute", exc_info=True)
-        return None
+        return
     thread = threading.Thread(target=_ready, args=(store,), name="lease-store-prepare", daemon=True)
     thread.start()
-    return thread
+    _preparing[id(task)] = thread
 
 
 def _ready(store: LeaseStore) -> None:
@@ -686,9 +691,10 @@ def _ready(store: LeaseStore) -> None:
         log.debug("lease: the store could not be prepared before execute", exc_info=True)
 
 
-def await_store(thread: threading.Thread | None) -> None:
-    """Wait for :func:`prepare_store`'s thread, at most as long as its connect and one statement may take
-    (each bounded by the store); the execute then goes on either way."""
+def await_store(task: Any) -> None:
+    """Wait for the thread :func:`prepare_store` started for ``task``, if any, at most as long as its connect
+    and two statements may take (each bounded by the store); the execute then goes on either way."""
+    thread = _preparing.pop(id(task), None)
     if thread is None or thread is threading.current_thread():
         return
     from airflow_lease_provider.core.db import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT

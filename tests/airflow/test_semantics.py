@@ -7,6 +7,7 @@ The Airflow processes themselves are exercised in test_scheduler_e2e.py.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -579,22 +580,24 @@ def test_in_a_task_process_the_store_connects_and_checks_its_schema_while_templa
     overlap Airflow's own steps before execute; the execute then connects no more and checks nothing again,
     and the acquire and release are its own, durable, as before."""
     from airflow_lease_provider.hooks import LeaseHook
-    from airflow_lease_provider.runtime import current_lease
+    from airflow_lease_provider.runtime import current_lease, task_lease
     from airflow_lease_provider.runtime.task_lease import connection_grace
 
     _in_a_task_process(monkeypatch)
     op = leased("early", lambda: (current_lease().store.db, current_lease().token), lease_key="etl-early")
     ti = TaskInstance("etl", RUN, "early")
     _render(op, ti)
-    prepared = op.__dict__.get("_lease_store_prepared")
+    prepared = task_lease._preparing.get(id(op))
     assert prepared is not None, "rendering the templates started nothing"
     prepared.join(10)
+    copy.deepcopy(op)  # Airflow and listeners may copy the task between rendering and execute
     db = LeaseHook().get_task_store(connection_grace(op.lease_ttl, op.lease_renew_every)).db
     assert db._conn is not None and db.schema_current, "the store was not connected and checked before execute"
     assert execute(pg_dsn, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)), "no schema yet"
     connects = db.connects
     assert LeaseStore(pg_dsn, schema=schema).holder("etl-early") is None  # nothing is taken before execute
     used, token = run_task(op, ti)
+    assert id(op) not in task_lease._preparing  # the execute took the thread
     assert used is db and db.connects == connects, "the execute connected again"
     checker = LeaseStore(pg_dsn, schema=schema)
     assert token == 1 and checker.holder("etl-early") is None  # acquired and released by the execute
@@ -619,9 +622,11 @@ def test_a_store_that_cannot_be_prepared_fails_the_execute_closed(lease_env, mon
 
 
 def test_outside_a_task_process_rendering_opens_no_store_connection(lease_env) -> None:
+    from airflow_lease_provider.runtime import task_lease
+
     op = leased("cli", lambda: None)
     _render(op, TaskInstance("etl", RUN, "cli"))
-    assert op.__dict__.get("_lease_store_prepared") is None
+    assert id(op) not in task_lease._preparing
 
 
 def test_the_lease_xcom_is_not_pushed_by_default_and_push_lease_xcom_true_pushes_it(
