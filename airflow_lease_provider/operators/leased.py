@@ -159,9 +159,8 @@ class LeasedOperator(BaseOperator):
         prepare_store(self)
 
     def _task_lease(self, context: Any) -> TaskLease:
-        await_store(self)
         return TaskLease.of(
-            self, context, lease_key=self.lease_key, conn_id=self.lease_conn_id,
+            self, context, lease_key=self.lease_key, conn_id=self.lease_conn_id, store=await_store(self),
             run_scoped=self._run_owned or self.lease_scope == "run",
             outlets=self.outlets if getattr(self, "lease_on", "key") == "outlets" else None,
         )

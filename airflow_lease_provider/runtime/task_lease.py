@@ -92,10 +92,11 @@ class TaskLease:
     @classmethod
     def of(
         cls, task: Any, context: Any, *, lease_key: str | None, conn_id: str | None, run_scoped: bool,
-        outlets: Any = None,
+        outlets: Any = None, store: LeaseStore | None = None,
     ) -> TaskLease:
         """The task's lease, from its context: the owner is the DAG run's with ``run_scoped``; with
-        ``outlets`` (``lease_on="outlets"``) one lease per asset outlet (:mod:`airflow_lease_provider.assets`)."""
+        ``outlets`` (``lease_on="outlets"``) one lease per asset outlet (:mod:`airflow_lease_provider.assets`).
+        ``store``: the task's store made when its templates were rendered (:func:`prepare_store`), else made here."""
         from airflow_lease_provider import assets
         from airflow_lease_provider.hooks import LeaseHook
 
@@ -111,8 +112,9 @@ class TaskLease:
         else:
             # A templated key is known only now (rendered); the store would refuse a bad one too.
             key = holder.default_key() if lease_key is None else validation.name("lease_key", lease_key)
-        grace = connection_grace(getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
-        store = LeaseHook(conn_id).get_task_store(grace)
+        if store is None:
+            grace = connection_grace(getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
+            store = LeaseHook(conn_id).get_task_store(grace)
         tags = {"dag_id": ti.dag_id, "task_id": ti.task_id, "lease_key": key}
         dag_run = context.get("dag_run") if hasattr(context, "get") else None
         run_after = getattr(dag_run, "run_after", None)
@@ -647,10 +649,16 @@ def connection_grace(ttl: timedelta | None, renew_every: timedelta | None) -> ti
     return max(grace, timedelta(milliseconds=1))
 
 
-#: The thread :func:`prepare_store` started for a task (by the task object's id) until its execute takes it
+@dataclass
+class _Prepared:
+    store: LeaseStore
+    thread: threading.Thread | None
+
+
+#: What :func:`prepare_store` made for a task (by the task object's id) until its execute takes it
 #: (:func:`await_store`). Not on the operator: a thread cannot be deep-copied, and Airflow and listeners may
 #: copy the task between its rendering and its execute.
-_preparing: dict[int, threading.Thread] = {}
+_preparing: dict[int, _Prepared] = {}
 
 
 def prepare_store(task: Any) -> None:
@@ -661,9 +669,11 @@ def prepare_store(task: Any) -> None:
     what a leased task adds under an executor (issue 28).
 
     Nothing is taken here, and nothing is decided: the acquire, its durable commit and every outcome stay in
-    the execute, which waits for this thread (:func:`await_store`) and then does again, and fails closed on,
-    whatever failed here. Nothing is started outside a task process, with ``[lease] hold_connection`` (the
-    task's store is a connection of its own), or when the connection cannot be read (the execute says why).
+    the execute, which takes this store (:func:`await_store`, one connection lookup per task), waits for the
+    thread, and does again, failing closed, whatever failed here. No thread where this process's database
+    for the store is checked already (``dag.test()``'s next tasks). Nothing is made outside a task process,
+    with ``[lease] hold_connection`` (the task's store is a connection of its own), or when the connection
+    cannot be read (the execute reads it again and says why).
     """
     from airflow_lease_provider.version_compat import in_task_process
 
@@ -679,9 +689,11 @@ def prepare_store(task: Any) -> None:
     except Exception:  # the execute reads it again and reports what is wrong
         log.debug("lease: the store could not be prepared before execute", exc_info=True)
         return
-    thread = threading.Thread(target=_ready, args=(store,), name="lease-store-prepare", daemon=True)
-    thread.start()
-    _preparing[id(task)] = thread
+    thread = None
+    if not store.db.schema_current:
+        thread = threading.Thread(target=_ready, args=(store,), name="lease-store-prepare", daemon=True)
+        thread.start()
+    _preparing[id(task)] = _Prepared(store, thread)
 
 
 def _ready(store: LeaseStore) -> None:
@@ -691,15 +703,18 @@ def _ready(store: LeaseStore) -> None:
         log.debug("lease: the store could not be prepared before execute", exc_info=True)
 
 
-def await_store(task: Any) -> None:
-    """Wait for the thread :func:`prepare_store` started for ``task``, if any, at most as long as its connect
-    and two statements may take (each bounded by the store); the execute then goes on either way."""
-    thread = _preparing.pop(id(task), None)
-    if thread is None or thread is threading.current_thread():
-        return
-    from airflow_lease_provider.core.db import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT
+def await_store(task: Any) -> LeaseStore | None:
+    """The store :func:`prepare_store` made for ``task`` (None: none), once its thread is done, or has taken
+    as long as its connect and two statements may (each bounded by the store): the execute goes on either way."""
+    prepared = _preparing.pop(id(task), None)
+    if prepared is None:
+        return None
+    thread = prepared.thread
+    if thread is not None and thread is not threading.current_thread():
+        from airflow_lease_provider.core.db import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT
 
-    thread.join(timeout=(DEFAULT_CONNECT_TIMEOUT + 2 * DEFAULT_STATEMENT_TIMEOUT).total_seconds() + 2)
+        thread.join(timeout=(DEFAULT_CONNECT_TIMEOUT + 2 * DEFAULT_STATEMENT_TIMEOUT).total_seconds() + 2)
+    return prepared.store
 
 
 def warn_on_clock_skew(lease: Lease, received_at: datetime, logger: Any) -> None:

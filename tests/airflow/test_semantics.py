@@ -584,12 +584,12 @@ def test_in_a_task_process_the_store_connects_and_checks_its_schema_while_templa
     from airflow_lease_provider.runtime.task_lease import connection_grace
 
     _in_a_task_process(monkeypatch)
-    op = leased("early", lambda: (current_lease().store.db, current_lease().token), lease_key="etl-early")
+    op = leased("early", lambda: (current_lease().store, current_lease().token), lease_key="etl-early")
     ti = TaskInstance("etl", RUN, "early")
     _render(op, ti)
     prepared = task_lease._preparing.get(id(op))
-    assert prepared is not None, "rendering the templates started nothing"
-    prepared.join(10)
+    assert prepared is not None and prepared.thread is not None, "rendering the templates started nothing"
+    prepared.thread.join(10)
     copy.deepcopy(op)  # Airflow and listeners may copy the task between rendering and execute
     db = LeaseHook().get_task_store(connection_grace(op.lease_ttl, op.lease_renew_every)).db
     assert db._conn is not None and db.schema_current, "the store was not connected and checked before execute"
@@ -597,11 +597,17 @@ def test_in_a_task_process_the_store_connects_and_checks_its_schema_while_templa
     connects = db.connects
     assert LeaseStore(pg_dsn, schema=schema).holder("etl-early") is None  # nothing is taken before execute
     used, token = run_task(op, ti)
-    assert id(op) not in task_lease._preparing  # the execute took the thread
-    assert used is db and db.connects == connects, "the execute connected again"
+    assert id(op) not in task_lease._preparing  # the execute took it
+    assert used is prepared.store and used.db is db and db.connects == connects, "the execute connected again"
     checker = LeaseStore(pg_dsn, schema=schema)
     assert token == 1 and checker.holder("etl-early") is None  # acquired and released by the execute
     assert [e.token for e in checker.events.query(key="etl-early", kind=EventKind.RELEASED)] == [1]
+    # The next leased task of this process (dag.test()) finds the database checked: no thread, one lookup.
+    again = leased("again", lambda: current_lease().token, lease_key="etl-early")
+    _render(again, TaskInstance("etl", RUN, "again"))
+    assert task_lease._preparing[id(again)].thread is None
+    assert run_task(again, TaskInstance("etl", RUN, "again")) == 2 and db.connects == connects
+    assert checker.holder("etl-early") is None
     checker.close()
 
 
