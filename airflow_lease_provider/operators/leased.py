@@ -158,9 +158,9 @@ class LeasedOperator(BaseOperator):
         super().render_template_fields(context, jinja_env)
         prepare_store(self)
 
-    def _task_lease(self, context: Any) -> TaskLease:
+    def _task_lease(self, context: Any, terminate: Terminate | None = None) -> TaskLease:
         return TaskLease.of(
-            self, context, lease_key=self.lease_key, conn_id=self.lease_conn_id, store=await_store(self),
+            self, context, lease_key=self.lease_key, conn_id=self.lease_conn_id, store=await_store(self, terminate),
             run_scoped=self._run_owned or self.lease_scope == "run",
             outlets=self.outlets if getattr(self, "lease_on", "key") == "outlets" else None,
         )
@@ -169,7 +169,7 @@ class LeasedOperator(BaseOperator):
         # From the first step: a SIGTERM while the task looks up its store, records a catch-up, acquires or
         # gets ready is noted, and the task stops before the body (giving back a lease it took).
         with stop_on_terminate() as terminate:
-            lease = self._task_lease(context)
+            lease = self._task_lease(context, terminate)
             lease.record_catchup(context)
             if self.lease_scope == "run":  # renew the run's lease while this task runs; never release it
                 return lease.hold(
@@ -181,7 +181,7 @@ class LeasedOperator(BaseOperator):
     def execute_after_wait(self, context: Any, event: dict[str, Any] | None = None, deadline: str = "") -> Any:
         """Resumed after the deferred wait: take the lease if it is free now, or wait again."""
         with stop_on_terminate() as terminate:
-            lease = self._task_lease(context)
+            lease = self._task_lease(context, terminate)
             return self._hold(lease, lease.acquire(terminate, waited=deadline), context, terminate)
 
     def _hold(self, lease: TaskLease, acquired: Any, context: Any, terminate: Terminate) -> Any:

@@ -42,7 +42,7 @@ from airflow_lease_provider.runtime.context import (
 )
 from airflow_lease_provider.runtime.outcomes import Outcome, report
 from airflow_lease_provider.runtime.policies import OVERLAP_POLICIES, WAITER_TTL, OverlapPolicy
-from airflow_lease_provider.runtime.signals import Terminate, interrupt_on_loss
+from airflow_lease_provider.runtime.signals import Terminate, interrupt_on_loss, stop_on_terminate
 
 #: How long a task's store connection may stay open once idle, at most: the acquire, a short task's release
 #: and the next leased task this process runs (``dag.test()`` runs them all in one) share one connection
@@ -651,8 +651,10 @@ def connection_grace(ttl: timedelta | None, renew_every: timedelta | None) -> ti
 
 @dataclass
 class _Prepared:
-    store: LeaseStore
+    store: LeaseStore | None
     thread: threading.Thread | None
+    #: SIGTERM came while the store was looked up (as it is noted from the execute's first step on).
+    terminated: bool = False
 
 
 #: What :func:`prepare_store` made for a task (by the task object's id) until its execute takes it
@@ -679,21 +681,23 @@ def prepare_store(task: Any) -> None:
 
     if not in_task_process():
         return
-    try:
-        if settings.hold_connection():
-            return
-        from airflow_lease_provider.hooks import LeaseHook
+    store: LeaseStore | None = None
+    # The lookup (an API call for a connection Airflow keeps) was under the execute's SIGTERM note: so it is here.
+    with stop_on_terminate() as noted:
+        try:
+            if not settings.hold_connection():
+                from airflow_lease_provider.hooks import LeaseHook
 
-        grace = connection_grace(getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
-        store = LeaseHook(getattr(task, "lease_conn_id", None)).get_task_store(grace)
-    except Exception:  # the execute reads it again and reports what is wrong
-        log.debug("lease: the store could not be prepared before execute", exc_info=True)
-        return
+                grace = connection_grace(getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
+                store = LeaseHook(getattr(task, "lease_conn_id", None)).get_task_store(grace)
+        except Exception:  # the execute reads it again and reports what is wrong
+            log.debug("lease: the store could not be prepared before execute", exc_info=True)
     thread = None
-    if not store.db.schema_current:
+    if store is not None and not noted.requested and not store.db.schema_current:
         thread = threading.Thread(target=_ready, args=(store,), name="lease-store-prepare", daemon=True)
         thread.start()
-    _preparing[id(task)] = _Prepared(store, thread)
+    if store is not None or noted.requested:
+        _preparing[id(task)] = _Prepared(store, thread, noted.requested)
 
 
 def _ready(store: LeaseStore) -> None:
@@ -703,12 +707,15 @@ def _ready(store: LeaseStore) -> None:
         log.debug("lease: the store could not be prepared before execute", exc_info=True)
 
 
-def await_store(task: Any) -> LeaseStore | None:
+def await_store(task: Any, terminate: Terminate | None = None) -> LeaseStore | None:
     """The store :func:`prepare_store` made for ``task`` (None: none), once its thread is done, or has taken
-    as long as its connect and two statements may (each bounded by the store): the execute goes on either way."""
+    as long as its connect and two statements may (each bounded by the store): the execute goes on either way.
+    A SIGTERM noted while it was looked up is noted in ``terminate``: the task then takes no lease."""
     prepared = _preparing.pop(id(task), None)
     if prepared is None:
         return None
+    if prepared.terminated and terminate is not None:
+        terminate.requested = True
     thread = prepared.thread
     if thread is not None and thread is not threading.current_thread():
         from airflow_lease_provider.core.db import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT

@@ -627,6 +627,39 @@ def test_a_store_that_cannot_be_prepared_fails_the_execute_closed(lease_env, mon
     assert ran == []
 
 
+def test_sigterm_while_the_store_is_looked_up_at_render_time_takes_no_lease(lease_env, monkeypatch, store) -> None:
+    """The lookup moved from the execute's first step (where a SIGTERM is noted) to the rendering: a SIGTERM
+    during it is noted as well, and the execute stops before the acquire (the task runner's own handler, which
+    runs ``on_kill`` and lets the task go on, still runs)."""
+    import os
+    import signal
+
+    from airflow_lease_provider.hooks import LeaseHook
+    from airflow_lease_provider.runtime.signals import TaskTerminated
+
+    _in_a_task_process(monkeypatch)
+    get_task_store = LeaseHook.get_task_store
+
+    def terminated_while_looking_up(self: Any, idle_close: timedelta) -> Any:
+        os.kill(os.getpid(), signal.SIGTERM)
+        return get_task_store(self, idle_close)
+
+    monkeypatch.setattr(LeaseHook, "get_task_store", terminated_while_looking_up)
+    killed: list[int] = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: killed.append(signum))  # the task runner's
+    ran: list[bool] = []
+    try:
+        op = leased("termed", lambda: ran.append(True), lease_key="etl-termed")
+        ti = TaskInstance("etl", RUN, "termed")
+        _render(op, ti)
+        with pytest.raises(TaskTerminated):
+            run_task(op, ti)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert killed == [signal.SIGTERM] and ran == []
+    assert store.lease("etl-termed") is None, "the lease was taken after SIGTERM"
+
+
 def test_outside_a_task_process_rendering_opens_no_store_connection(lease_env) -> None:
     from airflow_lease_provider.runtime import task_lease
 
