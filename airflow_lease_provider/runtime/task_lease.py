@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
@@ -651,6 +652,9 @@ def connection_grace(ttl: timedelta | None, renew_every: timedelta | None) -> ti
 
 @dataclass
 class _Prepared:
+    #: The task object it was made for: an ``id()`` is reused once its object is gone, and a store made for
+    #: another task (another connection) must never be handed to this one.
+    task: weakref.ref[Any]
     store: LeaseStore | None
     thread: threading.Thread | None
     #: SIGTERM came while the store was looked up (as it is noted from the execute's first step on).
@@ -696,8 +700,10 @@ def prepare_store(task: Any) -> None:
     if store is not None and not noted.requested and not store.db.schema_current:
         thread = threading.Thread(target=_ready, args=(store,), name="lease-store-prepare", daemon=True)
         thread.start()
+    for stale in [k for k, p in _preparing.items() if p.task() is None]:  # made for tasks since dropped
+        del _preparing[stale]
     if store is not None or noted.requested:
-        _preparing[id(task)] = _Prepared(store, thread, noted.requested)
+        _preparing[id(task)] = _Prepared(weakref.ref(task), store, thread, noted.requested)
 
 
 def _ready(store: LeaseStore) -> None:
@@ -712,7 +718,7 @@ def await_store(task: Any, terminate: Terminate | None = None) -> LeaseStore | N
     as long as its connect and two statements may (each bounded by the store): the execute goes on either way.
     A SIGTERM noted while it was looked up is noted in ``terminate``: the task then takes no lease."""
     prepared = _preparing.pop(id(task), None)
-    if prepared is None:
+    if prepared is None or prepared.task() is not task:  # none, or made for an object gone since
         return None
     if prepared.terminated and terminate is not None:
         terminate.requested = True

@@ -611,6 +611,25 @@ def test_in_a_task_process_the_store_connects_and_checks_its_schema_while_templa
     checker.close()
 
 
+def test_a_store_prepared_for_another_task_object_is_never_handed_to_this_one(lease_env, monkeypatch) -> None:
+    """What the rendering prepared is found by the task object's ``id()``, which Python reuses once that object
+    is gone: an entry made for another object (here put under this one's id) is not this task's store."""
+    import weakref
+
+    from airflow_lease_provider.runtime import task_lease
+
+    _in_a_task_process(monkeypatch)
+    other = leased("other", lambda: None, lease_key="etl-other", lease_conn_id="some_other_store")
+    this = leased("this", lambda: None, lease_key="etl-this")
+    sentinel = object()
+    task_lease._preparing[id(this)] = task_lease._Prepared(weakref.ref(other), sentinel, None)  # type: ignore[arg-type]
+    try:
+        assert task_lease.await_store(this) is None
+        assert id(this) not in task_lease._preparing
+    finally:
+        task_lease._preparing.pop(id(this), None)
+
+
 def test_a_store_that_cannot_be_prepared_fails_the_execute_closed(lease_env, monkeypatch) -> None:
     """What fails while the templates render (here: nothing listens where the connection points) fails
     nothing then; the execute tries again and fails closed, before the body."""
