@@ -147,6 +147,11 @@ def test_leases_page_in_the_airflow_ui(browser: Any, world: World) -> None:
     assert event.detail["by"] == "admin" and event.detail["new_token"] == token + 1
     assert event.detail["reason"] == "browser test"
 
+    # The force-release reloads the leases table (the row shows the key free): wait for that redraw, or the
+    # link below may be clicked on the old table as it is replaced, the click landing on another row's cell
+    # (seen once in CI: no navigation, 60 s).
+    frame.locator(f"#leases tbody tr.free[data-key='{BROWSER_KEY}']").wait_for()
+
     # A run link navigates the Airflow UI itself, not the frame.
     frame.locator("#clear-filters").click()
     frame.locator(f"#leases tbody tr[data-key='{LEASE_KEY}'] a", has_text=world.holder_run).click()
