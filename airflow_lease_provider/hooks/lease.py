@@ -328,15 +328,18 @@ class LeaseHook(_StoreHook):
     ) -> None:
         super().__init__(lease_conn_id, schema=schema, read_only=read_only)
 
-    def _make_store(self, location: StoreLocation) -> LeaseStore:
+    def _make_store(self, location: StoreLocation, *, task_grace: timedelta | None = None) -> LeaseStore:
+        """The store at ``location``; with ``task_grace``, on this process's shared database whose connection
+        stays open that long once idle (:meth:`get_task_store`)."""
         return LeaseStore(
             location.dsn,
             schema=location.schema,
             event_retention=settings.event_retention(),
             read_only=self.read_only,
-            idle_close=_idle(),
+            idle_close=_idle() if task_grace is None else task_grace,
             host=_hostname(),
             prepare=settings.prepare_statements(),
+            shared=task_grace is not None,
         )
 
     def get_store(self) -> LeaseStore:
@@ -351,16 +354,7 @@ class LeaseHook(_StoreHook):
         ``[lease] hold_connection`` the store of :meth:`get_store` (a connection of its own, held)."""
         if settings.hold_connection():
             return self.get_store()
-        location = self.location
-        return LeaseStore(
-            location.dsn,
-            schema=location.schema,
-            event_retention=settings.event_retention(),
-            idle_close=idle_close,
-            host=_hostname(),
-            prepare=settings.prepare_statements(),
-            shared=True,
-        )
+        return self._make_store(self.location, task_grace=idle_close)
 
 
 class FenceHook(_StoreHook):
