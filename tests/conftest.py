@@ -18,6 +18,7 @@ from tests.pg import EmbeddedServer, drop_schema, external_dsn, new_schema_name,
 
 if TYPE_CHECKING:
     from demo.deployment import MetadataTemplate
+    from tests.airflow.warm import WarmServer
 
 
 # Hypothesis's per-example deadline (200 ms) is a timing check, not a property: on the loaded 2-core
@@ -47,8 +48,17 @@ def _remove_path(record: dict[str, Any]) -> None:
     shutil.rmtree(record["path"], ignore_errors=True)
 
 
+def _stop_warm(record: dict[str, Any]) -> None:
+    from tests.airflow.warm import WarmServer
+
+    WarmServer(Path(record["socket"]), record["pid"]).stop()
+    _remove_path(record)
+
+
 #: How the controller removes each kind of shared record.
-_CLEANUPS: dict[str, Callable[[dict[str, Any]], None]] = {"metadata": _drop_metadata, "airflow-sqlite": _remove_path}
+_CLEANUPS: dict[str, Callable[[dict[str, Any]], None]] = {
+    "metadata": _drop_metadata, "airflow-sqlite": _remove_path, "warm-airflow": _stop_warm,
+}
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -160,6 +170,37 @@ def airflow_template(pytestconfig: pytest.Config) -> Iterator[Path]:
         yield Path(record["home"])
 
 
+#: ``LEASE_TEST_WARM_AIRFLOW=0`` runs every ``airflow`` command of the ``airflow_home`` tier as a process of
+#: its own instead of a child of the warm server (tests/airflow/warm.py): the same tests, the cold way.
+WARM_AIRFLOW = os.environ.get("LEASE_TEST_WARM_AIRFLOW", "1") != "0"
+
+
+@pytest.fixture(scope="session")
+def warm_airflow(airflow_template: Path, pytestconfig: pytest.Config) -> Iterator[WarmServer | None]:
+    """The warm Airflow server the ``airflow_home`` tier's commands run in (tests/airflow/warm.py): one per
+    run, shared by the xdist workers, on a home copied from the migrated template."""
+    if not WARM_AIRFLOW:
+        yield None
+        return
+    from tests.airflow.harness import DAGS, base_env
+    from tests.airflow.warm import WarmServer
+
+    def build() -> dict[str, Any]:
+        root = scratch_dir("lease-warm-airflow-")
+        try:
+            home = root / "home"
+            home.mkdir()
+            shutil.copy(airflow_template / "airflow.db", home / "airflow.db")
+            server = WarmServer.start(root, base_env(home, DAGS))
+        except BaseException:
+            shutil.rmtree(root, ignore_errors=True)
+            raise
+        return {"path": str(root), "socket": str(server.socket_path), "pid": server.pid}
+
+    with built_once(pytestconfig, "warm-airflow", "warm-airflow", build) as record:
+        yield WarmServer(Path(record["socket"]), record["pid"])
+
+
 @pytest.fixture
 def schema(pg_dsn: str) -> Iterator[str]:
     """A schema name of this test's own, dropped afterwards."""
@@ -201,8 +242,10 @@ LONGEST_FILES = 15
 
 
 def _cpu_now() -> float:
+    from tests.airflow.warm import CHILD_CPU  # the warm server's children this process had run
+
     own, children = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime + CHILD_CPU[0]
 
 
 @pytest.hookimpl(hookwrapper=True)

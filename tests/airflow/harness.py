@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from demo.deployment import StatsdListener
+from tests.airflow.warm import WarmRun, WarmServer
 
 VENV_BIN = Path(sys.executable).parent
 DAGS = Path(__file__).parent / "dags"
@@ -95,7 +96,7 @@ def _batch_result(command: list[str], out: tuple[int, str], err: tuple[int, str]
 class BatchRun:
     """A background :meth:`AirflowHome.dags_test_many_background`: its runs' results as they finish."""
 
-    proc: subprocess.Popen
+    proc: subprocess.Popen | WarmRun
     commands: list[list[str]]
     out: Path
     err: Path
@@ -124,11 +125,39 @@ class AirflowHome:
     path: Path
     env: dict[str, str]
     statsd: StatsdListener | None = None
-    procs: list[subprocess.Popen] = field(default_factory=list)
+    procs: list[subprocess.Popen | WarmRun] = field(default_factory=list)
+    #: The warm Airflow that runs this home's foreground commands (:meth:`cli`, :meth:`dags_test`,
+    #: :meth:`dags_test_many`); without one, each is a process of its own. Background runs always are.
+    warm: WarmServer | None = None
+    batches: int = 0
+
+    def cli(self, args: list[str], timeout: int = 240, **kw: str) -> subprocess.CompletedProcess:
+        """``airflow ARGS`` with this home's environment (``kw`` added to it): a process of its own, or a
+        child of the warm server (:mod:`tests.airflow.warm`) when the home has one."""
+        if self.warm is None:
+            return subprocess.run(["airflow", *args], env={**self.env, **kw}, capture_output=True, text=True,
+                                  timeout=timeout)
+        status, out, err = self._batch([args], timeout, kw)
+        parts_out, parts_err = _batch_parts(out), _batch_parts(err)
+        if 0 in parts_out and 0 in parts_err:
+            return _batch_result(args, parts_out[0], parts_err[0])
+        return subprocess.CompletedProcess(["airflow", *args], status or 1, out, err)  # it died mid-command
 
     def dags_test(self, dag_id: str, logical_date: str | None = None, timeout: int = 240, **kw) -> subprocess.CompletedProcess:
-        args = ["airflow", "dags", "test", dag_id] + ([logical_date] if logical_date else [])
-        return subprocess.run(args, env={**self.env, **kw}, capture_output=True, text=True, timeout=timeout)
+        return self.cli(["dags", "test", dag_id] + ([logical_date] if logical_date else []), timeout, **kw)
+
+    def _batch(self, items: list, timeout: float, env: dict[str, str] | None = None) -> tuple[int, str, str]:
+        """tests/airflow/cli_batch.py with ``items``, in a process of its own or in a child of the warm
+        server: its exit status, stdout and stderr."""
+        env = {**self.env, **(env or {})}
+        if self.warm is None:
+            done = subprocess.run([sys.executable, "-m", "tests.airflow.cli_batch", json.dumps(items)],
+                                  env=env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+            return done.returncode, done.stdout, done.stderr
+        self.batches += 1
+        out, err = self.path / f"warm-{self.batches}.out", self.path / f"warm-{self.batches}.err"
+        status = self.warm.run(env, items, out, err, timeout)
+        return status, out.read_text(errors="replace"), err.read_text(errors="replace")
 
     def dags_test_many(
         self, runs: list[str | tuple[str, str | None]], timeout: int = 240
@@ -138,17 +167,13 @@ class AirflowHome:
         once, which is most of a run's CPU. Each result has its own run's output and exit status;
         ``timeout`` is per run."""
         items, commands = _batch_items(runs)
-        done = subprocess.run(
-            [sys.executable, "-m", "tests.airflow.cli_batch", json.dumps(items)],
-            env=self.env, cwd=REPO, capture_output=True, text=True, timeout=timeout * len(commands),
-        )
-        outs, errs = _batch_parts(done.stdout), _batch_parts(done.stderr)
+        status, stdout, stderr = self._batch(items, timeout * len(commands))
+        outs, errs = _batch_parts(stdout), _batch_parts(stderr)
         results = []
         for index, command in enumerate(commands):
             if index not in outs or index not in errs:
                 raise AssertionError(
-                    f"the batch ended (status {done.returncode}) before {command} finished:\n"
-                    + done.stdout[-3000:] + done.stderr[-3000:]
+                    f"the batch ended (status {status}) before {command} finished:\n" + stdout[-3000:] + stderr[-3000:]
                 )
             results.append(_batch_result(command, outs[index], errs[index]))
         return results
@@ -160,18 +185,30 @@ class AirflowHome:
         items, commands = _batch_items(runs)
         name = f"batch-{len(self.procs)}"
         out, err = self.path / f"{name}.out", self.path / f"{name}.err"
-        with open(out, "w") as stdout, open(err, "w") as stderr:
-            proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.airflow.cli_batch", json.dumps(items)],
-                env=self.env, cwd=REPO, stdout=stdout, stderr=stderr, text=True,
-            )
+        proc: subprocess.Popen | WarmRun
+        if self.warm is not None:
+            out.touch()
+            err.touch()
+            proc = WarmRun(self.warm, self.env, items, out, err)
+        else:
+            with open(out, "w") as stdout, open(err, "w") as stderr:
+                proc = subprocess.Popen(
+                    [sys.executable, "-m", "tests.airflow.cli_batch", json.dumps(items)],
+                    env=self.env, cwd=REPO, stdout=stdout, stderr=stderr, text=True,
+                )
         self.procs.append(proc)
         return BatchRun(proc, commands, out, err)
 
-    def dags_test_background(self, dag_id: str, logical_date: str | None = None) -> subprocess.Popen:
-        args = ["airflow", "dags", "test", dag_id] + ([logical_date] if logical_date else [])
-        log = open(self.path / f"{dag_id}.log", "w")  # noqa: SIM115 - closed with the process
-        proc = subprocess.Popen(args, env=self.env, stdout=log, stderr=subprocess.STDOUT, text=True)
+    def dags_test_background(self, dag_id: str, logical_date: str | None = None) -> subprocess.Popen | WarmRun:
+        """``airflow dags test`` in the background, its stdout and stderr in ``<home>/<dag_id>.log``."""
+        args = ["dags", "test", dag_id] + ([logical_date] if logical_date else [])
+        path = self.path / f"{dag_id}.log"
+        proc: subprocess.Popen | WarmRun
+        if self.warm is not None:
+            proc = WarmRun(self.warm, self.env, [args], path, path)
+        else:
+            log = open(path, "w")  # noqa: SIM115 - closed with the process
+            proc = subprocess.Popen(["airflow", *args], env=self.env, stdout=log, stderr=subprocess.STDOUT, text=True)
         self.procs.append(proc)
         return proc
 
@@ -225,11 +262,14 @@ class AirflowHome:
 
 
 def make_home(template: Path, root: Path, name: str, *, dsn: str, schema: str, dags: Path = DAGS,
-              statsd: bool = True, extra_env: dict[str, str] | None = None) -> AirflowHome:
+              statsd: bool = True, extra_env: dict[str, str] | None = None,
+              warm: WarmServer | None = None) -> AirflowHome:
     path = root / name
     path.mkdir(parents=True)
     shutil.copy(template / "airflow.db", path / "airflow.db")
     env = base_env(path, dags)
+    # Named outright (it is AIRFLOW_HOME's airflow.db either way): a warm child has the server's home.
+    env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN"] = f"sqlite:///{path / 'airflow.db'}"
     env["AIRFLOW_CONN_LEASE_DEFAULT"] = dsn
     env["AIRFLOW__LEASE__SCHEMA"] = schema
     listener = None
@@ -244,4 +284,4 @@ def make_home(template: Path, root: Path, name: str, *, dsn: str, schema: str, d
             }
         )
     env.update(extra_env or {})
-    return AirflowHome(path, env, listener)
+    return AirflowHome(path, env, listener, warm=warm)

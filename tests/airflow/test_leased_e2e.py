@@ -8,7 +8,6 @@ overtaken by a newer one, a crashed try's retry), the tests run under a real sch
 from __future__ import annotations
 
 import json
-import subprocess
 import time
 from datetime import timedelta
 from pathlib import Path
@@ -33,9 +32,7 @@ def wait_until(predicate, timeout: float = 120, what: str = "condition") -> None
 
 def import_errors(home) -> dict[str, str]:
     """File name -> error of every DAG file that failed to import (the CLI's JSON, after its log lines)."""
-    result = subprocess.run(
-        ["airflow", "dags", "list-import-errors", "--local", "-o", "json"], env=home.env, capture_output=True, text=True, timeout=180
-    )
+    result = home.cli(["dags", "list-import-errors", "--local", "-o", "json"], timeout=180)
     # Exit status 1 means "there are import errors"; the JSON list is the answer either way.
     payload = next((line for line in reversed(result.stdout.splitlines()) if line.startswith("[")), None)
     assert payload is not None, result.stdout[-2000:] + result.stderr[-2000:]

@@ -17,9 +17,7 @@ from airflow_lease_provider.runtime.task_lease import warn_on_clock_skew
 
 def test_airflow_lists_the_provider_and_its_decorators(airflow_home) -> None:
     home = airflow_home("providers", statsd=False)
-    result = subprocess.run(
-        ["airflow", "providers", "list", "-o", "json"], env=home.env, capture_output=True, text=True, timeout=180
-    )
+    result = home.cli(["providers", "list", "-o", "json"], timeout=180)
     payload = next(line for line in reversed(result.stdout.splitlines()) if line.startswith("["))
     assert "airflow-lease-provider" in {p["package_name"] for p in json.loads(payload)}
     probe = subprocess.run(
