@@ -49,6 +49,24 @@ def _wait_for(path: Path) -> None:
         time.sleep(0.1)
 
 
+def parts(text: str) -> dict[int, tuple[int, str]]:
+    """Command index -> (exit status, its output), from a batch's stdout or stderr."""
+    found: dict[int, tuple[int, str]] = {}
+    current: int | None = None
+    lines: list[str] = []
+    for line in text.splitlines(keepends=True):
+        if line.startswith(MARK):
+            word, index, *status = line[len(MARK):].split()
+            if word == "start":
+                current, lines = int(index), []
+            elif current is not None:
+                found[current] = (int(status[0]), "".join(lines))
+                current = None
+        elif current is not None:
+            lines.append(line)
+    return found
+
+
 def main(commands: list[list[str] | dict[str, str]]) -> None:
     # As airflow/__main__.py: the configuration first, then the parser; the default configuration is
     # written once, before the first command (every command here needs it).

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from demo.deployment import StatsdListener
+from tests.airflow.cli_batch import parts
 from tests.airflow.warm import WarmRun, WarmServer
 
 VENV_BIN = Path(sys.executable).parent
@@ -26,24 +27,7 @@ REPO = Path(__file__).parents[2]
 EXAMPLES = REPO / "dags_examples"
 
 
-def _batch_parts(text: str) -> dict[int, tuple[int, str]]:
-    """Command index -> (exit status, its output), from the output of tests/airflow/cli_batch.py."""
-    from tests.airflow.cli_batch import MARK
-
-    parts: dict[int, tuple[int, str]] = {}
-    current: int | None = None
-    lines: list[str] = []
-    for line in text.splitlines(keepends=True):
-        if line.startswith(MARK):
-            word, index, *status = line[len(MARK):].split()
-            if word == "start":
-                current, lines = int(index), []
-            elif current is not None:
-                parts[current] = (int(status[0]), "".join(lines))
-                current = None
-        elif current is not None:
-            lines.append(line)
-    return parts
+_batch_parts = parts  # tests/cli/test_embedded_store.py reads a batch's output with it
 
 
 def base_env(home: Path, dags: Path) -> dict[str, str]:
@@ -137,11 +121,8 @@ class AirflowHome:
         if self.warm is None:
             return subprocess.run(["airflow", *args], env={**self.env, **kw}, capture_output=True, text=True,
                                   timeout=timeout)
-        status, out, err = self._batch([args], timeout, kw)
-        parts_out, parts_err = _batch_parts(out), _batch_parts(err)
-        if 0 in parts_out and 0 in parts_err:
-            return _batch_result(args, parts_out[0], parts_err[0])
-        return subprocess.CompletedProcess(["airflow", *args], status or 1, out, err)  # it died mid-command
+        self.batches += 1
+        return self.warm.cli({**self.env, **kw}, args, self.path / f"warm-{self.batches}", timeout)
 
     def dags_test(self, dag_id: str, logical_date: str | None = None, timeout: int = 240, **kw) -> subprocess.CompletedProcess:
         return self.cli(["dags", "test", dag_id] + ([logical_date] if logical_date else []), timeout, **kw)

@@ -238,6 +238,19 @@ class WarmServer:
         CHILD_CPU[0] += answer["cpu"]
         return int(answer["status"])
 
+    def cli(self, env: dict[str, str], args: list[str], stem: Path, timeout: float) -> subprocess.CompletedProcess:
+        """``airflow ARGS`` in a child with ``env``, as :func:`subprocess.run` with ``capture_output`` gives
+        it (its output kept in ``stem``.out and ``stem``.err)."""
+        from tests.airflow.cli_batch import parts
+
+        out, err = stem.with_name(stem.name + ".out"), stem.with_name(stem.name + ".err")
+        status = self.run(env, [args], out, err, timeout)
+        stdout, stderr = out.read_text(errors="replace"), err.read_text(errors="replace")
+        found_out, found_err = parts(stdout), parts(stderr)
+        if 0 in found_out and 0 in found_err:
+            return subprocess.CompletedProcess(["airflow", *args], found_out[0][0], found_out[0][1], found_err[0][1])
+        return subprocess.CompletedProcess(["airflow", *args], status or 1, stdout, stderr)  # it died mid-command
+
 
 class WarmRun:
     """:meth:`WarmServer.run` in the background, with what the tests use of a :class:`subprocess.Popen`

@@ -9,6 +9,7 @@ import pytest
 
 from airflow_lease_provider.core import EventKind, FenceStore, Lease, LeaseStore
 from airflow_lease_provider.identity import RunRef
+from tests.airflow.warm import WarmServer
 from tests.pg import drop_schema, new_schema_name
 from tests.ui.server import DAG_ID, LEASE_KEY, AirflowServer, make_server
 
@@ -119,9 +120,9 @@ def _zombie_publish(store: LeaseStore, holder: Lease) -> None:
 
 
 @pytest.fixture(scope="session")
-def world(pg_dsn: str, airflow_template: Path) -> Iterator[World]:
+def world(pg_dsn: str, airflow_template: Path, warm_airflow: WarmServer | None) -> Iterator[World]:
     schema = new_schema_name()
-    server = make_server(pg_dsn, schema, airflow_template)
+    server = make_server(pg_dsn, schema, airflow_template, warm=warm_airflow)
     store = LeaseStore(pg_dsn, schema=schema)
     try:
         store.ensure_schema()

@@ -26,6 +26,7 @@ from typing import Any
 import httpx
 
 from demo.deployment import free_port
+from tests.airflow.warm import WarmServer
 from tests.pg import scratch_dir
 
 VENV_BIN = Path(sys.executable).parent
@@ -48,6 +49,10 @@ class AirflowServer:
     log: Path
     proc: subprocess.Popen[bytes] | None = None
     tokens: dict[str, str] = field(default_factory=dict)
+    #: Runs the home's ``airflow`` commands but ``airflow db``, as tests/airflow/warm.py's children
+    #: (with ``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN`` naming this home's database); else each is a process.
+    warm: WarmServer | None = None
+    commands: int = 0
 
     @property
     def url(self) -> str:
@@ -58,15 +63,15 @@ class AirflowServer:
     def airflow(
         self, *args: str, timeout: float = 300, extra_env: dict[str, str] | None = None, check: bool = True
     ) -> subprocess.CompletedProcess[str]:
-        result = subprocess.run(
-            [str(VENV_BIN / "airflow"), *args],
-            env={**self.env, **(extra_env or {})},
-            capture_output=True,
-            text=True,
-            timeout=timeout,
-            check=False,
-            start_new_session=True,
-        )
+        if self.warm is not None and args[0] != "db":
+            self.commands += 1
+            result = self.warm.cli({**self.env, **(extra_env or {})}, list(args),
+                                   self.root / f"warm-{self.commands}", timeout)
+        else:
+            result = subprocess.run(
+                [str(VENV_BIN / "airflow"), *args], env={**self.env, **(extra_env or {})}, capture_output=True,
+                text=True, timeout=timeout, check=False, start_new_session=True,
+            )
         if check and result.returncode != 0:
             raise AssertionError(
                 f"airflow {' '.join(args[:3])} failed ({result.returncode}):\n"
@@ -172,9 +177,10 @@ with get_application_builder() as appbuilder:
 """
 
 
-def make_fab_server(pg_dsn: str, schema: str, template: Path | None = None) -> AirflowServer:
+def make_fab_server(pg_dsn: str, schema: str, template: Path | None = None,
+                    warm: WarmServer | None = None) -> AirflowServer:
     """An api-server under the FAB auth manager, with users of different roles (FAB_USERS)."""
-    server = _prepare(pg_dsn, schema, fab=True, template=template)
+    server = _prepare(pg_dsn, schema, fab=True, template=template, warm=warm)
     try:
         # The DAGs must be in the metadata database: DAG-level access is checked against it.
         server.airflow("dags", "reserialize")
@@ -188,16 +194,17 @@ def make_fab_server(pg_dsn: str, schema: str, template: Path | None = None) -> A
     return server
 
 
-def make_server(pg_dsn: str, schema: str, template: Path | None = None) -> AirflowServer:
+def make_server(pg_dsn: str, schema: str, template: Path | None = None,
+                warm: WarmServer | None = None) -> AirflowServer:
     """Prepare the home (migrate, users, connection); the caller starts the server and runs the DAGs.
 
     With ``template`` (an AIRFLOW_HOME whose ``airflow.db`` is migrated: the ``airflow_template``
     fixture) the home's metadata database is a copy of it instead of a migration of its own."""
-    return _prepare(pg_dsn, schema, template=template)
+    return _prepare(pg_dsn, schema, template=template, warm=warm)
 
 
 def _prepare(pg_dsn: str, schema: str, *, fab: bool = False, conn_uri: str | None = None,
-             template: Path | None = None) -> AirflowServer:
+             template: Path | None = None, warm: WarmServer | None = None) -> AirflowServer:
     root = scratch_dir("lease-ui-")
     home = root / "home"
     home.mkdir()
@@ -216,10 +223,12 @@ def _prepare(pg_dsn: str, schema: str, *, fab: bool = False, conn_uri: str | Non
         AIRFLOW__API__WORKERS="1",
         AIRFLOW__LEASE__SCHEMA=schema,
         PATH=f"{VENV_BIN}:{env.get('PATH', '')}",
+        # Named outright (it is AIRFLOW_HOME's airflow.db either way): a warm child has the server's home.
+        AIRFLOW__DATABASE__SQL_ALCHEMY_CONN=f"sqlite:///{home / 'airflow.db'}",
     )
     if fab:
         env["AIRFLOW__CORE__AUTH_MANAGER"] = FAB_AUTH_MANAGER
-    server = AirflowServer(root=root, env=env, port=free_port(), log=root / "api-server.log")
+    server = AirflowServer(root=root, env=env, port=free_port(), log=root / "api-server.log", warm=warm)
     try:
         if template is not None:
             shutil.copy(template / "airflow.db", home / "airflow.db")

@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from airflow_lease_provider.core import EventKind, LeaseStore, RunRef
+from tests.airflow.warm import WarmServer
 from tests.pg import drop_schema, new_schema_name
 from tests.ui.server import DAG_ID, OTHER_DAG_ID, AirflowServer, make_fab_server
 
@@ -34,9 +35,9 @@ class Fab:
 
 
 @pytest.fixture(scope="module")
-def fab(pg_dsn: str, airflow_template: Path) -> Iterator[Fab]:
+def fab(pg_dsn: str, airflow_template: Path, warm_airflow: WarmServer | None) -> Iterator[Fab]:
     schema = new_schema_name()
-    server = make_fab_server(pg_dsn, schema, airflow_template)
+    server = make_fab_server(pg_dsn, schema, airflow_template, warm=warm_airflow)
     store = LeaseStore(pg_dsn, schema=schema)
     try:
         store.ensure_schema()

@@ -15,6 +15,7 @@ from urllib.parse import quote
 import psycopg2.extensions
 import pytest
 
+from tests.airflow.warm import WarmServer
 from tests.pg import drop_schema, execute, new_schema_name
 from tests.ui.server import DAG_ID, AirflowServer, _prepare
 
@@ -32,14 +33,16 @@ ROUTES = [
 
 
 @pytest.fixture(scope="module")
-def typo(pg_dsn: str, airflow_template: Path) -> Iterator[tuple[AirflowServer, str, dict[str, str]]]:
+def typo(
+    pg_dsn: str, airflow_template: Path, warm_airflow: WarmServer | None
+) -> Iterator[tuple[AirflowServer, str, dict[str, str]]]:
     info = psycopg2.extensions.parse_dsn(pg_dsn)
     schema = new_schema_name()  # never created by anyone
     uri = (
         f"postgresql://{info.get('user', 'postgres')}:{quote(PASSWORD, safe='')}@"
         f"{info.get('host', '127.0.0.1')}:{info.get('port', '5432')}/{info.get('dbname', 'postgres')}"
     )
-    server = _prepare(pg_dsn, schema, conn_uri=uri, template=airflow_template)
+    server = _prepare(pg_dsn, schema, conn_uri=uri, template=airflow_template, warm=warm_airflow)
     try:
         server.start()
         server.wait_healthy()
