@@ -1,4 +1,5 @@
-"""Real Airflow for end-to-end tests: an AIRFLOW_HOME per test, ``airflow dags test`` as a subprocess.
+"""Real Airflow for end-to-end tests: an AIRFLOW_HOME per test, ``airflow dags test`` in a process of its
+own: a child of the run's warm Airflow server (tests/airflow/warm.py), or with ``warm=None`` a new one.
 
 The metadata database is SQLite, migrated once per session and copied for each home; the lease store
 is the test PostgreSQL (``pg_dsn``) in the test's own schema. Two homes sharing one lease store are

@@ -1,21 +1,22 @@
-"""A warm Airflow for the ``airflow dags test`` tier: one server process per test process that has imported
-Airflow once, and forks a child for each batch of ``airflow`` CLI commands a test runs.
+"""A warm Airflow for the tiers that run ``airflow`` CLI commands (``airflow dags test`` above all): one
+server process per test run that has imported Airflow once, and forks a child for each batch of commands
+a test runs. The xdist workers share it (tests/conftest.py, ``warm_airflow``).
 
 Most of an ``airflow dags test`` process's CPU is Airflow starting, not the run: importing it (~2,300
 modules), building the CLI parser and, on a run's first request, the in-process execution API (its
 routes and models). Measured on this machine: a one-task ``airflow dags test`` is ~11 CPU s as a process
-of its own. Here the server does that once; each child starts from it, already imported, and runs the
-commands as the ``airflow`` console script would (:mod:`tests.airflow.cli_batch`), in a process of its
-own (its own pid, process group, environment, stdout and stderr, exit status).
+of its own, ~5-6 as a child here. The server does the start once; each child starts from it, already
+imported, and runs the commands as the ``airflow`` console script would (:mod:`tests.airflow.cli_batch`),
+in a process of its own (its own pid, process group, environment, stdout and stderr, exit status).
 
-All of one server's children share one Airflow home (its SQLite metadata database, copied from the
-session's migrated template), so the ``AIRFLOW_HOME`` of every request must be the server's: Airflow
-reads its home when it is imported. Everything else a test sets is the request's environment, which a
-child installs before it runs anything: Airflow reads ``AIRFLOW__*`` options and ``AIRFLOW_CONN_*``
-connections when they are used, and the one value it copies at import (``settings.DAGS_FOLDER``) is set
-again from the request. The server imports no provider and sends no metric, so the lease provider's
-settings, its store and the statsd client are made in the child from the test's environment.
-:class:`tests.airflow.harness.AirflowHome` keeps each home's runs apart (a test reads its own runs only).
+Airflow reads ``AIRFLOW_HOME`` when it is imported, so every child has the server's (its ``airflow.cfg``
+and log folder). Everything else a test sets is the request's environment, which a child installs before
+it runs anything: Airflow reads ``AIRFLOW__*`` options and ``AIRFLOW_CONN_*`` connections when they are
+used, and the values it copies at import (``settings``: the metadata database's URL, the DAGs folder) are
+taken again from it, with a new ORM engine. Each test's home names its own metadata database
+(``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``), so tests share nothing but the server. The server imports no
+provider and sends no metric, so the lease provider's settings, its store and the statsd client are made
+in the child from the test's environment.
 
 The server forks a reporter per connection, which forks the child and waits for it, so the children of
 several test processes run side by side. It stops when the test run that started it is gone.
