@@ -282,6 +282,12 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.write_line(
         f"{sum(_FILE_SECONDS.values()):8.1f} {sum(_FILE_CPU.values()):8.1f} cpu  all {len(_FILE_SECONDS)} files"
     )
+    if times := os.environ.get("LEASE_TEST_TIMES"):  # every file's figures, for LONGEST_FIRST below
+        Path(times).write_text(json.dumps(
+            {path: {"seconds": round(seconds, 1), "cpu": round(_FILE_CPU.get(path, 0.0), 1)}
+             for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda item: item[1], reverse=True)},
+            indent=1,
+        ))
     by_cpu = sorted(_FILE_CPU.items(), key=lambda item: item[1], reverse=True)[:LONGEST_FILES]
     terminalreporter.write_sep("=", f"the {len(by_cpu)} test files that used the most CPU (s)")
     for path, cpu in by_cpu:
