@@ -327,34 +327,55 @@ SPLIT_FILES = (
 )
 #: Files sharing the UI tier's ``world`` fixture (tests/ui/conftest.py).
 UI_WORLD = ("tests/ui/test_api_server.py", "tests/ui/test_browser.py", "tests/ui/test_timeline_browser.py")
-#: The longest files, longest first: the order of the per-file figures of a full run at 290b9a4 (seconds
-#: under load: every file's setup + call + teardown), the UI's world group where its three files add up.
-#: Only the order matters; a new long file is seen in the printed budget and belongs here.
+#: The longest work units, longest first: the per-file figures of a full run at 9d0cc4e (five processes,
+#: seconds of setup + call + teardown; ``LEASE_TEST_TIMES=FILE scripts/test`` writes them), the UI's world
+#: group where its three files add up, and the files whose tests are units of their own (``SPLIT_FILES``,
+#: 5-25 s a test) where one of their tests would be. Only the order matters; a new long file is seen in
+#: the printed budget and belongs here.
 LONGEST_FIRST = (
-    "tests/airflow/test_leased_e2e.py",  # 350
-    "tests/ui/test_api_server.py",  # the world group: 66 + 140 + 59
+    "tests/ui/test_api_server.py",  # the world group: 89 + 90 + 76
     "tests/ui/test_browser.py",
     "tests/ui/test_timeline_browser.py",
-    "tests/reliability/test_airflow_chaos.py",  # 242
-    "tests/timetables/test_scheduler_e2e.py",  # 177
-    "tests/reliability/test_chaos.py",  # 167, the longest without Airflow: first in --no-airflow
-    "tests/deployment/test_examples.py",  # 169
-    "tests/celery/test_celery_e2e.py",  # 218; not beside the other Celery deployment at the start
-    "tests/deployment/test_demo.py",  # 153
-    "tests/timetables/test_scheduler_moves_e2e.py",  # 151
-    "tests/airflow/test_scheduler_e2e.py",  # 150
-    "tests/cli/test_embedded_store.py",  # 383 with its own migration, now a copy of the template
-    "tests/deployment/test_leased.py",  # 119
-    "tests/airflow/test_terminate.py",  # 119
-    "tests/core/test_concurrency.py",  # 89
-    "tests/reliability/test_failover.py",  # 68
-    "tests/timetables/test_catchup_record_once.py",  # 54
-    "tests/core/test_default_keys.py",  # 53
-    "tests/cli/test_owner_ids.py",  # 51
-    "tests/airflow/test_task_process_settings.py",  # 48
-    "tests/ui/test_fab.py",  # 46
-    "tests/airflow/test_provider.py",  # 46
-    "tests/airflow/test_wrap.py",  # 44
+    "tests/timetables/test_scheduler_e2e.py",  # 168
+    "tests/reliability/test_chaos.py",  # 150: the short profile's unit ~110, the broken variants' ~35
+    "tests/deployment/test_demo.py",  # 137
+    "tests/reliability/test_airflow_chaos.py",  # 135
+    "tests/deployment/test_leased.py",  # 128
+    "tests/timetables/test_scheduler_moves_e2e.py",  # 123
+    "tests/celery/test_celery_e2e.py",  # 111; not beside the Airflow-level fault run's Celery at the start
+    "tests/deployment/test_examples.py",  # 111
+    "tests/airflow/test_scheduler_e2e.py",  # 89
+    "tests/reliability/test_failover.py",  # 69
+    "tests/deployment/test_asset_example.py",  # 62
+    "tests/ui/test_fab.py",  # 53
+    "tests/reliability/test_outages.py",  # 44
+    "tests/core/test_concurrency.py",  # 36
+    "tests/cli/test_doors.py",  # 34
+    "tests/core/test_keeper.py",  # 32
+    "tests/ui/test_misconfigured.py",  # 27
+    "tests/airflow/test_leased_e2e.py",  # 265 in 12 units
+    "tests/cli/test_embedded_store.py",  # 109 in units
+    "tests/airflow/test_task_process_settings.py",  # 77 in units
+    "tests/airflow/test_terminate.py",  # 61 in units
+    "tests/airflow/test_provider.py",  # 26 in units
+    "tests/airflow/test_wrap.py",
+    "tests/airflow/test_asset_leases.py",  # 25
+    "tests/reliability/test_pgbouncer.py",  # 25
+    "tests/airflow/test_fenced_publish.py",  # 23
+    "tests/core/test_keeper_time.py",  # 23
+    "tests/core/test_fence.py",  # 20
+    "tests/airflow/test_semantics.py",  # 20
+    "tests/timetables/test_catchup_record_once.py",  # 19
+    "tests/core/test_embedded.py",  # 18
+    "tests/core/test_default_keys.py",  # 18
+    "tests/cli/test_owner_ids.py",  # 16
+    "tests/core/test_clock.py",  # 15
+    "tests/airflow/test_s3_fence.py",  # 14
+    "tests/airflow/test_wait_resume.py",  # 13
+)
+#: The units above that are long (a minute or more under load): see ``FileScheduling`` below.
+LONG_UNITS = frozenset(
+    {"ui-world", *OWN_UNIT, *(p for p in LONGEST_FIRST[: LONGEST_FIRST.index("tests/ui/test_fab.py")] if p not in UI_WORLD)}
 )
 
 
@@ -434,10 +455,27 @@ def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
     from xdist.scheduler import LoadFileScheduling
 
     class FileScheduling(LoadFileScheduling):
+        """xdist's, with one change: a unit sent to a process still busy with a long unit is the queue's
+        last (shortest), not its first.
+
+        An xdist worker starts a test only once it knows the next (or is told to stop), so a process given
+        a one-test unit, or down to its last two tests, is sent another unit at once, from the head of the
+        queue: at the start each process took two of the longest units, one after the other, and a long
+        one could wait behind a long one while other processes ran out of work.
+        """
+
         def _split_scope(self, nodeid: str) -> str:
             path = nodeid.split("::", 1)[0]
             if nodeid in OWN_UNIT or path in SPLIT_FILES:
                 return nodeid
             return "ui-world" if path in UI_WORLD else path
+
+        def _assign_work_unit(self, node: Any) -> None:
+            busy = self.assigned_work.get(node, {})
+            if len(self.workqueue) > 1 and any(
+                scope in LONG_UNITS and not all(unit.values()) for scope, unit in busy.items()
+            ):
+                self.workqueue.move_to_end(next(reversed(self.workqueue)), last=False)
+            super()._assign_work_unit(node)
 
     return FileScheduling(config, log)
