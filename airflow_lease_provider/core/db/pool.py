@@ -57,7 +57,10 @@ class ConnectionPool:
 
     @property
     def open(self) -> int:
-        return self._open
+        """Connections counted against ``size`` (in use, idle, being made), read under the pool's lock,
+        under which connections are also closed: one whose server backend is gone is not counted."""
+        with self._cond:
+            return self._open
 
     def get(self, connect: Callable[[], Any], timeout: float) -> tuple[Any, bool]:
         """A connection and whether it is new: an idle one, else a new one while fewer than ``size`` are
@@ -109,11 +112,11 @@ class ConnectionPool:
         """Close a connection taken from the pool (dead, or not clean) and free its place. A dead one
         closes the idle ones too: what killed it (a server restart, a failover) likely killed them."""
         dead = bool(conn.closed)
-        try:
-            conn.close()
-        except psycopg2.Error:
-            pass
         with self._cond:
+            try:
+                conn.close()
+            except psycopg2.Error:
+                pass
             self._open -= 1
             self._cond.notify()
             if dead:
