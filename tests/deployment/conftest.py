@@ -10,6 +10,9 @@ from __future__ import annotations
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from demo.deployment import Deployment, MetadataTemplate
 
@@ -27,3 +30,18 @@ def deployment_for(template: MetadataTemplate, dag_files: list[Path], dag_ids: s
         raise
     finally:
         deployment.stop()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """A failed test of this tier shows its deployment's process logs and newest task logs with the failure
+    (the deployment and its files are gone once the module ends; a red run was not diagnosable)."""
+    outcome: Any = yield
+    report = outcome.get_result()
+    deployment = getattr(item, "funcargs", {}).get("airflow")
+    if report.when != "call" or not report.failed or not isinstance(deployment, Deployment):
+        return
+    task_logs = sorted((deployment.home / "logs").rglob("*.log"), key=lambda path: path.stat().st_mtime)[-4:]
+    tasks = "\n".join(f"--- {path.relative_to(deployment.home)} ---\n{path.read_text(errors='replace')[-4000:]}"
+                      for path in task_logs)
+    report.sections.append(("the deployment's logs", f"{deployment.tails()}\n{tasks}"))
