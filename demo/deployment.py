@@ -54,6 +54,28 @@ REDIS_CLAIM = "airflow-lease-test:claimed-by"
 USERS = {"admin": "admin", "viewer": "viewer"}
 
 
+def warm_execution_api(url: str, timeout: float = 240) -> None:
+    """Make the api-server at ``url`` build its execution API before a task needs it.
+
+    The execution API (Cadwyn) generates its versioned routes on its first request, in the api-server's
+    event loop: 34 s on a loaded 2-core machine, while a task's first call (``ti run``) gives up after five
+    5 s attempts and the task fails before it starts (a red run of the deployment tier). One request to
+    its health endpoint, waited for, does it first.
+    """
+    import httpx
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(f"{url}/execution/health", timeout=max(1.0, deadline - time.monotonic())).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the execution API at {url}/execution did not answer within {timeout:g} s")
+        time.sleep(0.5)
+
+
 def scratch_dir(prefix: str) -> Path:
     """A directory the embedded server's unprivileged system user can enter (pytest's are 0700)."""
     path = Path(tempfile.mkdtemp(prefix=prefix, dir="/tmp"))
@@ -391,6 +413,7 @@ class Deployment:
             return self.api.healthy()
 
         wait(ready, bool, timeout, "the api-server and the scheduler to be healthy")
+        warm_execution_api(self.url, max(30.0, timeout - (time.monotonic() - started)))
 
         def parsed() -> set[str]:
             errors = self.api.import_errors()

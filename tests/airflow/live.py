@@ -36,7 +36,7 @@ from psycopg2 import sql
 from psycopg2.extensions import make_dsn, parse_dsn
 from sqlalchemy.engine import URL
 
-from demo.deployment import free_port
+from demo.deployment import free_port, warm_execution_api
 from tests.airflow.harness import StatsdListener
 
 if TYPE_CHECKING:
@@ -187,6 +187,7 @@ class LiveAirflow:
                     start_new_session=True,
                 )
         wait_until(self._healthy, timeout, "the api-server to answer")
+        warm_execution_api(self.url)  # before a task's first call can time out on its cold start
 
     def _healthy(self) -> bool:
         for name, proc in self.procs.items():
