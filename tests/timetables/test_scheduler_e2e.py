@@ -39,7 +39,8 @@ from typing import Any
 
 import pytest
 
-from demo.deployment import MetadataTemplate, drop_database, free_port
+from demo.deployment import MetadataTemplate, drop_database, free_port, warm_execution_api
+from tests.pg import execute
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(600)]
 
@@ -258,29 +259,12 @@ def airflow(tmp_path: Path, metadata_dsn: str) -> Iterator[tuple[Processes, Stat
         statsd.close()
 
 
-def _wait_for_http(url: str, timeout: float) -> None:
-    import urllib.error
-    import urllib.request
-
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            with urllib.request.urlopen(url, timeout=5):  # noqa: S310 - a local URL the test built
-                return
-        except urllib.error.HTTPError:
-            return  # it answers
-        except OSError:
-            if time.monotonic() > deadline:
-                raise
-            time.sleep(1)
-
-
 def _minute_floor(moment: datetime.datetime) -> datetime.datetime:
     return moment.replace(second=0, microsecond=0)
 
 
 def _iso(moment: datetime.datetime | None) -> str | None:
-    return moment.isoformat() if moment is not None else None
+    return moment.astimezone(datetime.timezone.utc).isoformat() if moment is not None else None
 
 
 def _runs(processes: Processes) -> list[dict[str, Any]]:
@@ -289,27 +273,22 @@ def _runs(processes: Processes) -> list[dict[str, Any]]:
     A query, not a Python process importing Airflow's models: polled every few seconds, that process cost
     about 2 CPU seconds a time, most of this test's CPU on a machine the rest of the suite shares.
     """
-    import psycopg2
-
-    conn = psycopg2.connect(processes.env["LEASE_E2E_DSN"], options="-c timezone=UTC")
-    try:
-        with conn.cursor() as cur:
-            cur.execute(
-                "SELECT run_id, run_type, state, data_interval_end, queued_at, start_date, end_date"
-                " FROM dag_run WHERE dag_id = %s ORDER BY logical_date",
-                (DAG_ID,),
-            )
-            runs = cur.fetchall()
-            cur.execute("SELECT run_id, task_id, state FROM task_instance WHERE dag_id = %s", (DAG_ID,))
-            tasks: dict[str, dict[str, str]] = {}
-            for run_id, task_id, state in cur.fetchall():
-                tasks.setdefault(run_id, {})[task_id] = str(state)
-    finally:
-        conn.close()
+    dsn = processes.env["LEASE_E2E_DSN"]
+    tasks: dict[str, dict[str, str]] = {}
+    for run_id, task_id, state in execute(
+        dsn, "SELECT run_id, task_id, state FROM task_instance WHERE dag_id = %s", (DAG_ID,)
+    ):
+        tasks.setdefault(str(run_id), {})[str(task_id)] = str(state)
+    runs = execute(
+        dsn,
+        "SELECT run_id, run_type, state, data_interval_end, queued_at, start_date, end_date"
+        " FROM dag_run WHERE dag_id = %s ORDER BY logical_date",
+        (DAG_ID,),
+    )
     return [
-        {"run_id": run_id, "type": run_type, "state": str(state), "end": end.isoformat(),
+        {"run_id": run_id, "type": run_type, "state": str(state), "end": _iso(end),
          "queued_at": _iso(queued_at), "start": _iso(start), "finish": _iso(finish),
-         "tasks": tasks.get(run_id, {})}
+         "tasks": tasks.get(str(run_id), {})}
         for run_id, run_type, state, end, queued_at, start, finish in runs
     ]
 
@@ -336,7 +315,7 @@ def _check_capped_catch_up(processes: Processes, statsd: StatsdListener) -> None
     api_url = processes.env["AIRFLOW__CORE__EXECUTION_API_SERVER_URL"]
     api_port = api_url.rsplit(":", 1)[1].split("/")[0]
     processes.start("api-server", "api-server", "--apps", "execution", "--port", api_port)
-    _wait_for_http(f"{api_url.rstrip('/')}/health", timeout=180)
+    warm_execution_api(api_url.rsplit("/execution", 1)[0], timeout=180)
 
     # Start a few seconds into a minute, so that the newest slots cannot change while they are created.
     while not 3 <= datetime.datetime.now(datetime.timezone.utc).second <= 20:
