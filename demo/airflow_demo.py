@@ -304,10 +304,13 @@ def report(store: Any, zombie: str) -> None:
     say("\nThe lease ledger (newest first):")
     for event in store.events.query(limit=25):
         say(f"   {event.at:%H:%M:%S} {event.kind:<16} {event.key:<18} token={event.token} {describe(event)[:90]}")
-    passwords = json.loads((HOME / "simple_auth_manager_passwords.json.generated").read_text())
+    # The generated passwords stay in their file, readable by its owner only: never printed (CI logs keep
+    # what a command prints).
+    passwords = HOME / "simple_auth_manager_passwords.json.generated"
+    passwords.chmod(0o600)
+    users = ", ".join(json.loads(passwords.read_text()))
     say(f"\nAirflow is running: http://localhost:{PORT}  (open 'Leases' in the navigation)")
-    for user, password in passwords.items():
-        say(f"   login: {user} / {password}")
+    say(f"   log in as {users}: the passwords are in {passwords} (readable by you only)")
     say(f"The one red run, zombie_demo/{zombie}, is red on purpose: it is the zombie whose late publish the "
         "fence refused.")
     say("Stop it with: scripts/demo stop")

@@ -246,12 +246,26 @@ def test_real_airflow_processes_run_the_smoke_dag_triggered_with_no_logical_date
             api.close()
         with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGTERM)
-        try:
+        with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
+        # The LocalExecutor's idle workers stay in the group: they outlive the SIGTERM (it waits for the
+        # scheduler's stop message) and ``airflow standalone`` exits without them; once reparented they
+        # ran on after CI's run, and kill_what_is_left cannot tell them by their environment (their
+        # process title overwrites it).
+        with contextlib.suppress(ProcessLookupError):
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        proc.wait(timeout=30)
         kill_what_is_left(env["AIRFLOW_HOME"])
         if held is not None:
             store.release(held)
         store.close()
+    # Nothing the test started outlives it (an idle worker and an api-server of each Airflow did, before).
+    wait(lambda: not group_alive(proc.pid), bool, 15, f"the processes of airflow standalone ({proc.pid}) to end")
+
+
+def group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    return True
