@@ -55,22 +55,41 @@ DEFAULT_STATEMENT_TIMEOUT = timedelta(seconds=5)
 
 class _StoreLock:
     """The store's re-entrant lock. With ``idle_close == 0`` the connection is closed as the outermost
-    holder lets go, i.e. as soon as an operation (a statement, a transaction) is done."""
+    holder lets go, i.e. as soon as an operation (a statement, a transaction) is done.
+
+    Made anew in a forked child (:func:`_after_fork_in_child`) unless the forking thread itself holds it:
+    a lock another thread held at ``fork()`` (a keeper's renewal in flight) would stay held in the child
+    for ever, since that thread does not exist there, and the child's first store call would wait on it.
+    """
 
     def __init__(self, db: Database) -> None:
         self._lock = threading.RLock()
         self._depth = 0  # only the holding thread changes it
+        self._owner: int | None = None  # the holding thread's ident, while _depth > 0
         self._db = weakref.ref(db)
+        _store_locks.add(self)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         acquired = self._lock.acquire(blocking, timeout)
         if acquired:
             self._depth += 1
+            self._owner = threading.get_ident()
         return acquired
+
+    def _reset_in_child(self) -> None:
+        # In the child the forking thread keeps its ident, so a lock it held itself is still its own (its
+        # with-block lets go of it); one any other thread held has no holder left.
+        if self._depth and self._owner == threading.get_ident():
+            return
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._owner = None
 
     def release(self) -> None:
         try:
             self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
             db = self._db()
             if self._depth == 0 and db is not None and db.idle_close == timedelta(0) and db._conn is not None:
                 db._drop(reuse=True)
@@ -83,6 +102,9 @@ class _StoreLock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
+
+#: Every store lock of this process, made anew in a forked child.
+_store_locks: weakref.WeakSet[_StoreLock] = weakref.WeakSet()
 
 
 class Database:
@@ -571,6 +593,19 @@ _inherited: list[Any] = []
 _shared_lock = threading.Lock()
 _shared: dict[tuple[Any, ...], Database] = {}
 _shared_pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    """Locks held at ``fork()`` by threads the child does not have are never released there: make them
+    anew (the store locks, and the one of the shared databases). What they guarded is handled by the pid
+    checks: the parent's connections are set aside unused (``_inherited``), the shared databases dropped."""
+    global _shared_lock
+    _shared_lock = threading.Lock()
+    for lock in list(_store_locks):
+        lock._reset_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def shared_database(
