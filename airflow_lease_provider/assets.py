@@ -7,12 +7,13 @@
                  lease_ttl=timedelta(minutes=30))
     def publish(lease=None): ...
 
-The key of an asset is :func:`asset_lease_key`: ``asset:`` and the asset's URI as Airflow normalised it
-(NFC), so any task of any DAG writing that asset takes the same key (Airflow keeps URIs unique among
-active assets). In a run with a partition key (Airflow 3.2+ partitioned runs: ``partition_key`` in the
-context) the key is per partition: ``asset:<uri>#<partition_key>`` (a normalised URI has no ``#``). A key
-that would not be a valid name as it stands (over 512 characters, a URI with ``#`` or ``~``, ...) is its
-readable start, ``~`` and the SHA-256 of the identity (as :func:`~airflow_lease_provider.core.identity.hashed_key`).
+The key of an asset is :func:`asset_lease_key`: ``asset:`` and the asset's URI as Airflow normalised it,
+so any task of any DAG writing that asset takes the same key (Airflow keeps URIs unique among active
+assets). In a run with a partition key (Airflow 3.2+ partitioned runs: ``partition_key`` in the context)
+the key is per partition: ``asset:<uri>#<partition_key>``. A pair that would not give a valid key as it
+stands, or not an unambiguous one (over 512 characters, not in NFC, a URI with ``#``, a ``~`` in either
+part, ...), gets its readable start, ``~`` and the SHA-256 of ``["asset", uri, partition_key]``. No two
+(URI, partition key) pairs share a key (tests/airflow/test_asset_keys.py).
 
 A task with several asset outlets takes one lease per asset, in the sorted order of their keys, all or
 nothing: when one is held by another run, the ones taken are released and ``on_overlap`` decides (skip,
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -58,16 +58,23 @@ def _usable(key: str) -> bool:
 def asset_lease_key(uri: str, partition_key: str | None = None) -> str:
     """The lease key of the asset with URI ``uri`` (as ``Asset.uri`` holds it), for one partition if given.
 
-    ``asset:<uri>`` or ``asset:<uri>#<partition_key>``, NFC-normalised; when that is not a valid key as it
-    stands (too long, or ambiguous: a ``#`` or ``~`` in the URI), ``<readable start>~<sha256 of [uri,
-    partition_key]>``.
+    Injective: two different ``(uri, partition_key)`` pairs never get one key (docs/airflow.md, "Leases
+    keyed by asset"). Two forms, told apart by ``~``, which only the second has:
+
+    - **readable**: ``asset:<uri>`` or ``asset:<uri>#<partition_key>``, the texts as they are, when the URI
+      has no ``#``, neither part has a ``~``, and the result is a valid key as it stands (at most 512
+      characters, in NFC, no whitespace at its end, no invisible character). The first ``#`` after
+      ``asset:`` is then the separator, so the key gives back the pair;
+    - **hashed**: ``<readable start>~<sha256 of ["asset", uri, partition_key] as JSON>``, for every other
+      pair: the digest is of the texts as given (not normalised: two texts that differ only in their
+      Unicode normal form are two URIs to Airflow and two objects to S3), and the start only helps people.
     """
-    uri = unicodedata.normalize("NFC", uri)
-    part = None if partition_key is None else unicodedata.normalize("NFC", partition_key)
-    readable = f"asset:{uri}" + ("" if part is None else f"#{part}")
-    if "#" not in uri and "~" not in uri and _usable(readable):
+    readable = f"asset:{uri}" if partition_key is None else f"asset:{uri}#{partition_key}"
+    if "#" not in uri and "~" not in readable and _usable(readable):
         return readable
-    digest = hashlib.sha256(json.dumps(["asset", uri, part], ensure_ascii=True).encode("ascii")).hexdigest()
+    identity = json.dumps(["asset", uri, partition_key], ensure_ascii=True)
+    # JSON with ensure_ascii: one text per encoding (a lone surrogate too), so one digest per pair.
+    digest = hashlib.sha256(identity.encode("ascii")).hexdigest()
     start = "".join(c for c in readable if c.isalnum() or c in ".:_-/[]#@")
     key = f"{start[:HASHED_PREFIX]}~{digest}"
     if not _usable(key):
