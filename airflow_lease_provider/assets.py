@@ -132,12 +132,42 @@ class EventLease:
 
     @classmethod
     def of(cls, event: Any) -> EventLease | None:
-        """The lease recorded in ``event`` (an asset event, or its ``extra`` dict); None if it has none."""
+        """The lease recorded in ``event`` (an asset event, or its ``extra`` dict); None if it has none.
+
+        :raises ValueError: the extra has a lease entry that no store could have written (a key, token or
+            owner of the wrong type or out of range): see :class:`MalformedEventLease`.
+        """
         extra = event if isinstance(event, Mapping) else getattr(event, "extra", None)
-        entry = (extra or {}).get(EXTRA_KEY)
-        if not isinstance(entry, Mapping) or not {"key", "token", "owner"} <= set(entry):
+        entry = (extra or {}).get(EXTRA_KEY) if isinstance(extra or {}, Mapping) else None
+        if entry is None:
             return None
-        return cls(str(entry["key"]), int(entry["token"]), str(entry["owner"]), entry.get("store_id"))
+        if not isinstance(entry, Mapping) or not {"key", "token", "owner"} <= set(entry):
+            raise MalformedEventLease(entry, "it is not a mapping with a key, a token and an owner")
+        key, token, owner, store_id = entry["key"], entry["token"], entry["owner"], entry.get("store_id")
+        # Exactly the types stamp() writes (a JSON round trip keeps them): a token of True, 1.0 or "1"
+        # was not written by a leased task.
+        if isinstance(token, bool) or not isinstance(token, int):
+            raise MalformedEventLease(entry, f"its token {token!r} is not an integer")
+        if not isinstance(key, str) or not isinstance(owner, str):
+            raise MalformedEventLease(entry, "its key and owner must be strings")
+        if store_id is not None and not isinstance(store_id, str):
+            raise MalformedEventLease(entry, f"its store_id {store_id!r} is not a string")
+        try:
+            validation.token("token", token)
+            validation.lookup_name("key", key)
+            validation.owner("owner", owner)
+        except InvalidArgument as exc:
+            raise MalformedEventLease(entry, str(exc)) from None
+        return cls(key, token, owner, store_id)
+
+
+class MalformedEventLease(ValueError):
+    """An asset event's ``extra["lease"]`` that no leased task wrote (wrong types, a token out of range, an
+    invalid key or owner): :func:`staleness` calls it stale, since the store never issued it."""
+
+    def __init__(self, entry: object, why: str) -> None:
+        super().__init__(f"the event's lease {entry!r:.200} is malformed: {why}")
+        self.why = why
 
 
 @dataclass(frozen=True)
@@ -153,17 +183,28 @@ class Staleness:
 
 
 def staleness(event: Any, *, conn_id: str | None = None) -> Staleness:
-    """Whether the token on ``event`` has been superseded, read from the lease store (``conn_id``).
+    """Whether the lease on ``event`` is not (or no longer) the store's current grant, read from the lease
+    store (``conn_id``).
 
-    Stale when a newer token of the event's lease key has been issued since (another run took the
-    lease after the producer: its publish supersedes this one, or will), or when a fence refused the
-    producer's token (a ``fence_rejected`` event of that owner and token: what it wrote was refused).
-    An event without a lease in its extra raises ``ValueError`` (nothing to check).
+    Current only when the store's row of the event's lease key holds exactly the event's token, issued to
+    the event's owner, and no fence refused that token of that key from that owner. Stale otherwise, and
+    the reason says which: a newer token of the key was issued since (another run took the lease after the
+    producer: its publish supersedes this one, or will); the token was never issued (above the key's
+    newest, or a key the store never saw); the token was issued to another owner; a fence refused it (a
+    ``fence_rejected`` event of that lease key, owner and token: what it wrote was refused); or the extra
+    is malformed. So an extra written by anyone but the store's grant (a forged token, the right token
+    with another owner, an unknown key) is stale. Two reads by index, whatever the size of the store:
+    the key's row, and the refusals of that key.
+
+    An event without a lease in its extra raises ``ValueError`` (nothing to check), and so does an event
+    whose lease names another lease store (``store_id``): ask that store.
     """
-    from airflow_lease_provider.core import EventKind
     from airflow_lease_provider.hooks import LeaseHook
 
-    lease = EventLease.of(event)
+    try:
+        lease = EventLease.of(event)
+    except MalformedEventLease as exc:
+        return Staleness(True, f"{exc} (the lease store never issues such a lease)", None)
     if lease is None:
         raise ValueError("this asset event carries no lease (extra['lease']): it was not published by a leased task")
     store = LeaseHook(conn_id).get_store()
@@ -172,14 +213,20 @@ def staleness(event: Any, *, conn_id: str | None = None) -> Staleness:
             f"the event's lease is from store {lease.store_id!r}, not this connection's ({store.store_id!r})"
         )
     row = store.lease(lease.key)
-    if row is not None and row.token > lease.token:
+    if row is None:
+        return Staleness(True, f"the lease store never issued a lease of {lease.key!r}", lease)
+    if row.token > lease.token:
         return Staleness(True, f"a newer token of {lease.key!r} was issued: {row.token} > {lease.token} "
                                f"(held by {row.owner})", lease)
-    if store.record_events:
-        for refused in store.events.query(kind=EventKind.FENCE_REJECTED, limit=10_000):
-            if refused.owner == lease.owner and refused.token == lease.token:
-                return Staleness(True, f"a fence refused token {lease.token} of {lease.key!r} "
-                                       f"(at {refused.key!r})", lease)
+    if row.token < lease.token:
+        return Staleness(True, f"token {lease.token} of {lease.key!r} was never issued (its newest is "
+                               f"{row.token})", lease)
+    if row.owner != lease.owner:
+        return Staleness(True, f"token {lease.token} of {lease.key!r} was issued to {row.owner!r}, not to "
+                               f"{lease.owner!r}", lease)
+    refused = store.events.fence_refusal(lease.key, owner=lease.owner, token=lease.token)
+    if refused is not None:
+        return Staleness(True, f"a fence refused token {lease.token} of {lease.key!r} (at {refused.key!r})", lease)
     return Staleness(False, None, lease)
 
 

@@ -251,6 +251,17 @@ class EventLedger:
         )
         return [Event.from_row(r) for r in rows]
 
+    def fence_refusal(self, lease_key: str, *, owner: str, token: int) -> Event | None:
+        """The newest ``fence_rejected`` event of ``token`` of ``lease_key`` published by ``owner`` (any
+        fence, any resource), or ``None``: one range scan of the refusals of that lease key (its index),
+        whatever the size of the ledger. Refusals past the retention are gone with their events."""
+        lease_key = validation.lookup_name("lease_key", lease_key)
+        validation.owner("owner", owner)
+        validation.token("token", token)
+        self._prepare()
+        rows = self.db.run("fence_refusal", {"lease_key": lease_key, "owner": owner, "token": token})
+        return Event.from_row(rows[0]) if rows else None
+
     def counts(self, *, dag_ids: list[str] | None = None) -> list[EventCount]:
         """Per key and kind: how many events in the last 24 hours and the last 7 days (of the events
         of ``dag_ids`` when given: their ``dag_id`` column)."""

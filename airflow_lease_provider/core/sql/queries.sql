@@ -243,6 +243,18 @@ SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id
  ORDER BY e.at DESC, e.id DESC
  LIMIT %(limit)s;
 
+-- name: fence_refusal
+-- The newest refusal, by any fence, of token %(token)s of lease key %(lease_key)s published by %(owner)s (a
+-- 'fence_rejected' event: its detail's lease_key, its owner and token). One range scan of
+-- event_fence_lease_key_at_idx (migrations/0005): the refusals of that lease key only, newest first, however
+-- long the ledger is (assets.staleness).
+SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
+  FROM {schema}.event e
+ WHERE e.kind = 'fence_rejected' AND (e.detail->>'lease_key') = %(lease_key)s
+   AND e.token = %(token)s AND e.owner = %(owner)s
+ ORDER BY e.at DESC
+ LIMIT 1;
+
 -- name: run_events
 -- The events of one DAG run, newest first, by its run columns (event_run_at_idx, migrations/0007);
 -- within the run's time window when one is given, filtered in SQL, not after a LIMIT.
