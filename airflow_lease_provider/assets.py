@@ -121,6 +121,18 @@ def stamp(context: Mapping[str, Any], asset: Any, lease: Any, *, store_id: str, 
     events[asset].extra[EXTRA_KEY] = entry
 
 
+def _extra(event: Any) -> Mapping[str, Any]:
+    extra = event if isinstance(event, Mapping) else getattr(event, "extra", None)
+    return extra if isinstance(extra, Mapping) else {}
+
+
+def carries_lease(event: Any) -> bool:
+    """Whether ``event`` (an asset event, or its ``extra`` dict) has a lease entry (``extra["lease"]``) at
+    all, well formed or not: what a consumer asks before :func:`staleness` (which calls a malformed one
+    stale, and raises for an event with none)."""
+    return _extra(event).get(EXTRA_KEY) is not None
+
+
 @dataclass(frozen=True)
 class EventLease:
     """The lease an asset event was published under (its ``extra["lease"]``)."""
@@ -137,8 +149,7 @@ class EventLease:
         :raises ValueError: the extra has a lease entry that no store could have written (a key, token or
             owner of the wrong type or out of range): see :class:`MalformedEventLease`.
         """
-        extra = event if isinstance(event, Mapping) else getattr(event, "extra", None)
-        entry = (extra or {}).get(EXTRA_KEY) if isinstance(extra or {}, Mapping) else None
+        entry = _extra(event).get(EXTRA_KEY)
         if entry is None:
             return None
         if not isinstance(entry, Mapping) or not {"key", "token", "owner"} <= set(entry):

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from airflow_lease_provider.assets import EXTRA_KEY, is_stale, staleness
+from airflow_lease_provider.assets import EXTRA_KEY, carries_lease, is_stale, staleness
 from airflow_lease_provider.core import EventKind, LeaseStore
 from tests.airflow.test_asset_order import lease_env  # noqa: F401 (a fixture)
 from tests.pg import execute, q
@@ -124,3 +124,12 @@ def test_the_refusal_lookup_reads_the_refusals_of_one_key_by_its_index(store: Le
         )
     )
     assert "event_fence_lease_key_at_idx" in plan, plan
+
+
+def test_what_a_consumer_asks_first_and_an_event_without_a_lease() -> None:
+    """``carries_lease`` is true for any lease entry, malformed ones too (``staleness`` calls those stale),
+    and false for an event without one, which ``staleness`` refuses: nothing to check."""
+    assert carries_lease(extra("k", "forged", OWNER)) and carries_lease({EXTRA_KEY: "x"})
+    assert not carries_lease({}) and not carries_lease(SimpleNamespace(extra=None))
+    with pytest.raises(ValueError, match="carries no lease"):
+        staleness({"other": 1})
