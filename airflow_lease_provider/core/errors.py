@@ -24,6 +24,13 @@ class LeaseStoreUnavailable(LeaseError):
     """The store could not be reached or did not answer in time. Callers fail closed on it."""
 
 
+class Interruption(Exception):
+    """Raised into running code from outside it, at a moment that code did not choose (a signal handler in
+    the task's main thread: SIGTERM's ``TaskTerminated``). Whatever the code was doing when it came may
+    have completed, so a fence never gives an idempotency claim back on one (docs/core.md, "At most once
+    outside the database")."""
+
+
 class LeaseLost(LeaseError):
     """The lease this code relied on is gone: a renewal was refused, or the TTL passed without one."""
 

@@ -25,8 +25,10 @@ from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.db import CallerError, Row, callers_statements
 from airflow_lease_provider.core.errors import (
     DuplicatePublish,
+    Interruption,
     InvalidArgument,
     LeaseError,
+    LeaseLost,
     StaleFencingToken,
 )
 from airflow_lease_provider.core.events import EventKind, EventLedger
@@ -49,7 +51,8 @@ class FenceDecision:
 
     Also a context manager for a side effect outside the database, with an idempotency key: the claim of
     the key is given back when the block raises, so a failed side effect can be retried (see
-    :meth:`FenceStore.guard`). A block that completes, or a process that dies inside it, keeps the claim.
+    :meth:`FenceStore.guard`). A block that completes, or a process that dies inside it, keeps the claim,
+    and so does a block interrupted from outside (:func:`outcome_unknown`: the side effect may have happened).
     """
 
     resource: str
@@ -100,8 +103,25 @@ class FenceDecision:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc is not None:
-            self.release()
+        if exc is None:
+            return
+        if outcome_unknown(exc):
+            if self.idempotency_key is not None and self._release is not None:
+                log.warning(
+                    "fence %r: the side effect was interrupted (%s) and may have happened; idempotency key %r "
+                    "stays claimed (delete its fence_publish row to publish the slot again)",
+                    self.resource, type(exc).__name__, self.idempotency_key,
+                )
+            return
+        self.release()
+
+
+def outcome_unknown(exc: BaseException) -> bool:
+    """Whether ``exc`` interrupted the code it came out of at a moment that code did not choose, so what it
+    was doing may have completed: a lost lease (the keeper raises it in the task's main thread), an
+    :class:`~airflow_lease_provider.core.errors.Interruption` (SIGTERM's ``TaskTerminated``), or anything
+    that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``). A claim is never given back on one."""
+    return isinstance(exc, LeaseLost | Interruption) or not isinstance(exc, Exception)
 
 
 def _store_id(value: object) -> str | None:
