@@ -195,10 +195,12 @@ class EventLedger:
             raise InvalidArgument("detail", detail, f"is larger than {MAX_DETAIL_BYTES} bytes as JSON")
         try:
             self._prepare()
+            # Not sent again after a lost answer: the first send may have written it, and a ledger counts
+            # events (docs/core.md, "Statements sent again after a lost connection"). Best effort: at most once.
             self.db.run(
                 "record_event",
                 {"kind": kind_value, "key": key, "owner": owner, "token": token, "detail": payload, **columns},
-                durable=None,
+                durable=None, retry=False,
             )
         except LeaseError as exc:
             log.warning("event ledger: could not record %s for %r: %s", kind_value, key, exc)

@@ -29,6 +29,7 @@ from airflow_lease_provider.core.errors import (
     InvalidArgument,
     LeaseError,
     LeaseLost,
+    OutcomeUnknown,
     StaleFencingToken,
 )
 from airflow_lease_provider.core.events import EventKind, EventLedger
@@ -259,7 +260,15 @@ class FenceStore(Store):
     def _give_back(self, params: dict[str, Any]) -> bool:
         """Delete this publish's idempotency claim (its own: same resource, key, token and owner)."""
         try:
+            # Not sent again after a lost answer: a resend could delete a claim the same grant made since.
             rows = self._ready().run("fence_claim_release", params, durable=True, retry=False)
+        except OutcomeUnknown as exc:
+            log.warning(
+                "fence %r: the answer to giving back the claim of idempotency key %r was lost (%s); it may or "
+                "may not be claimed still (fence_publish says)",
+                params["resource"], params["idempotency_key"], exc,
+            )
+            return False
         except LeaseError as exc:
             log.warning(
                 "fence %r: could not give back the claim of idempotency key %r (%s); it stays claimed: the "

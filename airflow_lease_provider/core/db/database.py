@@ -41,7 +41,12 @@ from airflow_lease_provider.core.db.sqltext import (
 )
 from airflow_lease_provider.core.db.translate import MISSING_STORE_OBJECT, translate
 from airflow_lease_provider.core.db.watchdog import watchdog
-from airflow_lease_provider.core.errors import InvalidArgument, LeaseError, LeaseStoreUnavailable
+from airflow_lease_provider.core.errors import (
+    InvalidArgument,
+    LeaseError,
+    LeaseStoreUnavailable,
+    OutcomeUnknown,
+)
 
 log = logging.getLogger("airflow_lease_provider.core.db")
 
@@ -376,10 +381,13 @@ class Database:
 
         :param durable: ``True``: the statement writes lease or fence state that must survive a crash;
             ``None``: a best-effort write that need not wait for the disk; ``False``: a read.
-        :param retry: the statement may be sent again when a reused connection turns out to be dead.
-            Only for statements whose repetition is harmless (a repeated acquire by the same owner just
-            burns a token; a repeated fence advance would reject its own first success, so never that).
+        :param retry: the statement may be sent again when a reused connection turns out to be dead after
+            it was sent. Only for statements whose repetition is harmless whether or not the first send was
+            applied: reads, and the writes docs/core.md lists ("Statements sent again after a lost
+            connection") with why. A write sent with ``retry=False`` whose connection is lost (or cut off
+            by the watchdog) before its answer raises :class:`OutcomeUnknown`: it may have been applied.
         """
+        write = durable is not False
         with self._lock:
             for attempt in (1, 2):
                 fresh = self._conn is None
@@ -388,19 +396,31 @@ class Database:
                 try:
                     return self._send(name, params, durable, conn)
                 except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-                    dead = conn.closed != 0 or isinstance(exc, psycopg2.InterfaceError)
+                    # InterfaceError: psycopg2 refused to send on a connection it knows closed: nothing left.
+                    sent = not isinstance(exc, psycopg2.InterfaceError)
+                    dead = conn.closed != 0 or not sent
                     if dead:
                         self._drop()
                     if self._cut_off:
                         self._cut_off = False
-                        raise LeaseStoreUnavailable(
+                        message = (
                             f"lease store at {self.where} did not answer within the statement timeout "
                             f"({self.statement_timeout.total_seconds():g} s)"
-                        ) from exc
-                    if dead and retry and not fresh and attempt == 1:
+                        )
+                        if write:
+                            raise OutcomeUnknown(f"{message}; {name} was sent and may or may not have been applied"
+                                                 ) from exc
+                        raise LeaseStoreUnavailable(message) from exc
+                    if dead and attempt == 1 and ((retry and not fresh) or not sent):
                         log.info("lease store connection to %s was lost; reconnecting once", self.where)
                         continue
                     error = translate(exc, self.where)
+                    if dead and sent and write:
+                        unknown = OutcomeUnknown(
+                            f"{error}; the connection was lost after {name} was sent, before its answer: it may "
+                            "or may not have been applied"
+                        )
+                        raise unknown from error.__cause__
                     raise error from error.__cause__
                 except psycopg2.Error as exc:
                     error = translate(exc, self.where)
@@ -540,18 +560,35 @@ class Database:
         """
         with self._lock:
             conn = self._begin()
+            committing = False
             try:
                 with conn.cursor() as cur:
                     yield cur
+                committing = True
                 with self._guarded(conn):
                     conn.commit()
             except BaseException as exc:
+                # The commit was sent and its answer never came (the connection died, or the watchdog cut it
+                # off): the transaction may have committed. Before the commit, a lost connection rolls it back.
+                lost_commit = (
+                    committing and isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError)
+                    and (conn.closed != 0 or self._cut_off)
+                )
+                self._cut_off = False
                 try:
                     conn.rollback()
                 except psycopg2.Error:
                     self._drop()
                 if _names_missing_store_object(exc):
                     self.schema_current = False  # the next store of this process checks it again
+                if lost_commit:
+                    assert isinstance(exc, psycopg2.Error)
+                    error = translate(exc, self.where)
+                    unknown = OutcomeUnknown(
+                        f"{error}; the connection was lost after the commit was sent, before its answer: the "
+                        "transaction may or may not have committed"
+                    )
+                    raise unknown from error.__cause__
                 if isinstance(exc, psycopg2.Error):
                     error = translate(exc, self.where)
                     raise error from error.__cause__
