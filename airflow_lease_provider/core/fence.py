@@ -316,8 +316,9 @@ class FenceStore(Store):
         ``store_id`` (the issuing :attr:`LeaseStore.store_id`) the fence records where its token came
         from, and, kept in that very store, also refuses a token below the key's newest grant
         (``superseded``: after a force-release, before a later token has published here). One statement,
-        no read-then-write window. Never retried automatically: a resend after a lost reply would refuse
-        its own first success.
+        no read-then-write window. Never sent again after a lost answer (a resend would refuse its own
+        first success): that raises :class:`~airflow_lease_provider.core.errors.OutcomeUnknown`, the publish
+        may or may not have been accepted (docs/core.md, "Statements sent again after a lost connection").
         """
         params = self._params(resource, key, token, owner, idempotency_key, store_id)
         rows = self._ready().run("fence_advance", params, durable=True, retry=False)

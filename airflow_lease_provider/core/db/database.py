@@ -570,9 +570,9 @@ class Database:
             except BaseException as exc:
                 # The commit was sent and its answer never came (the connection died, or the watchdog cut it
                 # off): the transaction may have committed. Before the commit, a lost connection rolls it back.
+                # (An InterfaceError is psycopg2 refusing to send on a closed connection: no commit went out.)
                 lost_commit = (
-                    committing and isinstance(exc, psycopg2.OperationalError | psycopg2.InterfaceError)
-                    and (conn.closed != 0 or self._cut_off)
+                    committing and isinstance(exc, psycopg2.OperationalError) and (conn.closed != 0 or self._cut_off)
                 )
                 self._cut_off = False
                 try:
