@@ -469,8 +469,13 @@ class LeaseStore(Store):
     ) -> tuple[Lease, int] | None:
         """:meth:`force_release`, returning ``(the lease as it was just before, the token it has now)``.
 
-        One statement: with ``expected_token`` the row is compared and released under one row lock, so a
-        lease re-acquired or bumped since the caller looked is never released by mistake.
+        With ``expected_token`` the row is compared and released under one row lock, so a lease re-acquired
+        or bumped since the caller looked is never released by mistake. With the ledger on, the release and
+        its ``force_released`` event are one transaction under a request id: when its answer is lost, it is
+        asked again and found applied (never applied twice, never reported as "nothing was released");
+        when no answer can be had, :class:`OutcomeUnknown`. With the ledger off it is one statement, never
+        sent twice: a lost answer is :class:`OutcomeUnknown` (docs/core.md, "Statements sent again after
+        a lost connection").
 
         :param by: who did it, for the ledger.
         :param expected_token: release only if the lease still has this token; otherwise raise
