@@ -195,10 +195,12 @@ class EventLedger:
             raise InvalidArgument("detail", detail, f"is larger than {MAX_DETAIL_BYTES} bytes as JSON")
         try:
             self._prepare()
+            # Not sent again after a lost answer: the first send may have written it, and a ledger counts
+            # events (docs/core.md, "Statements sent again after a lost connection"). Best effort: at most once.
             self.db.run(
                 "record_event",
                 {"kind": kind_value, "key": key, "owner": owner, "token": token, "detail": payload, **columns},
-                durable=None,
+                durable=None, retry=False,
             )
         except LeaseError as exc:
             log.warning("event ledger: could not record %s for %r: %s", kind_value, key, exc)
@@ -250,6 +252,17 @@ class EventLedger:
             },
         )
         return [Event.from_row(r) for r in rows]
+
+    def fence_refusal(self, lease_key: str, *, owner: str, token: int) -> Event | None:
+        """The newest ``fence_rejected`` event of ``token`` of ``lease_key`` published by ``owner`` (any
+        fence, any resource), or ``None``: one range scan of the refusals of that lease key (its index),
+        whatever the size of the ledger. Refusals past the retention are gone with their events."""
+        lease_key = validation.lookup_name("lease_key", lease_key)
+        validation.owner("owner", owner)
+        validation.token("token", token)
+        self._prepare()
+        rows = self.db.run("fence_refusal", {"lease_key": lease_key, "owner": owner, "token": token})
+        return Event.from_row(rows[0]) if rows else None
 
     def counts(self, *, dag_ids: list[str] | None = None) -> list[EventCount]:
         """Per key and kind: how many events in the last 24 hours and the last 7 days (of the events
