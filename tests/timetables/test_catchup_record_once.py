@@ -24,7 +24,8 @@ from psycopg2.extras import Json
 
 from airflow_lease_provider.core import LeaseStore
 from airflow_lease_provider.core.schema import ensure_schema
-from airflow_lease_provider.timetables.catchup_record import METRIC, record_skipped_catchup
+from airflow_lease_provider.runtime.catchup import record_skipped_catchup
+from airflow_lease_provider.timetables.catchup_record import METRIC
 from tests.pg import execute, q
 from tests.timetables.test_catchup_record import AFTER_GAP, BEFORE_GAP, context
 
@@ -128,18 +129,25 @@ def test_the_record_names_its_run_and_the_writing_task_in_the_run_columns(pg_dsn
 
 
 def test_the_database_refuses_a_second_record_of_a_gap(pg_dsn: str, schema: str) -> None:
-    """The rule lives in the database: even a plain INSERT of a second record for the run fails."""
+    """The rule lives in the database, keyed by the event's run columns (migration 0016): even a plain INSERT
+    of a second record for the run fails, whatever task writes it and whatever its detail says."""
     LeaseStore(pg_dsn, schema=schema).ensure_schema()
-    detail = Json({"dag_id": "articles", "run_id": "r1", "count": 3})
-    insert = q("INSERT INTO {schema}.event (kind, key, detail) VALUES ('skipped_catchup', %s, %s)", schema)
-    execute(pg_dsn, insert, ("k1", detail))
+    detail = Json({"count": 3})
+    insert = q(
+        "INSERT INTO {schema}.event (kind, key, detail, dag_id, run_id, task_id, map_index)"
+        " VALUES ('skipped_catchup', %s, %s, %s, %s, %s, %s)",
+        schema,
+    )
+    execute(pg_dsn, insert, ("k1", detail, "articles", "r1", None, None))
     with pytest.raises(psycopg2.errors.UniqueViolation):
-        execute(pg_dsn, insert, ("k2", detail))
-    # Another run's gap, and events of other kinds with the same detail, are not affected.
-    execute(pg_dsn, insert, ("k1", Json({"dag_id": "articles", "run_id": "r2", "count": 1})))
-    other = q("INSERT INTO {schema}.event (kind, key, detail) VALUES ('acquired', %s, %s)", schema)
-    execute(pg_dsn, other, ("k1", detail))
-    execute(pg_dsn, other, ("k1", detail))
+        execute(pg_dsn, insert, ("k2", Json({"dag_id": "other", "run_id": "x"}), "articles", "r1", "publish", -1))
+    # Another run's gap, and events of other kinds of the same run, are not affected.
+    execute(pg_dsn, insert, ("k1", detail, "articles", "r2", None, None))
+    other = q(
+        "INSERT INTO {schema}.event (kind, key, detail, dag_id, run_id) VALUES ('acquired', %s, %s, %s, %s)", schema
+    )
+    execute(pg_dsn, other, ("k1", detail, "articles", "r1"))
+    execute(pg_dsn, other, ("k1", detail, "articles", "r1"))
 
 
 def test_migration_keeps_the_oldest_of_records_written_twice(pg_dsn: str, schema: str) -> None:
@@ -177,7 +185,7 @@ WORKER = """
 import json, sys, threading
 from airflow.sdk.observability.stats import Stats
 from airflow_lease_provider.core import LeaseStore
-from airflow_lease_provider.timetables.catchup_record import record_skipped_catchup
+from airflow_lease_provider.runtime.catchup import record_skipped_catchup
 from tests.timetables.test_catchup_record import AFTER_GAP, BEFORE_GAP, context
 
 counted = []
