@@ -27,6 +27,7 @@ class LazyApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if self._app is None:
+            # Imported here: only the api-server serves it, so no other process imports FastAPI and the routes.
             from airflow_lease_provider.plugins.api import create_app
 
             self._app = create_app()
