@@ -88,6 +88,19 @@ _embedded_lock = threading.Lock()
 _embedded: dict[str, str] = {}
 
 
+def _embedded_after_fork() -> None:
+    """In a forked child: a fresh lock, and no server yet. A thread of the parent (a scheduler's catch-up
+    writer starting the embedded store) may hold the lock at the fork, and the child has no such thread to
+    release it; and a child that used the parent's server without attaching to it would not count among its
+    users, so the parent's exit could stop the server under it. The child attaches when it needs the store."""
+    global _embedded_lock
+    _embedded_lock = threading.Lock()
+    _embedded.clear()
+
+
+os.register_at_fork(after_in_child=_embedded_after_fork)
+
+
 def _quiet_embedded_server() -> None:
     """Keep the embedded server's own progress lines (``PG_VERSION file found``, ``a postgres server is
     already running: ...``, ``Exiting ... remaining pids``) out of CLI output and task logs; its warnings

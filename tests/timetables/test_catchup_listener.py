@@ -262,3 +262,34 @@ def test_without_a_lease_connection_the_scheduler_logs_and_counts_and_says_why_o
     assert sum(m.startswith("catch-up: 7 missed slots of articles coalesced") for m in said) == 2, said
     assert metrics == [(COALESCED_METRIC, FOLDED)] * 2
     assert METRIC not in [m for m, _ in metrics]
+
+
+def test_a_child_forked_while_a_thread_starts_the_embedded_store_is_not_stuck() -> None:
+    """The scheduler's writer thread may be starting the embedded store (holding its lock) when the
+    scheduler forks (a LocalExecutor worker, whose task processes use the store): the child gets a lock of
+    its own and attaches to the server itself, instead of waiting forever for a thread it does not have."""
+    import os
+
+    from airflow_lease_provider.hooks import lease as hooks
+
+    holding, release = threading.Event(), threading.Event()
+
+    def start_embedded() -> None:
+        with hooks._embedded_lock:
+            hooks._embedded["/nowhere/lease-postgres"] = "postgresql:///parent"
+            holding.set()
+            release.wait(30)
+
+    thread = threading.Thread(target=start_embedded)
+    thread.start()
+    try:
+        assert holding.wait(10)
+        pid = os.fork()
+        if pid == 0:  # the child: exit at once with what it found, never back into pytest
+            os._exit(0 if hooks._embedded_lock.acquire(timeout=5) and not hooks._embedded else 1)
+        _, status = os.waitpid(pid, 0)
+    finally:
+        release.set()
+        thread.join()
+        hooks._embedded.pop("/nowhere/lease-postgres", None)
+    assert os.waitstatus_to_exitcode(status) == 0
