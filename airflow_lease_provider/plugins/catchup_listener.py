@@ -172,13 +172,15 @@ class CatchUpWriter:
                 self._ready.wait(left)
         return True
 
-    def stop(self) -> None:
-        """Stop the thread after the record it is writing; what is queued is not written (for tests, and a
-        process that wants its writer gone)."""
+    def stop(self, timeout: float = 30) -> None:
+        """Stop the thread after the record it is writing (waiting at most ``timeout`` seconds for it); what
+        is queued is not written. For tests, and a process that wants its writer gone."""
         with self._ready:
             self._stopped = True
             self._pending.clear()
             self._ready.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
 
     def _next(self) -> _Pending | None:
         with self._ready:

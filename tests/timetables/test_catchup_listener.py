@@ -223,6 +223,7 @@ def test_a_record_is_given_up_after_the_window_with_its_line_in_the_log(
     with caplog.at_level(logging.WARNING):
         writer.submit(catchup)
         assert writer.idle(10)
+    writer.stop()
     (gave_up,) = [r.getMessage() for r in caplog.records if "gave up" in r.getMessage()]
     assert "catch-up: 7 missed slots of articles coalesced into this run" in gave_up, gave_up
 
@@ -240,6 +241,7 @@ def test_a_full_queue_drops_the_record_with_a_warning_and_never_blocks(caplog: p
     finally:
         release.set()
     assert writer.idle(10)
+    writer.stop()
 
 
 def test_without_a_lease_connection_the_scheduler_logs_and_counts_and_says_why_once(
@@ -257,6 +259,7 @@ def test_without_a_lease_connection_the_scheduler_logs_and_counts_and_says_why_o
             assert catchup is not None
             writer.submit(catchup)
         assert writer.idle(30)
+    writer.stop()
     said = [r.getMessage() for r in caplog.records]
     assert sum("not recorded" in m and "lease_default" in m for m in said) == 1, said
     assert sum(m.startswith("catch-up: 7 missed slots of articles coalesced") for m in said) == 2, said

@@ -307,7 +307,7 @@ def _rerun(airflow: Deployment, dag_id: str, run: dict, task_id: str) -> None:
     """Clear a finished run (the UI's Clear, resetting the run): the scheduler starts it again."""
     airflow.api.clear(dag_id, run["dag_run_id"], [task_id])
     wait(lambda: airflow.api.run(dag_id, run["dag_run_id"]),
-         lambda found: found["state"] in ("success", "failed") and found["end_date"] != run["end_date"], 150,
+         lambda found: found["state"] in ("success", "failed") and found["end_date"] != run["end_date"], 240,
          f"run {run['dag_run_id']} of {dag_id} to run again")
 
 
