@@ -27,6 +27,7 @@ from airflow_lease_provider.runtime.catchup import record_skipped_catchup
 from airflow_lease_provider.timetables import CappedCatchupTimetable
 from airflow_lease_provider.timetables.catchup_record import COALESCED, COALESCED_METRIC, METRIC
 from demo.store_proxy import StoreProxy
+from tests.pg import scratch_dir
 from tests.timetables.test_catchup_record import FakeTI, at
 
 # Hourly, coalesce=True: the kept run covers [03:00, 11:00], standing for the 7 slots ending 04:00 .. 10:00.
@@ -296,3 +297,41 @@ def test_a_child_forked_while_a_thread_starts_the_embedded_store_is_not_stuck() 
         thread.join()
         hooks._embedded.pop("/nowhere/lease-postgres", None)
     assert os.waitstatus_to_exitcode(status) == 0
+
+
+def test_standalone_records_into_the_embedded_store_the_scheduler_starts(
+    monkeypatch: pytest.MonkeyPatch, metrics: list
+) -> None:
+    """``airflow standalone`` as installed (no lease connection, LocalExecutor on SQLite metadata): the
+    writer thread starts (or attaches to) the embedded store the hooks resolve there, and records into it."""
+    import shutil
+
+    from airflow_lease_provider.core.embedded import EmbeddedPostgres
+    from airflow_lease_provider.hooks import lease as hooks
+
+    tmp_path = scratch_dir("lease-catchup-embedded-")  # the server's system user must enter it
+    data_dir = tmp_path / "lease-postgres"
+    monkeypatch.delenv("AIRFLOW_CONN_LEASE_DEFAULT", raising=False)
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTOR", "LocalExecutor")
+    monkeypatch.setenv("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", f"sqlite:///{tmp_path / 'airflow.db'}")
+    monkeypatch.setenv("AIRFLOW__LEASE__EMBEDDED_DIR", str(data_dir))
+    monkeypatch.setenv("AIRFLOW__LEASE__SCHEMA", "lease_standalone")
+    writer = CatchUpWriter(LeaseStoreRecorder())
+    run = starting_run()
+    catchup = catchup_listener.catchup_of_run(run.dag, run, lambda: None)
+    assert catchup is not None
+    try:
+        writer.submit(catchup)
+        assert writer.idle(180)
+        writer.stop()
+        dsn = hooks._embedded[str(data_dir)]
+        (event,) = records(dsn, "lease_standalone")
+        assert (event.key, event.detail["count"]) == ("articles", FOLDED) and metrics == [(COALESCED_METRIC, FOLDED)]
+    finally:
+        writer.stop()
+        if hooks._embedded.pop(str(data_dir), None) is not None:
+            # This process is the server's one user: detach (which stops it) instead of at this process's exit.
+            server = EmbeddedPostgres(data_dir, on_exit="stop")
+            server.start()
+            server.cleanup()
+        shutil.rmtree(tmp_path, ignore_errors=True)
