@@ -34,6 +34,7 @@ from airflow_lease_provider.core import (
     WaitClaim,
     validation,
 )
+from airflow_lease_provider.runtime.catchup import record_skipped_catchup
 from airflow_lease_provider.runtime.context import (
     XCOM_LEASE,
     XCOM_SKIP_REASON,
@@ -152,8 +153,6 @@ class TaskLease:
 
     def record_catchup(self, context: Any) -> None:
         """The first run after a gap in a capped catch-up schedule records the skipped slots, once."""
-        from airflow_lease_provider.timetables.catchup_record import record_skipped_catchup
-
         try:
             # Recorded under the DAG id unless a key was given (a default key names one task, not the job).
             job = self.key if self.key_given else None

@@ -146,20 +146,21 @@ SELECT id, at FROM {schema}.lease_event_insert(%(kind)s, %(key)s, %(owner)s, %(t
                                                %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
 
 -- name: record_skipped_catchup
--- One record per gap per DAG in one statement: the unique index of migrations/0004 lets the first writer
--- of a run (dag_id, run_id) insert and every other one insert nothing. A row back means "this call wrote
--- it", and only that caller logs and counts the skipped slots.
+-- One record per gap per DAG in one statement (EventLedger.record_catchup): the unique index on the run
+-- columns (migrations/0016; 0004 made it) lets the first writer of a run (dag_id, run_id) insert and every
+-- other one insert nothing. A row back means "this call wrote it", and only that caller logs and counts
+-- the skipped slots.
 INSERT INTO {schema}.event (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
 VALUES ('skipped_catchup', %(key)s, %(owner)s, NULL, %(detail)s, %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s)
-ON CONFLICT ((detail->>'dag_id'), (detail->>'run_id')) WHERE kind = 'skipped_catchup' DO NOTHING
+ON CONFLICT (dag_id, run_id) WHERE kind = 'skipped_catchup' DO NOTHING
 RETURNING id, at;
 
 -- name: record_coalesced
 -- One record per coalesced run in one statement, as record_skipped_catchup, by the unique index of
--- migrations/0013 (kind 'coalesced'): a row back means "this call wrote it".
+-- migrations/0016 (0013 made it; kind 'coalesced'): a row back means "this call wrote it".
 INSERT INTO {schema}.event (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
 VALUES ('coalesced', %(key)s, %(owner)s, NULL, %(detail)s, %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s)
-ON CONFLICT ((detail->>'dag_id'), (detail->>'run_id')) WHERE kind = 'coalesced' DO NOTHING
+ON CONFLICT (dag_id, run_id) WHERE kind = 'coalesced' DO NOTHING
 RETURNING id, at;
 
 -- name: prune_events
