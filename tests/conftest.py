@@ -115,6 +115,16 @@ def built_once(config: pytest.Config, name: str, kind: str, build: Callable[[], 
     yield record  # the controller removes it (pytest_unconfigure)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.needs("pgbouncer", ...)``: the system tools of tests/tools.py, before any fixture."""
+    from tests.tools import require
+
+    for mark in item.iter_markers("needs"):
+        for name in mark.args:
+            require(name)
+
+
 @pytest.fixture(scope="session")
 def pg_dsn() -> Iterator[str]:
     """The server under test: ``LEASE_TEST_DSN`` if set, else a throwaway embedded PostgreSQL."""

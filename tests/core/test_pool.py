@@ -180,6 +180,7 @@ def test_a_pooled_connection_killed_while_idle_is_replaced(pg_dsn: str, schema: 
     assert _pool_of(store).open <= 2
 
 
+@pytest.mark.needs("pgbouncer")
 def test_many_keepers_through_pgbouncer_transaction_pooling(pg_dsn: str, schema: str, app_name: str) -> None:
     from tests.reliability.pgbouncer import PgBouncer
 

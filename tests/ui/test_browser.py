@@ -7,9 +7,7 @@ Uses Debian's ``chromium`` through Playwright's Python API (``executable_path``)
 
 from __future__ import annotations
 
-import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +17,15 @@ import pytest
 
 from airflow_lease_provider.core import EventKind
 from tests.pg import execute, q
+from tests.tools import chromium as find_chromium
+from tests.tools import require
 from tests.ui.conftest import BROWSER_KEY, BUFFER_KEY, World, policy_run, seed_policies
 from tests.ui.server import DAG_ID, LEASE_KEY, password
 
-pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
+# needs: checked before the session's api-server (``world``) is started for nothing.
+pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.needs("chromium")]
 
 ARTIFACTS = Path(__file__).parents[1] / "_artifacts"
-CHROMIUM = os.environ.get("LEASE_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -41,14 +41,11 @@ WIDE, NARROW = (1280, 900), (390, 844)
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        message = f"no Chromium at {CHROMIUM}: apt-get install chromium"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require("chromium")
+    from playwright import sync_api  # the test group's; it drives Debian's Chromium, it downloads none
+
     with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        chromium = playwright.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_ARGS)
         try:
             yield chromium
         finally:
