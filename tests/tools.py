@@ -90,12 +90,12 @@ TOOLS = {
              lambda: _which("pgbouncer") is not None),
         Tool("faketime", "faketime", "a client process whose clock is skewed",
              lambda: libfaketime() is not None and shutil.which("faketime") is not None),
-        Tool("chromium", "chromium", "the UI's pages driven in a headless browser (Playwright)",
+        Tool("chromium", "chromium", "the UI's pages driven in a headless browser by Playwright",
              lambda: chromium() is not None),
         Tool("redis", "redis-server", "the CeleryExecutor's broker at 127.0.0.1:6379", _redis),
         Tool("german-postgres", "postgresql locales",
-             "a PostgreSQL server answering in German (the machine's initdb with its German messages, "
-             "the de_DE locale source, localedef)", _german_postgres),
+             "a PostgreSQL server answering in German: the machine's initdb with its German messages, "
+             "the de_DE locale source, localedef", _german_postgres),
     )
 }
 
@@ -122,7 +122,7 @@ def missing(name: str) -> str | None:
     if name not in _without() and _present(name):
         return None
     hidden = f" ({WITHOUT_ENV} names it)" if name in _without() else ""
-    return f"{tool.name} is not installed{hidden}: apt-get install {tool.packages} ({tool.purpose})"
+    return f"{tool.name} is not installed{hidden}: apt-get install {tool.packages}; for {tool.purpose}"
 
 
 def require(name: str) -> None:
