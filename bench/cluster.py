@@ -2,7 +2,8 @@
 
 The machine's own server (5432) is never touched: the cluster gets its own data directory under
 ``/tmp``, its own port on 127.0.0.1, its own socket directory, and is stopped and deleted afterwards.
-``initdb`` refuses to run as root, so as root the cluster runs as the ``postgres`` OS user.
+``initdb`` refuses to run as root, so as root the cluster runs as the ``postgres`` OS user (``nobody`` where
+there is none).
 """
 
 from __future__ import annotations
@@ -23,25 +24,36 @@ from demo.deployment import free_port
 PG_BIN = Path(os.environ.get("LEASE_BENCH_PG_BIN", "/usr/lib/postgresql/15/bin"))
 
 
+def _unprivileged() -> str:
+    for name in ("postgres", "nobody"):
+        try:
+            pwd.getpwnam(name)
+            return name
+        except KeyError:
+            continue
+    raise RuntimeError("no unprivileged user (postgres or nobody) to run initdb as")
+
+
 class ThrowawayCluster:
     """A private PostgreSQL server; :meth:`start` returns its DSN, :meth:`cleanup` stops and deletes it."""
 
-    def __init__(self, settings: dict[str, str]) -> None:
+    def __init__(self, settings: dict[str, str], pg_bin: Path | None = None) -> None:
         self.settings = settings
+        self.pg_bin = pg_bin or PG_BIN
         self.root = Path(tempfile.mkdtemp(prefix="lease-scale-pg-", dir="/tmp"))
         self.root.chmod(0o755)
         self.data = self.root / "data"
         self.port = free_port()
         self._user: str | None = None
         if os.geteuid() == 0:
-            self._user = "postgres"
+            self._user = _unprivileged()
             uid = pwd.getpwnam(self._user).pw_uid
             os.chown(self.root, uid, -1)
         self.dsn = f"postgresql://postgres@127.0.0.1:{self.port}/postgres"
         self._started = False
 
     def _run(self, *args: str) -> None:
-        cmd = [str(PG_BIN / args[0]), *args[1:]]
+        cmd = [str(self.pg_bin / args[0]), *args[1:]]
         if self._user is not None:
             cmd = ["runuser", "-u", self._user, "--", *cmd]
         result = subprocess.run(cmd, capture_output=True, text=True, timeout=120, check=False)
@@ -83,7 +95,7 @@ class ThrowawayCluster:
             "server_version": version,
             "max_connections": int(max_connections),
             "superuser_reserved_connections": int(reserved),
-            "where": f"throwaway cluster ({PG_BIN}/initdb + pg_ctl) at 127.0.0.1:{self.port}",
+            "where": f"throwaway cluster ({self.pg_bin}/initdb + pg_ctl) at 127.0.0.1:{self.port}",
         }
 
     def cleanup(self) -> None:

@@ -14,7 +14,7 @@ import hypothesis
 import pytest
 
 from airflow_lease_provider.core import FenceStore, LeaseStore
-from tests.pg import EmbeddedServer, drop_schema, external_dsn, new_schema_name, scratch_dir
+from tests.pg import EmbeddedServer, drop_schema, external_dsn, new_schema_name, scratch_dir, stop_shared
 
 if TYPE_CHECKING:
     from demo.deployment import MetadataTemplate
@@ -48,6 +48,10 @@ def _remove_path(record: dict[str, Any]) -> None:
     shutil.rmtree(record["path"], ignore_errors=True)
 
 
+def _stop_embedded(record: dict[str, Any]) -> None:
+    stop_shared(record["path"])
+
+
 def _stop_warm(record: dict[str, Any]) -> None:
     from tests.airflow.warm import WarmServer
 
@@ -58,6 +62,7 @@ def _stop_warm(record: dict[str, Any]) -> None:
 #: How the controller removes each kind of shared record.
 _CLEANUPS: dict[str, Callable[[dict[str, Any]], None]] = {
     "metadata": _drop_metadata, "airflow-sqlite": _remove_path, "warm-airflow": _stop_warm,
+    "embedded-pg": _stop_embedded,
 }
 
 
@@ -79,8 +84,8 @@ def pytest_unconfigure(config: pytest.Config) -> None:
     shared = config.stash.get(_SHARED, None)
     if shared is None:
         return
-    for path in sorted(shared.glob("*.json")):
-        record = json.loads(path.read_text())
+    records = [json.loads(path.read_text()) for path in sorted(shared.glob("*.json"))]
+    for record in sorted(records, key=lambda record: record["kind"] == "embedded-pg"):  # the server last
         with contextlib.suppress(Exception):
             _CLEANUPS[record["kind"]](record)
     shutil.rmtree(shared, ignore_errors=True)
@@ -115,26 +120,40 @@ def built_once(config: pytest.Config, name: str, kind: str, build: Callable[[], 
     yield record  # the controller removes it (pytest_unconfigure)
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    """``@pytest.mark.needs("pgbouncer", ...)``: the system tools of tests/tools.py, before any fixture."""
+    from tests.tools import require
+
+    for mark in item.iter_markers("needs"):
+        for name in mark.args:
+            require(name)
+
+
 @pytest.fixture(scope="session")
-def pg_dsn() -> Iterator[str]:
-    """The server under test: ``LEASE_TEST_DSN`` if set, else a throwaway embedded PostgreSQL."""
+def pg_dsn(pytestconfig: pytest.Config) -> Iterator[str]:
+    """The server under test: ``LEASE_TEST_DSN`` if set, else a throwaway embedded PostgreSQL, one per run
+    (shared by the xdist workers as ``LEASE_TEST_DSN``'s server is, so the migrated metadata template
+    below is one per run on it too; one server per worker migrated a template on each)."""
     dsn = external_dsn()
     if dsn:
         yield dsn
         return
-    server = EmbeddedServer()
-    try:
-        yield server.dsn
-    finally:
-        server.stop()
+
+    def build() -> dict[str, Any]:
+        owner = os.getppid() if os.environ.get("PYTEST_XDIST_WORKER") else os.getpid()
+        server = EmbeddedServer(shared=True, owner=owner)
+        return {"path": str(server.root), "dsn": server.dsn}
+
+    with built_once(pytestconfig, "embedded-pg", "embedded-pg", build) as record:
+        yield record["dsn"]
 
 
 @pytest.fixture(scope="session")
 def metadata_template(pg_dsn: str, pytestconfig: pytest.Config) -> Iterator[MetadataTemplate]:
     """A migrated Airflow metadata database: every tier that starts Airflow copies its databases from it
     (``CREATE DATABASE ... TEMPLATE``) instead of migrating one of its own (``airflow db migrate`` is
-    most of a minute of CPU). One per run on ``LEASE_TEST_DSN``'s server, shared by the xdist workers;
-    one per test process on the embedded servers (each worker has its own)."""
+    most of a minute of CPU). One per run, shared by the xdist workers, on the run's server."""
     from demo.deployment import MetadataTemplate
 
     def build() -> dict[str, Any]:
@@ -142,8 +161,7 @@ def metadata_template(pg_dsn: str, pytestconfig: pytest.Config) -> Iterator[Meta
         shutil.rmtree(template.root, ignore_errors=True)
         return {"admin_dsn": pg_dsn, "name": template.name}
 
-    # The embedded servers are one per worker: a template on one is no use to the others.
-    with built_once(pytestconfig, "metadata-template", "metadata", build, shared=bool(external_dsn())) as record:
+    with built_once(pytestconfig, "metadata-template", "metadata", build) as record:
         template = MetadataTemplate.existing(record["admin_dsn"], record["name"])
         try:
             yield template
@@ -282,7 +300,7 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
     terminalreporter.write_line(
         f"{sum(_FILE_SECONDS.values()):8.1f} {sum(_FILE_CPU.values()):8.1f} cpu  all {len(_FILE_SECONDS)} files"
     )
-    if times := os.environ.get("LEASE_TEST_TIMES"):  # every file's figures, for LONGEST_FIRST below
+    if times := os.environ.get("LEASE_TEST_TIMES"):  # every file's figures: DURATIONS below is one
         Path(times).write_text(json.dumps(
             {path: {"seconds": round(seconds, 1), "cpu": round(_FILE_CPU.get(path, 0.0), 1)}
              for path, seconds in sorted(_FILE_SECONDS.items(), key=lambda item: item[1], reverse=True)},
@@ -294,16 +312,18 @@ def pytest_terminal_summary(terminalreporter, exitstatus: int, config: pytest.Co
         terminalreporter.write_line(f"{cpu:8.1f}  {path}")
 
 
-# -- scheduling under xdist: the longest files first, the UI's shared server in one process ---------------
+# -- scheduling under xdist: the longest units first, the UI's shared server in one process ----------------
 #
 # scripts/test runs ``--dist loadfile --no-loadscope-reorder``. With ``loadfile`` the scheduler below
 # (``pytest_xdist_make_scheduler``) sends each file to one process, as xdist's own does (a module's
 # deployment stays in one process), except the modules that share the UI tier's session-scoped ``world``
 # (one api-server with seeded runs): those go to one process together, which starts it once. (xdist's
-# ``loadgroup`` would do that with ``xdist_group`` marks, but with this pytest it does not group at all.)
+# ``loadgroup`` would do that with ``xdist_group`` marks, but with pytest 9.2 it groups nothing: it marks a
+# group by rewriting the test's node id, which pytest no longer takes: pytest-xdist issue 1386, open.)
 # The work units go out in collection order (``--no-loadscope-reorder``), and the collection is ordered
-# longest file first (the measured order below, then every other file that starts Airflow, then the
-# rest in their own order), so no long file starts last and keeps one process busy after the others.
+# longest unit first by the seconds of a full run (``DURATIONS``), so no long unit starts last and keeps
+# one process busy after the others. xdist's own order is the units with the most tests first, which
+# started the one-test scheduler files last.
 
 #: Tests sent to a process on their own, apart from the rest of their file: they share no fixture wider
 #: than a function with it, and together they made the file the longest unit of the run. The core fault
@@ -327,55 +347,30 @@ SPLIT_FILES = (
 )
 #: Files sharing the UI tier's ``world`` fixture (tests/ui/conftest.py).
 UI_WORLD = ("tests/ui/test_api_server.py", "tests/ui/test_browser.py", "tests/ui/test_timeline_browser.py")
-#: The longest work units, longest first: the per-file figures of a full run at 9d0cc4e (five processes,
-#: seconds of setup + call + teardown; ``LEASE_TEST_TIMES=FILE scripts/test`` writes them), the UI's world
-#: group where its three files add up, and the files whose tests are units of their own (``SPLIT_FILES``,
-#: 5-25 s a test) where one of their tests would be. Only the order matters; a new long file is seen in
-#: the printed budget and belongs here.
-LONGEST_FIRST = (
-    "tests/ui/test_api_server.py",  # the world group: 89 + 90 + 76
-    "tests/ui/test_browser.py",
-    "tests/ui/test_timeline_browser.py",
-    "tests/timetables/test_scheduler_e2e.py",  # 168
-    "tests/reliability/test_chaos.py",  # 150: the short profile's unit ~110, the broken variants' ~35
-    "tests/deployment/test_demo.py",  # 137
-    "tests/reliability/test_airflow_chaos.py",  # 135
-    "tests/deployment/test_leased.py",  # 128
-    "tests/timetables/test_scheduler_moves_e2e.py",  # 123
-    "tests/celery/test_celery_e2e.py",  # 111; not beside the Airflow-level fault run's Celery at the start
-    "tests/deployment/test_examples.py",  # 111
-    "tests/airflow/test_scheduler_e2e.py",  # 89
-    "tests/reliability/test_failover.py",  # 69
-    "tests/deployment/test_asset_example.py",  # 62
-    "tests/ui/test_fab.py",  # 53
-    "tests/reliability/test_outages.py",  # 44
-    "tests/core/test_concurrency.py",  # 36
-    "tests/cli/test_doors.py",  # 34
-    "tests/core/test_keeper.py",  # 32
-    "tests/ui/test_misconfigured.py",  # 27
-    "tests/airflow/test_leased_e2e.py",  # 265 in 12 units
-    "tests/cli/test_embedded_store.py",  # 109 in units
-    "tests/airflow/test_task_process_settings.py",  # 77 in units
-    "tests/airflow/test_terminate.py",  # 61 in units
-    "tests/airflow/test_provider.py",  # 26 in units
-    "tests/airflow/test_wrap.py",
-    "tests/airflow/test_asset_leases.py",  # 25
-    "tests/reliability/test_pgbouncer.py",  # 25
-    "tests/airflow/test_fenced_publish.py",  # 23
-    "tests/core/test_keeper_time.py",  # 23
-    "tests/core/test_fence.py",  # 20
-    "tests/airflow/test_semantics.py",  # 20
-    "tests/timetables/test_catchup_record_once.py",  # 19
-    "tests/core/test_embedded.py",  # 18
-    "tests/core/test_default_keys.py",  # 18
-    "tests/cli/test_owner_ids.py",  # 16
-    "tests/core/test_clock.py",  # 15
-    "tests/airflow/test_s3_fence.py",  # 14
-    "tests/airflow/test_wait_resume.py",  # 13
-)
-#: The units above that are long (a minute or more under load): see ``FileScheduling`` below.
+#: Every test file's seconds (setup + call + teardown of its tests) and CPU seconds in a full run: what
+#: ``LEASE_TEST_TIMES=tests/durations.json scripts/test`` writes. Measured, not kept by hand: run that
+#: again when the printed budget shows the order is off (a new long file, a file made faster).
+DURATIONS = Path(__file__).with_name("durations.json")
+#: A unit of a minute or more: see ``FileScheduling`` below.
+LONG_SECONDS = 60.0
+#: What a file the durations do not have yet is taken to last: one that starts Airflow about a typical
+#: such file, one that does not next to nothing.
+UNMEASURED_AIRFLOW_SECONDS, UNMEASURED_SECONDS = 30.0, 1.0
+
+
+def _durations() -> dict[str, float]:
+    try:
+        return {path: float(found["seconds"]) for path, found in json.loads(DURATIONS.read_text()).items()}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+_MEASURED = _durations()
+#: The units that are long, by the measured seconds (the UI world's files together).
 LONG_UNITS = frozenset(
-    {"ui-world", *OWN_UNIT, *(p for p in LONGEST_FIRST[: LONGEST_FIRST.index("tests/ui/test_fab.py")] if p not in UI_WORLD)}
+    {*OWN_UNIT, *(p for p, seconds in _MEASURED.items()
+                  if seconds >= LONG_SECONDS and p not in UI_WORLD and p not in SPLIT_FILES)}
+    | ({"ui-world"} if sum(_MEASURED.get(p, 0.0) for p in UI_WORLD) >= LONG_SECONDS else set())
 )
 
 
@@ -432,18 +427,26 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         path = _file_of(item)
         return ui_world[0] if path in UI_WORLD else path  # the group goes where its first file goes
 
-    ranks: dict[str, tuple[int, int]] = {}
+    tests_of: dict[str, int] = {}
+    starts_airflow: set[str] = set()
     for item in items:
-        path = unit(item)
-        if path in LONGEST_FIRST:
-            rank = (0, LONGEST_FIRST.index(path))
-        elif item.get_closest_marker("airflow") or item.get_closest_marker("celery"):
-            rank = (1, 0)
-        else:
-            rank = (2, 0)
-        ranks[path] = min(rank, ranks.get(path, rank))
+        tests_of[_file_of(item)] = tests_of.get(_file_of(item), 0) + 1
+        if item.get_closest_marker("airflow") or item.get_closest_marker("celery"):
+            starts_airflow.add(_file_of(item))
+
+    def seconds(path: str) -> float:
+        """A unit's expected seconds: a split file's are per test (each test is a unit)."""
+        if path in UI_WORLD:
+            return sum(_MEASURED.get(p, UNMEASURED_AIRFLOW_SECONDS) for p in UI_WORLD)
+        found = _MEASURED.get(path, UNMEASURED_AIRFLOW_SECONDS if path in starts_airflow else UNMEASURED_SECONDS)
+        return found / tests_of[path] if path in SPLIT_FILES else found
+
     order = {id(item): index for index, item in enumerate(items)}
-    items.sort(key=lambda item: (ranks[unit(item)], order[id(item)]))  # within a rank, the collection's order
+    first: dict[str, int] = {}
+    for index, item in enumerate(items):
+        first.setdefault(unit(item), index)
+    # Longest unit first; equal ones, and the tests within a unit, in the collection's order.
+    items.sort(key=lambda item: (-seconds(unit(item)), first[unit(item)], order[id(item)]))
 
 
 @pytest.hookimpl(optionalhook=True)

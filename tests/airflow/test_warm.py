@@ -4,14 +4,16 @@ time is ended with what it started."""
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
 
-from tests.airflow.harness import DAGS, base_env
+from tests.airflow.harness import DAGS, VENV_BIN, base_env
 from tests.airflow.warm import WarmServer
 
 pytestmark = pytest.mark.airflow
@@ -63,3 +65,33 @@ def test_a_command_past_its_time_is_ended_with_its_process_group(warm: WarmServe
     while alive(pid) and time.monotonic() < end:
         time.sleep(0.1)
     assert not alive(pid), f"the timed-out child {pid} still runs"
+
+
+def test_a_secret_a_command_writes_is_read_by_the_homes_other_processes(
+    warm: WarmServer, airflow_template: Path, tmp_path: Path
+) -> None:
+    """A command runs with its home's configuration (its airflow.cfg, written there if missing), as the
+    console script does: a connection's password and extra, encrypted with that home's Fernet key, are
+    read by a process started there later (the UI tier's api-server). A child that kept the server's
+    configuration encrypted them with another key, and Airflow reported the connection missing."""
+    home = tmp_path / "home"
+    home.mkdir()
+    shutil.copy(airflow_template / "airflow.db", home / "airflow.db")
+    env = {**base_env(home, DAGS), "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": f"sqlite:///{home / 'airflow.db'}"}
+    uri = "postgresql://someone:pw-in-the-store@/leases?host=%2Ftmp%2Fsome-socket-dir"
+    added = warm.cli(env, ["connections", "add", "lease_default", "--conn-uri", uri], tmp_path / "add", timeout=120)
+    assert added.returncode == 0, added.stdout[-3000:] + added.stderr[-3000:]
+
+    def read(result: subprocess.CompletedProcess) -> dict:
+        assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+        (conn,) = json.loads(result.stdout[result.stdout.index("["):])
+        return conn
+
+    cold = subprocess.run([str(VENV_BIN / "airflow"), "connections", "get", "lease_default", "-o", "json"],
+                          env=env, capture_output=True, text=True, timeout=300, check=False)
+    warm_again = warm.cli(env, ["connections", "get", "lease_default", "-o", "json"], tmp_path / "get",
+                          timeout=120)
+    for conn in (read(cold), read(warm_again)):
+        assert conn["password"] == "pw-in-the-store"
+        assert conn["extra_dejson"] == {"host": "/tmp/some-socket-dir"}
+    assert (home / "airflow.cfg").exists(), "the command did not write its home's configuration"

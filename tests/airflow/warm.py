@@ -9,11 +9,12 @@ of its own, ~5-6 as a child here. The server does the start once; each child sta
 imported, and runs the commands as the ``airflow`` console script would (:mod:`tests.airflow.cli_batch`),
 in a process of its own (its own pid, process group, environment, stdout and stderr, exit status).
 
-Airflow reads ``AIRFLOW_HOME`` when it is imported, so every child has the server's (its ``airflow.cfg``
-and log folder). Everything else a test sets is the request's environment, which a child installs before
-it runs anything: Airflow reads ``AIRFLOW__*`` options and ``AIRFLOW_CONN_*`` connections when they are
-used, and the values it copies at import (``settings``: the metadata database's URL, the DAGs folder) are
-taken again from it, with a new ORM engine. Each test's home names its own metadata database
+A child installs the request's environment before it runs anything: Airflow reads ``AIRFLOW__*`` options
+and ``AIRFLOW_CONN_*`` connections when they are used; what it read at import is read again for the
+request: the configuration of the request's ``AIRFLOW_HOME`` (its ``airflow.cfg``, written there by the
+first command as the console script does: :func:`_use_home`) and the values ``settings`` copies (the
+metadata database's URL, the DAGs folder), with a new ORM engine. The logging set up at import stays the
+server's. Each test's home names its own metadata database
 (``AIRFLOW__DATABASE__SQL_ALCHEMY_CONN``), so tests share nothing but the server. The server imports no
 provider and sends no metric, so the lease provider's settings, its store and the statsd client are made
 in the child from the test's environment.
@@ -61,6 +62,32 @@ def _preload() -> None:
     settings.dispose_orm()  # no connection to the metadata database crosses a fork
 
 
+def _use_home(home: str) -> None:
+    """Take ``home``'s configuration, as an ``airflow`` process started there does: the defaults expanded
+    for it (its log folder), its ``airflow.cfg`` when it has one, and where the first command writes one
+    when it has not (``write_default_airflow_configuration_if_needed``, with a new Fernet key).
+
+    The server read its own home's configuration when it imported Airflow. A child that kept it encrypted
+    a connection's password and extra with a key no other process of the test's home had: the UI tier's
+    api-server, started in that home, could not decrypt the ``lease_default`` its warm ``connections add``
+    wrote, and Airflow reports a connection it cannot decrypt as not defined (it fell back to an empty
+    embedded store and answered 503). A URI without password or extra encrypts nothing, which is why the
+    machine's PostgreSQL (``postgresql://postgres@127.0.0.1:5432/test``) hid it and the embedded
+    server's (a socket directory in the extra) did not.
+    """
+    from airflow import configuration, settings
+    from airflow.models import crypto
+
+    configuration.AIRFLOW_HOME = settings.AIRFLOW_HOME = home
+    configuration.AIRFLOW_CONFIG = configuration.get_airflow_config(home)
+    conf = configuration.conf
+    # In place, as Airflow's own __setstate__ does: every module holds this object, not the name.
+    conf.__init__()  # type: ignore[misc]
+    configuration.load_standard_airflow_configuration(conf)
+    conf.validate()
+    crypto.get_fernet.cache_clear()  # built from the server's key if anything asked for it there
+
+
 def _child(request: dict) -> None:
     """In the forked child: become the request's process and run its commands; never returns."""
     status = 1
@@ -76,10 +103,9 @@ def _child(request: dict) -> None:
         os.dup2(null, 0)
         os.close(null)
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        home = os.environ["AIRFLOW_HOME"]
         os.environ.clear()
         os.environ.update(request["env"])
-        os.environ["AIRFLOW_HOME"] = home  # read when Airflow was imported: the server's, for every child
+        _use_home(os.environ["AIRFLOW_HOME"])
         from airflow import settings
 
         settings.configure_vars()  # the metadata database's URL and the DAGs folder, from this environment

@@ -9,12 +9,14 @@ import pytest
 from airflow_lease_provider.core import LeaseStore
 from demo.deployment import MetadataTemplate
 from tests.celery.deployment import LEASE_SCHEMA, Deployment, ensure_redis, new_root
+from tests.tools import require
 
 
 @pytest.fixture(scope="module")
 def celery_deployment(pg_dsn: str, metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     """One CeleryExecutor deployment for the module (see tests/celery/deployment.py), its metadata
     database copied from the session's migrated template."""
+    require("redis")
     ensure_redis()
     root = new_root()
     deployment = Deployment(pg_dsn, root, template=metadata_template.name)

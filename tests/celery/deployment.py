@@ -39,7 +39,14 @@ import psycopg2
 import psycopg2.extensions
 from psycopg2 import sql
 
-from demo.deployment import REDIS_HOST, REDIS_PORT, claim_redis_db, free_port, release_redis_db
+from demo.deployment import (
+    REDIS_HOST,
+    REDIS_PORT,
+    claim_redis_db,
+    free_port,
+    release_redis_db,
+    warm_execution_api,
+)
 from demo.deployment import ensure_redis as ensure_redis
 from demo.store_proxy import StoreProxy
 from tests.pg import scratch_dir
@@ -220,6 +227,10 @@ class Deployment:
         for name in WORKERS:
             self.start_worker(name)
         self.wait(self._api_ready, "the api-server to answer", timeout=240)
+        # Before a worker's task calls it: a cold execution API builds its routes on the first request,
+        # and a task whose calls time out meanwhile fails before it starts (a red run, as the deployment
+        # tier's was: demo.deployment.warm_execution_api).
+        warm_execution_api(f"http://127.0.0.1:{self.api_port}")
         self.wait_workers(WORKERS)
         self.wait(self._dags_parsed, "the DAG processor to parse the test DAGs", timeout=240)
 

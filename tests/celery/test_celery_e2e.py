@@ -19,7 +19,8 @@ from airflow_lease_provider.core import EventKind, LeaseStore
 from tests.celery.deployment import HEARTBEAT_TIMEOUT, LEASE_SCHEMA, Deployment
 from tests.pg import execute, q
 
-pytestmark = [pytest.mark.celery, pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.celery, pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900),
+              pytest.mark.needs("redis")]
 
 
 @contextlib.contextmanager

@@ -9,9 +9,12 @@ ours about the embedded store and none of the server's own progress chatter.
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -31,13 +34,38 @@ OUR_LINE = "using the embedded PostgreSQL in"
 
 
 def servers_of(data_dir: Path) -> list[psutil.Process]:
-    """The postmaster processes serving ``data_dir``."""
+    """The postmaster processes serving ``data_dir``.
+
+    A process the postmaster has just forked (a backend for a new connection, the autovacuum launcher
+    at the start) has its name and command line until it sets its own title: one not yet scheduled on
+    a loaded machine was counted as a second server. A postmaster's parent is not a postgres of ``data_dir``.
+    """
     found = []
-    for proc in psutil.process_iter(["name", "cmdline"]):
+    for proc in psutil.process_iter(["name", "cmdline", "ppid"]):
         cmdline = proc.info["cmdline"] or []
         if proc.info["name"] == "postgres" and "-D" in cmdline and cmdline[cmdline.index("-D") + 1] == str(data_dir):
             found.append(proc)
-    return found
+    pids = {proc.pid for proc in found}
+    return [proc for proc in found if proc.info["ppid"] not in pids]
+
+
+def test_a_server_is_counted_once_while_it_forks(tmp_path: Path) -> None:
+    """What a postmaster looks like in the instant it forks a backend: two processes named ``postgres``
+    with ``-D`` the data directory, the second the first's child."""
+    data_dir = tmp_path / "data"
+    fake = tmp_path / "postgres"  # a script's process is named after the script
+    fake.write_text('#!/bin/sh\n[ "$3" = child ] || "$0" -D "$2" child &\nsleep 60\n')
+    fake.chmod(0o755)
+    postmaster = subprocess.Popen([str(fake), "-D", str(data_dir)], start_new_session=True)
+    try:
+        end = time.monotonic() + 30
+        while not [c for c in psutil.Process(postmaster.pid).children() if c.name() == "postgres"]:
+            assert time.monotonic() < end, "the fake postmaster did not fork"
+            time.sleep(0.05)
+        assert [proc.pid for proc in servers_of(data_dir)] == [postmaster.pid]
+    finally:
+        os.killpg(postmaster.pid, signal.SIGKILL)
+        postmaster.wait()
 
 
 @pytest.fixture

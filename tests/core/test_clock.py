@@ -7,26 +7,20 @@ The skewed client is a real separate process whose clock libfaketime moves by an
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 import sys
 import textwrap
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
 from airflow_lease_provider.core import LeaseStore
+from tests.tools import libfaketime
 
-LIBFAKETIME = next(
-    (p for p in Path("/usr/lib").glob("*/faketime/libfaketime.so.1")), None
-) or next((p for p in Path("/usr/lib").glob("faketime/libfaketime.so.1")), None)
+LIBFAKETIME = libfaketime()
 
-pytestmark = pytest.mark.skipif(
-    LIBFAKETIME is None or shutil.which("faketime") is None,
-    reason="libfaketime is not installed (apt-get install faketime); .ci/run installs it",
-)
+pytestmark = pytest.mark.needs("faketime")
 
 CLIENT = textwrap.dedent(
     """

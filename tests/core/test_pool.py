@@ -17,7 +17,7 @@ import pytest
 from airflow_lease_provider.core import LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.db import pool as pool_module
 from airflow_lease_provider.core.errors import InvalidArgument
-from tests.pg import drop_schema, execute, new_schema_name
+from tests.pg import drop_schema, execute, new_schema_name, server_programs
 
 TTL = timedelta(seconds=30)
 
@@ -180,6 +180,7 @@ def test_a_pooled_connection_killed_while_idle_is_replaced(pg_dsn: str, schema: 
     assert _pool_of(store).open <= 2
 
 
+@pytest.mark.needs("pgbouncer")
 def test_many_keepers_through_pgbouncer_transaction_pooling(pg_dsn: str, schema: str, app_name: str) -> None:
     from tests.reliability.pgbouncer import PgBouncer
 
@@ -222,7 +223,7 @@ def small_server() -> Iterator[str]:
     """A throwaway cluster with ``max_connections = 12`` (the test server's setting is not ours to change)."""
     from bench.cluster import ThrowawayCluster
 
-    cluster = ThrowawayCluster({"max_connections": "12", "superuser_reserved_connections": "2"})
+    cluster = ThrowawayCluster({"max_connections": "12", "superuser_reserved_connections": "2"}, server_programs())
     try:
         yield cluster.start()
     finally:

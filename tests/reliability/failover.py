@@ -2,6 +2,7 @@
 
 PostgreSQL's own binaries (``initdb``, ``pg_basebackup``, ``pg_ctl promote``) on private ports, data
 directories under a temp directory, run as an unprivileged user; :meth:`StandbyPair.stop` removes it all.
+The binaries are :func:`tests.pg.server_programs` (the embedded PostgreSQL's unless the tests use the machine's).
 
 A run (:func:`run_failover`): several client threads acquire, publish (fence), renew and release a few
 keys through the core API, on one multi-host DSN (``target_session_attrs=read-write``) naming both servers.
@@ -44,9 +45,10 @@ from psycopg2 import sql
 from airflow_lease_provider.core import FenceStore, LeaseError, LeaseStore
 from chaos.checker import Report, check_acknowledged
 from demo.deployment import free_port
+from tests.pg import server_programs
 from tests.reliability.pgbouncer import _unprivileged
 
-PG_BIN = Path(os.environ.get("LEASE_PG_BIN", "/usr/lib/postgresql/15/bin"))
+PG_BIN = server_programs()
 SCHEMA = "airflow_lease"
 #: What the clients are promised across an asynchronous failover with the epoch (docs/core.md); a
 #: synchronous one also keeps ``overlap`` away.

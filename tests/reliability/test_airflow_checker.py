@@ -76,6 +76,20 @@ def test_no_publish_after_the_faults_within_the_bound_is_a_violation() -> None:
     assert check(history([soon], [published(1, soon, 11)])).violations == {}
 
 
+def test_a_killed_celery_worker_gives_airflow_its_requeue_time_before_a_missing_publish_counts() -> None:
+    """A task the killed worker had received but not started stays queued until Airflow's
+    ``task_queued_timeout`` requeues it (``queued_reset``): a run held behind it publishes that much later."""
+    late = body(1, 40, 57, "accepted")
+    run = history([late], [published(1, late, 56)])
+    run["profile"]["queued_reset"] = 45
+    assert set(check(run).violations) == {"no-recovery"}  # 55 s after the faults: past 37 s
+    run["faults"] = [{"kind": "kill-worker", "at": at(0.5), "ended": at(1), "worker": "a",
+                      "ti": {"run_id": "r0", "task_id": "t", "map_index": -1}, "tis": []}]
+    assert check(run).violations == {}
+    run["target"] = []
+    assert set(check(run).violations) == {"no-recovery"}  # still a violation when nothing publishes
+
+
 def test_a_whole_celery_worker_fault_explains_every_task_it_ran_and_only_those() -> None:
     bodies = [body(1, 2, None, None, task="a"), body(2, 2, None, None, task="b"), body(3, 2, None, None, task="c")]
     tis = [ti("failed", task="a"), ti("failed", task="b"), ti("failed", task="c")]

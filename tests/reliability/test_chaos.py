@@ -17,17 +17,10 @@ from typing import Any
 import pytest
 
 from chaos.checker import FAULT_KINDS
-from chaos.harness import LIBFAKETIME
 
 REPO = Path(__file__).resolve().parents[2]
 
-pytestmark = [
-    pytest.mark.slow,
-    pytest.mark.skipif(
-        LIBFAKETIME is None,
-        reason="libfaketime is not installed (apt-get install faketime): the skewed-clock workers need it",
-    ),
-]
+pytestmark = [pytest.mark.slow, pytest.mark.needs("faketime")]  # the skewed-clock workers
 
 
 def start(out: Path, *args: str) -> subprocess.Popen[str]:

@@ -28,11 +28,9 @@ from airflow_lease_provider.core import (
 )
 from tests.pg import EmbeddedServer
 from tests.reliability.outage import Call, start, stop
-from tests.reliability.pgbouncer import PGBOUNCER, PgBouncer
+from tests.reliability.pgbouncer import PgBouncer
 
-pytestmark = pytest.mark.skipif(
-    PGBOUNCER is None, reason="pgbouncer is not installed (apt-get install pgbouncer); .ci/run installs it"
-)
+pytestmark = pytest.mark.needs("pgbouncer")
 
 #: What a deployment in front of the lease store should set (docs/reliability.md): a query waiting for a
 #: server session fails after a few seconds (at most the store's connect timeout) instead of 120 s, and a

@@ -3,7 +3,7 @@
 initdb takes ``lc_messages`` from the machine's locale, so a server set up on a German machine answers in
 German. Found by an attacker's review: the prepared-statement path told a stale plan ("cached plan must not
 change result type") by its English text, so on such a server every acquire failed after a migration. Here a
-private PostgreSQL (Debian's binaries, as the failover tests use) runs with ``lc_messages = 'de_DE.UTF-8'``,
+private PostgreSQL (Debian's binaries, with their German messages; ``LEASE_PG_BIN`` names others) runs with ``lc_messages = 'de_DE.UTF-8'``,
 the locale generated for it alone (``localedef`` into a directory passed as ``LOCPATH``; the machine's locales
 are not touched).
 """
@@ -25,27 +25,15 @@ import pytest
 from demo.deployment import free_port
 from tests.core.test_prepared import stale_plan_after_a_migration
 from tests.pg import new_schema_name
-from tests.reliability.failover import PG_BIN, available
 from tests.reliability.pgbouncer import _unprivileged
+from tests.tools import machine_pg_bin
 
 GERMAN = "de_DE.UTF-8"
 LOCALEDEF = shutil.which("localedef")
-SOURCES = Path("/usr/share/i18n/locales/de_DE")
-MESSAGES = Path("/usr/share/locale/de/LC_MESSAGES")
+#: The embedded PostgreSQL's programs carry no translations: the machine's (Debian's) do.
+PG_BIN = Path(os.environ["LEASE_PG_BIN"]) if os.environ.get("LEASE_PG_BIN") else machine_pg_bin() or Path("/nonexistent")
 
-
-def _missing() -> str | None:
-    if (reason := available()) is not None:
-        return reason
-    if LOCALEDEF is None or not SOURCES.exists():
-        return "localedef or the de_DE locale source is missing (libc-bin, locales)"
-    if not any(MESSAGES.glob("postgres-*.mo")):
-        return "PostgreSQL's German messages are not installed"
-    return None
-
-
-MISSING = _missing()  # .ci/run installs what it needs; elsewhere the reason is shown
-pytestmark = pytest.mark.skipif(MISSING is not None, reason=str(MISSING))
+pytestmark = pytest.mark.needs("german-postgres")
 
 
 @pytest.fixture(scope="module")

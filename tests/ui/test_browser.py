@@ -1,6 +1,8 @@
 """Headless Chromium in the real Airflow UI: log in, open Leases from the navigation, find the overlap
 skip a real DAG run left, force-release through the confirmation dialog, follow a run link, open a task
-instance's Lease tab; screenshots at 1280 and 390 px into tests/_artifacts/.
+instance's Lease tab; screenshots at 1280 and 390 px into tests/_artifacts/. With ``LEASE_UI_SCREENSHOT=PATH``
+the Leases page as the first test finds it is also written to PATH: the README's picture,
+``LEASE_UI_SCREENSHOT=docs/img/leases.png scripts/test tests/ui/test_browser.py``.
 
 Uses Debian's ``chromium`` through Playwright's Python API (``executable_path``): no browser download.
 """
@@ -9,7 +11,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -19,13 +20,15 @@ import pytest
 
 from airflow_lease_provider.core import EventKind
 from tests.pg import execute, q
+from tests.tools import chromium as find_chromium
+from tests.tools import require
 from tests.ui.conftest import BROWSER_KEY, BUFFER_KEY, World, policy_run, seed_policies
 from tests.ui.server import DAG_ID, LEASE_KEY, password
 
-pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
+# needs: checked before the session's api-server (``world``) is started for nothing.
+pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.needs("chromium")]
 
 ARTIFACTS = Path(__file__).parents[1] / "_artifacts"
-CHROMIUM = os.environ.get("LEASE_TEST_CHROMIUM") or shutil.which("chromium") or "/usr/bin/chromium"
 CHROMIUM_ARGS = [
     "--headless",
     "--no-sandbox",
@@ -41,14 +44,11 @@ WIDE, NARROW = (1280, 900), (390, 844)
 
 @pytest.fixture(scope="module")
 def browser() -> Iterator[Any]:
-    sync_api = pytest.importorskip("playwright.sync_api")
-    if not Path(CHROMIUM).exists():
-        message = f"no Chromium at {CHROMIUM}: apt-get install chromium"
-        if os.environ.get("CI"):
-            pytest.fail(message)
-        pytest.skip(message)
+    require("chromium")
+    from playwright import sync_api  # the test group's; it drives Debian's Chromium, it downloads none
+
     with sync_api.sync_playwright() as playwright:
-        chromium = playwright.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS)
+        chromium = playwright.chromium.launch(executable_path=find_chromium(), args=CHROMIUM_ARGS)
         try:
             yield chromium
         finally:
@@ -94,6 +94,20 @@ def shoot_plain(page: Any, name: str) -> None:
     page.screenshot(path=str(ARTIFACTS / f"{name}.png"))
 
 
+def readme_picture(browser: Any, world: World, path: Path) -> None:
+    """The README's picture: the Leases page with the demo DAG's key on the timeline (its holding, the
+    overlap skip, the catch-up gap and the refused zombie publish), the current leases below it."""
+    page = login(browser, world, "admin", (1280, 1180))
+    frame = open_leases_from_nav(page)
+    frame.locator("#timeline-key").select_option(LEASE_KEY)
+    frame.locator("#timeline-range button[data-range='24h']").click()
+    frame.locator(f"#timeline .timeline-block[data-key='{LEASE_KEY}'][data-range='24h']").wait_for()
+    page.wait_for_timeout(500)  # the bars' transition
+    path.parent.mkdir(parents=True, exist_ok=True)
+    page.screenshot(path=str(path))
+    page.close()
+
+
 def no_horizontal_scroll(frame: Any) -> None:
     overflow = frame.locator("body").evaluate(
         "b => document.documentElement.scrollWidth - document.documentElement.clientWidth"
@@ -118,6 +132,8 @@ def test_leases_page_in_the_airflow_ui(browser: Any, world: World) -> None:
     assert frame.locator("#advice tbody tr[data-verdict=too_long]", has_text=BROWSER_KEY).count() == 1
     no_horizontal_scroll(frame)
     shoot(page, "leases-1280")
+    if readme := os.environ.get("LEASE_UI_SCREENSHOT"):
+        readme_picture(browser, world, Path(readme))
 
     # Filters: only overlap skips.
     frame.locator("select[name=kind]").select_option("skipped_overlap")

@@ -38,10 +38,12 @@ def typo(
 ) -> Iterator[tuple[AirflowServer, str, dict[str, str]]]:
     info = psycopg2.extensions.parse_dsn(pg_dsn)
     schema = new_schema_name()  # never created by anyone
-    uri = (
-        f"postgresql://{info.get('user', 'postgres')}:{quote(PASSWORD, safe='')}@"
-        f"{info.get('host', '127.0.0.1')}:{info.get('port', '5432')}/{info.get('dbname', 'postgres')}"
-    )
+    auth = f"{info.get('user', 'postgres')}:{quote(PASSWORD, safe='')}@"
+    host, port, dbname = info.get("host", "127.0.0.1"), info.get("port", "5432"), info.get("dbname", "postgres")
+    if host.startswith("/"):  # the embedded server's socket directory goes in the query, not the netloc
+        uri = f"postgresql://{auth}/{dbname}?host={quote(host, safe='')}&port={port}"
+    else:
+        uri = f"postgresql://{auth}{host}:{port}/{dbname}"
     server = _prepare(pg_dsn, schema, conn_uri=uri, template=airflow_template, warm=warm_airflow)
     try:
         server.start()

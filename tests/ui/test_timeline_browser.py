@@ -20,7 +20,7 @@ from tests.ui.server import DAG_ID, LEASE_KEY, password
 from tests.ui.test_browser import ARTIFACTS, NARROW, WIDE, login, no_horizontal_scroll, shoot
 from tests.ui.timeline_seed import KEY, Seeded, seed
 
-pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900), pytest.mark.needs("chromium")]
 #: The Chromium of test_browser.py (Debian's, through Playwright), one per module.
 browser = test_browser.browser
 
