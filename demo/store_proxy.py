@@ -12,6 +12,14 @@ import socket
 import threading
 
 
+def upstream_of(info: dict[str, str]) -> tuple[str, int] | str:
+    """Where a connection's parts (``psycopg2.extensions.parse_dsn``) point: a TCP address, or the server's
+    Unix socket when the host is a directory (the embedded PostgreSQL)."""
+    host = info.get("host") or "127.0.0.1"
+    port = int(info.get("port") or 5432)
+    return f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port)
+
+
 class StoreProxy:
     def __init__(self, upstream: tuple[str, int] | str) -> None:
         self.upstream = upstream

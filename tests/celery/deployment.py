@@ -48,7 +48,7 @@ from demo.deployment import (
     warm_execution_api,
 )
 from demo.deployment import ensure_redis as ensure_redis
-from demo.store_proxy import StoreProxy
+from demo.store_proxy import StoreProxy, upstream_of
 from tests.pg import scratch_dir
 
 AIRFLOW = str(Path(sys.executable).parent / "airflow")
@@ -78,12 +78,6 @@ def _sqlalchemy_url(info: dict[str, str]) -> str:
     return f"postgresql+psycopg2://{auth}{host}:{port}/{info['dbname']}"
 
 
-def _upstream(info: dict[str, str]) -> tuple[str, int] | str:
-    host = info.get("host") or "127.0.0.1"
-    port = int(info.get("port") or 5432)
-    return f"{host}/.s.PGSQL.{port}" if host.startswith("/") else (host, port)
-
-
 class Deployment:
     def __init__(self, server_dsn: str, root: Path, template: str | None = None) -> None:
         """``template``: a migrated metadata database on the same server (the ``metadata_template``
@@ -103,7 +97,7 @@ class Deployment:
         for path in (self.markers, self.logs, self.home):
             path.mkdir(parents=True)
             path.chmod(0o777)
-        self.proxies = {name: StoreProxy(_upstream(self.metadata)) for name in WORKERS}
+        self.proxies = {name: StoreProxy(upstream_of(self.metadata)) for name in WORKERS}
         self.procs: dict[str, subprocess.Popen[bytes]] = {}
         self.hostnames = {name: f"worker-{name}.lease-test" for name in WORKERS}
         self.celery_names = {name: f"worker-{name}@{self.hostnames[name]}" for name in WORKERS}

@@ -26,7 +26,7 @@ from airflow_lease_provider.plugins.catchup_listener import CatchUpWriter, Lease
 from airflow_lease_provider.runtime.catchup import record_skipped_catchup
 from airflow_lease_provider.timetables import CappedCatchupTimetable
 from airflow_lease_provider.timetables.catchup_record import COALESCED, COALESCED_METRIC, METRIC
-from demo.store_proxy import StoreProxy
+from demo.store_proxy import StoreProxy, upstream_of
 from tests.pg import scratch_dir
 from tests.timetables.test_catchup_record import FakeTI, at
 
@@ -194,7 +194,7 @@ def test_a_store_that_comes_back_gets_the_record(
 
     LeaseStore(pg_dsn, schema=schema).ensure_schema()
     parts = psycopg2.extensions.parse_dsn(pg_dsn)
-    proxy = StoreProxy((parts.get("host") or "127.0.0.1", int(parts.get("port") or 5432)))
+    proxy = StoreProxy(upstream_of(parts))
     try:
         proxy.down()  # refuses the writer's connections
         user, db = parts.get("user") or "postgres", parts.get("dbname") or "test"
