@@ -170,20 +170,20 @@ def test_a_zombie_of_a_slot_dropped_by_a_lower_count_is_refused_at_its_publish(
     lease_env, monkeypatch: pytest.MonkeyPatch, store: LeaseStore, pg_dsn: str, schema: str,  # noqa: F811
     fence_target: Path, where: str,
 ) -> None:
-    """A run holds slot 2 of K (lease_slots=2); it passes its own lease check on the way to publish and
-    freezes there past its TTL; meanwhile the other slot ends, the DAG is changed to lease_slots=1, and a
-    new run takes K and publishes. When the frozen run's publish reaches the fence, it is refused
-    (count_epoch): by the fence in the lease store at once, by a fence elsewhere because the new run
-    published there first. At 72519bc both accepted it: slot 2 is never granted again."""
+    """A run holds slot 2 of K (lease_slots=2); on the way to an external side effect (``lease.fence``) it
+    passes its own lease check and freezes there past its TTL; meanwhile the other slot ends, the DAG is
+    changed to lease_slots=1, and a new run takes K and advances the fence. When the frozen run's fence
+    advance arrives, it is refused (count_epoch): by the fence in the lease store at once, by a fence
+    elsewhere because the new run published there first. At 72519bc both accepted it: slot 2 is never
+    granted again, so its fence key never sees a larger token."""
     conn_id = None if where == "lease store" else "drop_target"
     slot_one = store.try_acquire("drop-key", "x/run-0/work", TTL, slots=2).lease
     assert slot_one is not None
     seen: dict[str, Any] = {}
 
     def new_body(lease=None):
-        with lease.fenced_transaction("drop.target", conn_id=conn_id) as cur:
-            cur.execute("SELECT 1")
-        seen["new"] = (lease.slots, lease.token, lease.lease.count_epoch)
+        lease.fence("drop.target", conn_id=conn_id)  # before its side effect (a push, an upload)
+        seen["new"] = (lease.slots, lease.token)
         return lease.token
 
     real_check = LeaseContext.check
@@ -202,16 +202,16 @@ def test_a_zombie_of_a_slot_dropped_by_a_lower_count_is_refused_at_its_publish(
         seen["zombie"] = (lease.slot, lease.token)
         monkeypatch.setattr(LeaseContext, "check", frozen_after_its_check)
         with pytest.raises(StaleFencingToken) as refused:
-            with lease.fenced_transaction("drop.target", conn_id=conn_id) as cur:
-                cur.execute("SELECT 1")
-                seen["zombie wrote"] = True
+            lease.fence("drop.target", conn_id=conn_id)
+            seen["zombie wrote"] = True  # its side effect would follow here
         seen["reason"] = refused.value.reason
 
     zombie = leased("work", zombie_body, lease_key="drop-key", lease_slots=2, retries=0)
     run_task(zombie, ti(1), 1)  # its body caught the refusal; its release finds the slot gone and says so
     assert seen["zombie"][0] == 2 and "zombie wrote" not in seen, seen
-    assert seen["new"][0] == 1 and seen["new"][2] >= seen["zombie"][1], seen
     assert seen["reason"] == "count_epoch", seen
+    new = store.lease("drop-key")
+    assert new is not None and (new.slots, new.token) == seen["new"] and new.count_epoch >= seen["zombie"][1]
     rejected = store.events.query(kind=EventKind.FENCE_REJECTED)
     assert [(e.owner, e.token, e.detail["outcome"]) for e in rejected] == [
         (owner(1), seen["zombie"][1], "count_epoch")
