@@ -172,8 +172,9 @@ class LeaseStore(Store):
         if not lease.held:
             # We lost a race to a holder our snapshot could not see yet: read who it is.
             return Acquisition(None, self.holder(key))
-        if lease.key != key:
-            # The answer is another slot's row: the key is a semaphore whose slot 1 is free (migrations/0014).
+        if lease.key != key or lease.owner == owner:
+            # The answer is a slot of the key held with another slot count (migrations/0014, 0015): another
+            # slot's row, or this owner's own slot 1 (a semaphore's: it cannot turn into a single holder).
             raise SlotCountMismatch(key, 1, self.slot_holders(key))
         return Acquisition(None, lease)
 
@@ -266,9 +267,10 @@ class LeaseStore(Store):
         if not row["acquired"]:
             if not lease.held:
                 return Acquisition(None, self.holder(key))
-            if lease.key != key:
-                # Another slot of the key is held: a replace is a single-holder grant, refused as try_acquire's
-                # (migrations/0015; a semaphore's holder is never taken over).
+            if lease.key != key or lease.owner == owner:
+                # A slot of the key is held (another slot, or this owner's own slot 1): a replace is a
+                # single-holder grant, refused as try_acquire's (migrations/0015; a semaphore's holder is never
+                # taken over).
                 raise SlotCountMismatch(key, 1, self.slot_holders(key))
             return Acquisition(None, lease, holder_older=bool(row["older"]))
         if self.record_events:

@@ -217,32 +217,35 @@ BEGIN
 END;
 $$;
 
--- The count epoch a grant of p_key with p_slots slots takes (migrations/0015), under the key's grant lock:
--- the epoch of the key's live grants with this slot count (a grant while they hold belongs to their
--- holding period), else, the key being taken up afresh (none of its grants live with this count; a count
--- changes only then), the largest token any row of the key ever had (its own row, and every row that was
--- ever one of its slots: slot_of is never cleared), so every token of the new period is larger than every
--- token the key issued before it, whichever slot. A grant of a plain key that never had slots takes its
--- row's last token: its tokens count on as before.
-CREATE FUNCTION {schema}.lease_count_epoch(p_key text, p_slots integer)
-RETURNS bigint
+-- The exclusion rule's one reading of a key (migrations/0015), under the key's grant lock, for a grant of
+-- p_key with p_slots slots (lease_acquire and lease_replace: 1; lease_acquire_slots: N). The key's grants are
+-- the row p_key with slot 1 and the rows p_key#i with slot i and slot_of p_key. other_count: one of them is
+-- live with another slot count (any owner), which refuses the grant. count_epoch: the epoch of its live
+-- grants with this count (a grant while they hold belongs to their holding period), else, the key being
+-- taken up afresh (a count changes only then), the largest token any row of the key ever had (its own row,
+-- and every row that was ever one of its slots: slot_of is never cleared), so every token of the new period
+-- is larger than every token the key issued before it, whichever slot. For a plain key that never had slots
+-- this is its row's last token: its tokens count on as before. One scan of the key's rows.
+CREATE FUNCTION {schema}.lease_key_state(p_key text, p_slots integer, OUT other_count boolean,
+                                         OUT count_epoch bigint)
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT coalesce(
-        (SELECT l.count_epoch FROM {schema}.lease l
-          WHERE ((l.key = p_key AND l.slot = 1) OR (l.slot_of = p_key AND l.slot > 1))
-            AND l.slots = p_slots AND l.expires_at > pg_catalog.clock_timestamp()
-          LIMIT 1),
-        (SELECT pg_catalog.max(l.token) FROM {schema}.lease l WHERE l.key = p_key OR l.slot_of = p_key),
-        0)
+    SELECT coalesce(pg_catalog.bool_or(g.live AND l.slots <> p_slots), false),
+           coalesce(pg_catalog.max(l.count_epoch) FILTER (WHERE g.live AND l.slots = p_slots),
+                    pg_catalog.max(l.token), 0)
+      FROM {schema}.lease l
+     CROSS JOIN LATERAL (SELECT ((l.key = p_key AND l.slot = 1) OR (l.slot_of = p_key AND l.slot > 1))
+                                AND l.expires_at > pg_catalog.clock_timestamp() AS live) g
+     WHERE l.key = p_key OR l.slot_of = p_key
 $$;
 
 -- acquire (migrations/0008, 0011, 0012, 0015): the read first (a key someone else holds costs one index
 -- lookup, no lock, no write). Otherwise the key's grant lock (the transaction-scoped advisory lock of class
 -- 0x1EA60 on the key's hash, which every grant of the key takes: lease_acquire_slots, lease_replace): then
--- a live slot of the key (a semaphore's slot i > 1, any owner) refuses the single holder, answered by that
--- slot's row; else the conditional UPDATE takes a free, expired or own lease, or the INSERT creates a new
--- key, with a token above the key's count epoch. Each statement after the lock takes its own READ
+-- lease_key_state reads the key; a grant of it live with another slot count (a semaphore's slot, any owner,
+-- the caller's own slot 1 too) refuses the single holder, answered by that slot's row; else the conditional
+-- UPDATE takes a free, expired or own lease, or the INSERT creates a new key, with a token above the key's
+-- count epoch. Each statement after the lock takes its own READ
 -- COMMITTED snapshot, so it sees every grant of the key committed before the lock was granted. A row taken
 -- meanwhile (only a grant of another key sharing it can: a plain key spelled like a slot) is answered as
 -- held. The token floor is computed only for a row written. The holder's run columns are written with
@@ -256,6 +259,7 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_other boolean;
     v_epoch bigint;
 BEGIN
     RETURN QUERY
@@ -267,17 +271,18 @@ BEGIN
         RETURN;
     END IF;
     PERFORM pg_catalog.pg_advisory_xact_lock(125536, pg_catalog.hashtext(p_key));
-    RETURN QUERY
-    SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-           pg_catalog.clock_timestamp(), l.count_epoch
-      FROM {schema}.lease l
-     WHERE l.slot_of = p_key AND l.slot > 1 AND l.expires_at > pg_catalog.clock_timestamp()
-     ORDER BY l.slot
-     LIMIT 1;
-    IF FOUND THEN
+    SELECT k.other_count, k.count_epoch INTO v_other, v_epoch FROM {schema}.lease_key_state(p_key, 1) k;
+    IF v_other THEN
+        RETURN QUERY
+        SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+               pg_catalog.clock_timestamp(), l.count_epoch
+          FROM {schema}.lease l
+         WHERE ((l.key = p_key AND l.slot = 1) OR (l.slot_of = p_key AND l.slot > 1))
+           AND l.expires_at > pg_catalog.clock_timestamp() AND l.slots <> 1
+         ORDER BY l.slot DESC
+         LIMIT 1;
         RETURN;
     END IF;
-    v_epoch := {schema}.lease_count_epoch(p_key, 1);
     RETURN QUERY
     UPDATE {schema}.lease AS l
        SET owner = p_owner, token = greatest(l.token + 1, {schema}.lease_token_floor() + 1, v_epoch + 1),
@@ -593,6 +598,7 @@ DECLARE
     v_new record;
     v_inserted boolean := false;
     v_taking boolean := false;
+    v_other boolean;
     v_epoch bigint;
 BEGIN
     RETURN QUERY
@@ -606,17 +612,18 @@ BEGIN
         RETURN;
     END IF;
     PERFORM pg_catalog.pg_advisory_xact_lock(125536, pg_catalog.hashtext(p_key));
-    RETURN QUERY
-    SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-           pg_catalog.clock_timestamp(), NULL::pg_catalog.text, NULL::bigint, false, false, l.count_epoch
-      FROM {schema}.lease l
-     WHERE l.slot_of = p_key AND l.slot > 1 AND l.expires_at > pg_catalog.clock_timestamp()
-     ORDER BY l.slot
-     LIMIT 1;
-    IF FOUND THEN
+    SELECT k.other_count, k.count_epoch INTO v_other, v_epoch FROM {schema}.lease_key_state(p_key, 1) k;
+    IF v_other THEN
+        RETURN QUERY
+        SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+               pg_catalog.clock_timestamp(), NULL::pg_catalog.text, NULL::bigint, false, false, l.count_epoch
+          FROM {schema}.lease l
+         WHERE ((l.key = p_key AND l.slot = 1) OR (l.slot_of = p_key AND l.slot > 1))
+           AND l.expires_at > pg_catalog.clock_timestamp() AND l.slots <> 1
+         ORDER BY l.slot DESC
+         LIMIT 1;
         RETURN;
     END IF;
-    v_epoch := {schema}.lease_count_epoch(p_key, 1);
     LOOP
         SELECT l.owner, l.token, l.expires_at, l.released_at, l.run_after, l.dag_id, l.run_id, l.task_id,
                l.map_index, l.slots, l.slot
@@ -761,6 +768,7 @@ DECLARE
     v_key pg_catalog.text;
     v_tried integer[] := '{}';
     v_new record;
+    v_mismatch boolean;
     v_epoch bigint;
 BEGIN
     SELECT pg_catalog.count(*) FILTER (WHERE l.owner <> p_owner AND l.slots = p_slots),
@@ -773,11 +781,8 @@ BEGIN
         PERFORM pg_catalog.pg_advisory_xact_lock(125536, pg_catalog.hashtext(p_key));
         -- The live slots now (a new snapshot: this statement starts after the lock was granted). One held
         -- with another slot count (or the key held by a single holder) refuses the acquire.
-        PERFORM 1 FROM {schema}.lease s
-         WHERE ((s.key = p_key AND s.slot = 1) OR (s.slot_of = p_key AND s.slot > 1))
-           AND s.expires_at > pg_catalog.clock_timestamp() AND s.slots <> p_slots;
-        IF NOT FOUND THEN
-            v_epoch := {schema}.lease_count_epoch(p_key, p_slots);
+        SELECT k.other_count, k.count_epoch INTO v_mismatch, v_epoch FROM {schema}.lease_key_state(p_key, p_slots) k;
+        IF NOT v_mismatch THEN
             FOR attempt IN 1..p_slots + 1 LOOP
                 SELECT s.slot INTO v_slot FROM {schema}.lease s
                  WHERE ((s.key = p_key AND s.slot = 1) OR (s.slot_of = p_key AND s.slot > 1))

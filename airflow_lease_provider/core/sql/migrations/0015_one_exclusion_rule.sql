@@ -9,7 +9,8 @@
 --   over a semaphore's slot.
 -- * lease.count_epoch: the token floor of the key's current holding period. A grant of a key none of whose
 --   grants with its slot count is live starts a period: its count epoch is the largest token any row of the
---   key ever had (lease_count_epoch), and every token of the period is larger. So once the slot count
+--   key ever had, and every token of the period is larger (lease_key_state, which also says whether the
+--   key is held with another slot count: the one reading of the rule every grant makes). So once the slot count
 --   changes (which needs every slot free), every token of the old count is at or below the new epoch.
 -- * slot_of is kept by a grant of the row as a key of its own (a plain key spelled like a slot, k#2): it says
 --   which key's slot the row ever was, so its tokens count in that key's epochs.
@@ -28,18 +29,18 @@ CREATE TABLE {schema}.fence_count_epoch (
     PRIMARY KEY (resource, key)
 ) WITH (fillfactor = 50);
 
--- The count epoch a grant of p_key with p_slots slots takes (see schema.sql).
-CREATE FUNCTION {schema}.lease_count_epoch(p_key text, p_slots integer)
-RETURNS bigint
+-- The exclusion rule's one reading of a key for a grant with p_slots slots (see schema.sql).
+CREATE FUNCTION {schema}.lease_key_state(p_key text, p_slots integer, OUT other_count boolean,
+                                         OUT count_epoch bigint)
 LANGUAGE sql VOLATILE
 AS $$
-    SELECT coalesce(
-        (SELECT l.count_epoch FROM {schema}.lease l
-          WHERE ((l.key = p_key AND l.slot = 1) OR (l.slot_of = p_key AND l.slot > 1))
-            AND l.slots = p_slots AND l.expires_at > pg_catalog.clock_timestamp()
-          LIMIT 1),
-        (SELECT pg_catalog.max(l.token) FROM {schema}.lease l WHERE l.key = p_key OR l.slot_of = p_key),
-        0)
+    SELECT coalesce(pg_catalog.bool_or(g.live AND l.slots <> p_slots), false),
+           coalesce(pg_catalog.max(l.count_epoch) FILTER (WHERE g.live AND l.slots = p_slots),
+                    pg_catalog.max(l.token), 0)
+      FROM {schema}.lease l
+     CROSS JOIN LATERAL (SELECT ((l.key = p_key AND l.slot = 1) OR (l.slot_of = p_key AND l.slot > 1))
+                                AND l.expires_at > pg_catalog.clock_timestamp() AS live) g
+     WHERE l.key = p_key OR l.slot_of = p_key
 $$;
 
 DROP FUNCTION {schema}.lease_acquire_logged(text, text, interval, jsonb, text, text, text, integer);
@@ -54,6 +55,7 @@ LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
 DECLARE
+    v_other boolean;
     v_epoch bigint;
 BEGIN
     RETURN QUERY
@@ -65,17 +67,18 @@ BEGIN
         RETURN;
     END IF;
     PERFORM pg_catalog.pg_advisory_xact_lock(125536, pg_catalog.hashtext(p_key));
-    RETURN QUERY
-    SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-           pg_catalog.clock_timestamp(), l.count_epoch
-      FROM {schema}.lease l
-     WHERE l.slot_of = p_key AND l.slot > 1 AND l.expires_at > pg_catalog.clock_timestamp()
-     ORDER BY l.slot
-     LIMIT 1;
-    IF FOUND THEN
+    SELECT k.other_count, k.count_epoch INTO v_other, v_epoch FROM {schema}.lease_key_state(p_key, 1) k;
+    IF v_other THEN
+        RETURN QUERY
+        SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+               pg_catalog.clock_timestamp(), l.count_epoch
+          FROM {schema}.lease l
+         WHERE ((l.key = p_key AND l.slot = 1) OR (l.slot_of = p_key AND l.slot > 1))
+           AND l.expires_at > pg_catalog.clock_timestamp() AND l.slots <> 1
+         ORDER BY l.slot DESC
+         LIMIT 1;
         RETURN;
     END IF;
-    v_epoch := {schema}.lease_count_epoch(p_key, 1);
     RETURN QUERY
     UPDATE {schema}.lease AS l
        SET owner = p_owner, token = greatest(l.token + 1, {schema}.lease_token_floor() + 1, v_epoch + 1),
@@ -167,6 +170,7 @@ DECLARE
     v_new record;
     v_inserted boolean := false;
     v_taking boolean := false;
+    v_other boolean;
     v_epoch bigint;
 BEGIN
     RETURN QUERY
@@ -180,17 +184,18 @@ BEGIN
         RETURN;
     END IF;
     PERFORM pg_catalog.pg_advisory_xact_lock(125536, pg_catalog.hashtext(p_key));
-    RETURN QUERY
-    SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-           pg_catalog.clock_timestamp(), NULL::pg_catalog.text, NULL::bigint, false, false, l.count_epoch
-      FROM {schema}.lease l
-     WHERE l.slot_of = p_key AND l.slot > 1 AND l.expires_at > pg_catalog.clock_timestamp()
-     ORDER BY l.slot
-     LIMIT 1;
-    IF FOUND THEN
+    SELECT k.other_count, k.count_epoch INTO v_other, v_epoch FROM {schema}.lease_key_state(p_key, 1) k;
+    IF v_other THEN
+        RETURN QUERY
+        SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+               pg_catalog.clock_timestamp(), NULL::pg_catalog.text, NULL::bigint, false, false, l.count_epoch
+          FROM {schema}.lease l
+         WHERE ((l.key = p_key AND l.slot = 1) OR (l.slot_of = p_key AND l.slot > 1))
+           AND l.expires_at > pg_catalog.clock_timestamp() AND l.slots <> 1
+         ORDER BY l.slot DESC
+         LIMIT 1;
         RETURN;
     END IF;
-    v_epoch := {schema}.lease_count_epoch(p_key, 1);
     LOOP
         SELECT l.owner, l.token, l.expires_at, l.released_at, l.run_after, l.dag_id, l.run_id, l.task_id,
                l.map_index, l.slots, l.slot
@@ -292,6 +297,7 @@ DECLARE
     v_key pg_catalog.text;
     v_tried integer[] := '{}';
     v_new record;
+    v_mismatch boolean;
     v_epoch bigint;
 BEGIN
     SELECT pg_catalog.count(*) FILTER (WHERE l.owner <> p_owner AND l.slots = p_slots),
@@ -304,11 +310,8 @@ BEGIN
         PERFORM pg_catalog.pg_advisory_xact_lock(125536, pg_catalog.hashtext(p_key));
         -- The live slots now (a new snapshot: this statement starts after the lock was granted). One held
         -- with another slot count (or the key held by a single holder) refuses the acquire.
-        PERFORM 1 FROM {schema}.lease s
-         WHERE ((s.key = p_key AND s.slot = 1) OR (s.slot_of = p_key AND s.slot > 1))
-           AND s.expires_at > pg_catalog.clock_timestamp() AND s.slots <> p_slots;
-        IF NOT FOUND THEN
-            v_epoch := {schema}.lease_count_epoch(p_key, p_slots);
+        SELECT k.other_count, k.count_epoch INTO v_mismatch, v_epoch FROM {schema}.lease_key_state(p_key, p_slots) k;
+        IF NOT v_mismatch THEN
             FOR attempt IN 1..p_slots + 1 LOOP
                 SELECT s.slot INTO v_slot FROM {schema}.lease s
                  WHERE ((s.key = p_key AND s.slot = 1) OR (s.slot_of = p_key AND s.slot > 1))
