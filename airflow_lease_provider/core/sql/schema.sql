@@ -228,15 +228,19 @@ $$;
 -- this is its row's last token: its tokens count on as before. One scan of the key's rows.
 CREATE FUNCTION {schema}.lease_key_state(p_key text, p_slots integer, OUT other_count boolean,
                                          OUT count_epoch bigint)
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 AS $$
+BEGIN
+    -- plpgsql, not sql: a sql function's body is planned again on every call, a plpgsql one's once per session.
     SELECT coalesce(pg_catalog.bool_or(g.live AND l.slots <> p_slots), false),
            coalesce(pg_catalog.max(l.count_epoch) FILTER (WHERE g.live AND l.slots = p_slots),
                     pg_catalog.max(l.token), 0)
+      INTO other_count, count_epoch
       FROM {schema}.lease l
      CROSS JOIN LATERAL (SELECT ((l.key = p_key AND l.slot = 1) OR (l.slot_of = p_key AND l.slot > 1))
                                 AND l.expires_at > pg_catalog.clock_timestamp() AS live) g
-     WHERE l.key = p_key OR l.slot_of = p_key
+     WHERE l.key = p_key OR l.slot_of = p_key;
+END;
 $$;
 
 -- acquire (migrations/0008, 0011, 0012, 0015): the read first (a key someone else holds costs one index

@@ -32,15 +32,19 @@ CREATE TABLE {schema}.fence_count_epoch (
 -- The exclusion rule's one reading of a key for a grant with p_slots slots (see schema.sql).
 CREATE FUNCTION {schema}.lease_key_state(p_key text, p_slots integer, OUT other_count boolean,
                                          OUT count_epoch bigint)
-LANGUAGE sql VOLATILE
+LANGUAGE plpgsql VOLATILE
 AS $$
+BEGIN
+    -- plpgsql, not sql: a sql function's body is planned again on every call, a plpgsql one's once per session.
     SELECT coalesce(pg_catalog.bool_or(g.live AND l.slots <> p_slots), false),
            coalesce(pg_catalog.max(l.count_epoch) FILTER (WHERE g.live AND l.slots = p_slots),
                     pg_catalog.max(l.token), 0)
+      INTO other_count, count_epoch
       FROM {schema}.lease l
      CROSS JOIN LATERAL (SELECT ((l.key = p_key AND l.slot = 1) OR (l.slot_of = p_key AND l.slot > 1))
                                 AND l.expires_at > pg_catalog.clock_timestamp() AS live) g
-     WHERE l.key = p_key OR l.slot_of = p_key
+     WHERE l.key = p_key OR l.slot_of = p_key;
+END;
 $$;
 
 DROP FUNCTION {schema}.lease_acquire_logged(text, text, interval, jsonb, text, text, text, integer);
