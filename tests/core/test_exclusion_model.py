@@ -60,10 +60,10 @@ FENCES = ("store", "elsewhere", "sqlite")
 RESOURCES = ("r1",)
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
-# The suite's run (50 runs of 50 steps: about 30 s on the 2-core machine under load); a longer search for a
+# The suite's run (40 runs of 50 steps: 30-60 s on the 2-core machine under load); a longer search for a
 # change to the statements: LEASE_EXCLUSION_PROFILE=exclusion-model-deep (500 runs of 60 steps).
 settings.register_profile(
-    "exclusion-model", max_examples=50, stateful_step_count=50, deadline=None,
+    "exclusion-model", max_examples=40, stateful_step_count=50, deadline=None,
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 settings.register_profile(
@@ -154,6 +154,14 @@ class ExclusionMachine(RuleBasedStateMachine):
         self.accepted: dict[tuple[str, str], list[Grant]] = {}
         #: row key -> the model step numbers at which it was force-released.
         self.bumped: dict[str, list[int]] = {}
+        #: What happened, step by step, for a failure's message: a failure that depends on how threads met
+        #: may not happen again when Hypothesis replays the steps, and then it prints no steps of its own.
+        self.log: list[str] = []
+
+    def history(self) -> str:
+        return "\nwhat happened (this machine's keys and resources are prefixed with its run id):\n  " + "\n  ".join(
+            self.log[-60:]
+        )
 
     def k(self, base: str) -> str:
         return f"{self.run}:{base}"
@@ -197,8 +205,11 @@ class ExclusionMachine(RuleBasedStateMachine):
         if got.lease is None:
             # Refused: the answer names who holds it.
             assert got.holder is not None or got.holders, f"{kind} of {base!r} refused naming nobody"
+            who = [f"{h.key} {h.owner} token {h.token}" for h in (got.holders or (got.holder,)) if h is not None]
+            self.log.append(f"{kind} of {base!r} refused: held by {', '.join(who)}")
             return None
         g = Grant(self._next() if n is None else n, base, kind, got.lease)
+        self.log.append(f"granted {g!r}")
         assert got.lease.lease_key == base, (g, base)
         if got.lease.slots > 1:
             assert got.lease.key == (base if got.lease.slot == 1 else f"{base}#{got.lease.slot}"), g
@@ -219,6 +230,7 @@ class ExclusionMachine(RuleBasedStateMachine):
             got = kind_call(self.world.stores[store], kind, self.k(base), owner, T0 + timedelta(minutes=order))
         except SlotCountMismatch as refused:
             assert refused.holders, "a slot-count refusal names the holders"
+            self.log.append(f"{kind} of {base!r} by {owner}: SlotCountMismatch")
             return
         self._record(kind, self.k(base), got)
 
@@ -236,6 +248,7 @@ class ExclusionMachine(RuleBasedStateMachine):
         if g is None:
             return
         released = self.world.stores[i % 3].release(g.lease)
+        self.log.append(f"release {g!r}: {released}")
         expected = not g.released and not g.force_released and self._newest_of_row(g)
         assert released is expected, (g, released)
         g.released = g.released or released
@@ -256,6 +269,7 @@ class ExclusionMachine(RuleBasedStateMachine):
             )
             assert cur.rowcount == 1, g
         g.expired = True
+        self.log.append(f"expired {g!r}")
 
     @rule(base=st.sampled_from(BASES), slot=st.integers(1, 3))
     def force_release(self, base: str, slot: int) -> None:
@@ -267,6 +281,8 @@ class ExclusionMachine(RuleBasedStateMachine):
             if self._newest_of_row(g):
                 g.force_released = True
         self.bumped.setdefault(row, []).append(self._next())
+        held = "never acquired" if previous is None else f"{previous.owner} token {previous.token}"
+        self.log.append(f"force-released {row!r} ({held})")
 
     @rule(base=st.sampled_from(BASES))
     def freeze_every_holder(self, base: str) -> None:
@@ -301,12 +317,15 @@ class ExclusionMachine(RuleBasedStateMachine):
             # Elsewhere the fence sees only publishes: refused once a superseding holder published here.
             seen = self.accepted.get((fence, res), [])
             stale = [o for o in superseding if o in seen]
+        self.log.append(f"{g!r} publishes to the {fence} fence: {decision.outcome}")
         if decision.accepted:
-            assert not stale, f"the {fence} fence accepted {g} at {resource}, superseded by {stale}"
+            assert not stale, f"the {fence} fence accepted {g} at {resource}, superseded by {stale}{self.history()}"
             g.published.add((fence, res))
             self.accepted.setdefault((fence, res), []).append(g)
         else:
-            assert not self._valid(g), f"the {fence} fence refused the valid holder {g} at {resource}: {decision}"
+            assert not self._valid(g), (
+                f"the {fence} fence refused the valid holder {g} at {resource}: {decision}{self.history()}"
+            )
 
     @rule(first=st.sampled_from(KINDS), second=st.sampled_from(KINDS), base=st.sampled_from(BASES),
           owners=st.sampled_from([(a, b) for a in OWNERS for b in OWNERS if a != b]), store=st.integers(0, 2),
@@ -346,6 +365,8 @@ class ExclusionMachine(RuleBasedStateMachine):
             conn.close()
         n = self._next()
         granted = rows[0] if rows and rows[0]["acquired"] else None
+        self.log.append(f"open race on {key!r}: {first} by {owners[0]} in an open transaction, {second} by "
+                        f"{owners[1]} from store {store}")
         if granted is not None:
             self._record(first, key, Acquisition(Lease.from_row(granted), None), n=n)
         (got,) = answer
@@ -361,6 +382,7 @@ class ExclusionMachine(RuleBasedStateMachine):
     def race_at_a_barrier(self, kinds: list[tuple[str, str]], base: str) -> None:
         """Two or three stores ask for one key at once, from threads released together."""
         key = self.k(base)
+        self.log.append(f"barrier race on {key!r}: {kinds}")
         barrier = threading.Barrier(len(kinds))
         answers: list[Any] = [None] * len(kinds)
 
@@ -396,11 +418,11 @@ class ExclusionMachine(RuleBasedStateMachine):
                 if r["live"] and ((r["key"] == base and r["slot"] == 1) or (r["slot_of"] == base and r["slot"] > 1))
             ]
             counts = {r["slots"] for r in live}
-            assert len(counts) <= 1, f"{base!r} is held with several slot counts at once: {live}"
+            assert len(counts) <= 1, f"{base!r} is held with several slot counts at once: {live}{self.history()}"
             if live:
                 (count,) = counts
-                assert len(live) <= count, f"{base!r}: {len(live)} holders for {count} slots: {live}"
-                assert len({r["slot"] for r in live}) == len(live), f"{base!r}: a slot held twice: {live}"
+                assert len(live) <= count, f"{base!r}: {len(live)} holders for {count} slots: {live}{self.history()}"
+                assert len({r["slot"] for r in live}) == len(live), f"{base!r}: a slot held twice: {live}{self.history()}"
 
     @invariant()
     def valid_grants_follow_the_rule(self) -> None:
@@ -408,11 +430,15 @@ class ExclusionMachine(RuleBasedStateMachine):
         for base in {g.base for g in self.grants}:
             valid = [g for g in self.grants if g.base == base and self._valid(g)]
             counts = {g.lease.slots for g in valid}
-            assert len(counts) <= 1, f"valid holders of {base!r} with several slot counts: {valid}"
+            assert len(counts) <= 1, f"valid holders of {base!r} with several slot counts: {valid}{self.history()}"
             if valid:
                 (count,) = counts
-                assert len(valid) <= count, f"{base!r}: {len(valid)} valid holders for {count} slots: {valid}"
-                assert len({g.lease.slot for g in valid}) == len(valid), f"{base!r}: a slot held twice: {valid}"
+                assert len(valid) <= count, (
+                    f"{base!r}: {len(valid)} valid holders for {count} slots: {valid}{self.history()}"
+                )
+                assert len({g.lease.slot for g in valid}) == len(valid), (
+                    f"{base!r}: a slot held twice: {valid}{self.history()}"
+                )
 
     @invariant()
     def tokens_increase_per_row(self) -> None:
@@ -422,7 +448,9 @@ class ExclusionMachine(RuleBasedStateMachine):
         for row, grants in by_row.items():
             ordered = sorted(grants, key=lambda g: (g.lease.acquired_at, g.lease.token))
             tokens = [g.lease.token for g in ordered]
-            assert tokens == sorted(set(tokens)), f"tokens of {row!r} repeat or go back in grant order: {ordered}"
+            assert tokens == sorted(set(tokens)), (
+                f"tokens of {row!r} repeat or go back in grant order: {ordered}{self.history()}"
+            )
 
 
 def wait_answered_or_waiting(conn: Any, pid: int, thread: threading.Thread, timeout: float = 30.0) -> None:
