@@ -71,10 +71,11 @@ class FenceDecision:
 
     @property
     def other_store(self) -> bool:
-        """Refused, and the fence's token came from another lease store than this publish's."""
+        """Refused, and the fence's token came from another lease store than this publish's (refused as stale,
+        or below a count epoch that store's holders named: a recreated store's tokens start again at 1)."""
         return (
-            self.outcome == "stale" and self.store_id is not None and self.current_store is not None
-            and self.store_id != self.current_store
+            self.outcome in ("stale", "count_epoch") and self.store_id is not None
+            and self.current_store is not None and self.store_id != self.current_store
         )
 
     @property
@@ -88,8 +89,12 @@ class FenceDecision:
             assert self.idempotency_key is not None
             raise DuplicatePublish(self.resource, self.token, self.idempotency_key, self.current_token)
         if self.outcome != "accepted":
+            current = self.current_token
+            if self.other_store and self.newest_grant is not None:
+                # The floor to raise the recreated store's tokens above is the larger of the two.
+                current = max(current or 0, self.newest_grant)
             raise StaleFencingToken(
-                self.resource, self.token, self.current_token, self.reason, newest=self.newest_grant, key=self.key
+                self.resource, self.token, current, self.reason, newest=self.newest_grant, key=self.key
             )
 
     def release(self) -> bool:

@@ -458,6 +458,10 @@ class ObjectFence:
                         "object fence %s (lease key %r) rejected token %s: at or below the count epoch %s of %r",
                         resource, lease_key, token, floor, base,
                     )
+                    if entry is not None and store is not None and entry.store_id not in (None, store):
+                        # Named by another lease store's holders: a recreated store (its tokens start at 1).
+                        raise StaleFencingToken(resource, token, max(entry.token, floor), "other_store",
+                                                newest=floor, key=lease_key)
                     raise StaleFencingToken(
                         resource, token, entry.token if entry is not None else None, "count_epoch", newest=floor,
                         key=lease_key,
