@@ -83,7 +83,7 @@ def test_a_stale_token_is_refused_by_the_fence_in_the_sqlite_file(
     conn = sqlite3.connect(target_file)
     tables = {r[0] for r in conn.execute("SELECT name FROM sqlite_master WHERE type = 'table'")}
     conn.close()
-    assert tables == {"sales", "lease_fence", "lease_fence_publish"}
+    assert tables == {"sales", "lease_fence", "lease_fence_count_epoch", "lease_fence_publish"}
 
 
 def test_fenced_sql_operator_publishes_a_slot_once_on_sqlite(store: LeaseStore, target_file: Path) -> None:

@@ -219,7 +219,7 @@ def test_publishing_into_another_database_creates_only_the_fence_there(
         return lease.token
 
     token = run_task(leased("load", body, lease_key="etl-load"), TaskInstance("etl", RUN, "load"))
-    assert _tables(pg_dsn, target) == ["fence", "fence_publish", "fence_schema_version"]
+    assert _tables(pg_dsn, target) == ["fence", "fence_count_epoch", "fence_publish", "fence_schema_version"]
     rows = execute(pg_dsn, q("SELECT resource, token FROM {schema}.fence ORDER BY resource", target))
     assert [tuple(r) for r in rows] == [("warehouse.files", token), ("warehouse.sales", token)]
 

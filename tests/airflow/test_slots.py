@@ -3,21 +3,35 @@ operators run the way the task runner runs them (``execute(context)``).
 
 Two runs hold a key of two slots at once, each in its own slot with its own token, and both publish
 through the fence; the third follows its ``on_overlap`` (skip naming both holders, or wait for any slot);
-``replace`` with slots and bad slot counts are refused when the DAG is parsed.
+``replace`` with slots and bad slot counts are refused when the DAG is parsed. Across tasks (issue 38): a
+``replace`` task on a semaphore's key is not granted beside a slot, and after the slot count is lowered a
+zombie of a dropped slot is refused by the fence its publish goes to.
 """
 
 from __future__ import annotations
 
+import json
+import sqlite3
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
 from airflow.sdk.exceptions import AirflowSkipException, TaskDeferred
 
-from airflow_lease_provider.core import EventKind, FenceStore, InvalidArgument, LeaseStore
+from airflow_lease_provider.core import (
+    EventKind,
+    FenceStore,
+    InvalidArgument,
+    LeaseStore,
+    SlotCountMismatch,
+    StaleFencingToken,
+)
+from airflow_lease_provider.runtime.context import LeaseContext
 from airflow_lease_provider.triggers.lease_free import LeaseFreeTrigger
 from tests.airflow.test_policies import first_event, owner, run_task, ti
 from tests.airflow.test_semantics import counted, lease_env, leased  # noqa: F401 (fixtures)
+from tests.pg import execute, q
 
 pytestmark = pytest.mark.airflow
 
@@ -98,3 +112,107 @@ def test_slot_arguments_are_checked_when_the_dag_is_parsed() -> None:
         leased("w", lambda: None, lease_slots=2, lease_scope="run")
     assert leased("w", lambda: None, lease_slots=3, on_overlap="buffer_one").lease_slots == 3
     assert leased("w", lambda: None, lease_slots=1, on_overlap="replace").lease_slots == 1
+
+
+# -- issue 38: one rule across tasks with different settings on one key --------------------------------------
+
+TTL = timedelta(minutes=5)
+
+
+def test_a_replace_task_on_a_semaphores_key_is_not_granted_while_a_slot_is_held(
+    lease_env, store: LeaseStore  # noqa: F811
+) -> None:
+    """DAG X holds key K with lease_slots=2 (slot 1 by another run, slot 2 by this one); DAG Y's task has
+    on_overlap="replace" on K. With slot 1 held, Y is skipped (a slot holder is never replaced); with only
+    slot 2 held, Y fails with SlotCountMismatch, never granted a single lease beside the slot (72519bc
+    granted it)."""
+    other = store.try_acquire("mixed-key", "x/run-0/work", TTL, slots=2).lease
+    assert other is not None and other.slot == 1
+    seen: dict[str, Any] = {}
+
+    def y_body(lease=None):
+        seen["y granted"] = (lease.key, lease.slots, lease.token)
+
+    def x_body(lease=None):
+        seen["x"] = (lease.slot, lease.token)
+        y = leased("y-work", y_body, lease_key="mixed-key", on_overlap="replace")
+        with pytest.raises(AirflowSkipException) as skipped:
+            run_task(y, ti(5, "y-work"), 5)  # slot 1 held (not by a replaceable single holder): skipped
+        seen["skipped"] = str(skipped.value)
+        assert store.release(other)
+        with pytest.raises(SlotCountMismatch) as refused:
+            run_task(y, ti(6, "y-work"), 6)
+        seen["refused"] = str(refused.value)
+        seen["holders"] = [(h.slot, h.owner) for h in store.slot_holders("mixed-key")]
+        return lease.token
+
+    x = leased("work", x_body, lease_key="mixed-key", lease_slots=2)
+    run_task(x, ti(1), 1)
+    assert "y granted" not in seen, seen
+    assert seen["x"][0] == 2 and "x/run-0/work" in seen["skipped"]
+    assert "slots=2" in seen["refused"] and "slots=1" in seen["refused"] and owner(1) in seen["refused"]
+    assert seen["holders"] == [(2, owner(1))]
+    assert store.events.query(key="mixed-key", kind=EventKind.REPLACED) == []
+
+
+@pytest.fixture
+def fence_target(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    """Connection ``drop_target``: a SQLite file, so the fence is kept elsewhere than the lease store (the
+    DB-API fence: it sees only publishes)."""
+    path = tmp_path / "target.db"
+    sqlite3.connect(path).close()
+    monkeypatch.setenv("AIRFLOW_CONN_DROP_TARGET", json.dumps({"conn_type": "sqlite", "host": str(path)}))
+    return path
+
+
+@pytest.mark.parametrize("where", ["lease store", "elsewhere"])
+def test_a_zombie_of_a_slot_dropped_by_a_lower_count_is_refused_at_its_publish(
+    lease_env, monkeypatch: pytest.MonkeyPatch, store: LeaseStore, pg_dsn: str, schema: str,  # noqa: F811
+    fence_target: Path, where: str,
+) -> None:
+    """A run holds slot 2 of K (lease_slots=2); on the way to an external side effect (``lease.fence``) it
+    passes its own lease check and freezes there past its TTL; meanwhile the other slot ends, the DAG is
+    changed to lease_slots=1, and a new run takes K and advances the fence. When the frozen run's fence
+    advance arrives, it is refused (count_epoch): by the fence in the lease store at once, by a fence
+    elsewhere because the new run published there first. At 72519bc both accepted it: slot 2 is never
+    granted again, so its fence key never sees a larger token."""
+    conn_id = None if where == "lease store" else "drop_target"
+    slot_one = store.try_acquire("drop-key", "x/run-0/work", TTL, slots=2).lease
+    assert slot_one is not None
+    seen: dict[str, Any] = {}
+
+    def new_body(lease=None):
+        lease.fence("drop.target", conn_id=conn_id)  # before its side effect (a push, an upload)
+        seen["new"] = (lease.slots, lease.token)
+        return lease.token
+
+    real_check = LeaseContext.check
+
+    def frozen_after_its_check(self: LeaseContext) -> Any:
+        checked = real_check(self)
+        monkeypatch.setattr(LeaseContext, "check", real_check)  # once
+        # Frozen past its TTL, right after its own check said it still holds:
+        execute(pg_dsn, q("UPDATE {schema}.lease SET expires_at = clock_timestamp() WHERE key = %s", schema),
+                (self.key,))
+        assert store.release(slot_one)
+        run_task(leased("work", new_body, lease_key="drop-key"), ti(2), 2)  # lease_slots=1 now
+        return checked
+
+    def zombie_body(lease=None):
+        seen["zombie"] = (lease.slot, lease.token)
+        monkeypatch.setattr(LeaseContext, "check", frozen_after_its_check)
+        with pytest.raises(StaleFencingToken) as refused:
+            lease.fence("drop.target", conn_id=conn_id)
+            seen["zombie wrote"] = True  # its side effect would follow here
+        seen["reason"] = refused.value.reason
+
+    zombie = leased("work", zombie_body, lease_key="drop-key", lease_slots=2, retries=0)
+    run_task(zombie, ti(1), 1)  # its body caught the refusal; its release finds the slot gone and says so
+    assert seen["zombie"][0] == 2 and "zombie wrote" not in seen, seen
+    assert seen["reason"] == "count_epoch", seen
+    new = store.lease("drop-key")
+    assert new is not None and (new.slots, new.token) == seen["new"] and new.count_epoch >= seen["zombie"][1]
+    rejected = store.events.query(kind=EventKind.FENCE_REJECTED)
+    assert [(e.owner, e.token, e.detail["outcome"]) for e in rejected] == [
+        (owner(1), seen["zombie"][1], "count_epoch")
+    ], rejected

@@ -591,3 +591,32 @@ def test_a_write_the_store_refused_gives_the_claim_back(moto: MotoServer, bucket
                   extra_args={"StorageClass": "NO_SUCH_CLASS"})
     assert refused.value.status is not None and 400 <= refused.value.status < 500
     assert fence.read(bucket, KEY) is None and not fence.published(bucket, KEY, "slot-r")
+
+
+def test_a_zombie_of_a_dropped_slot_is_refused_once_a_holder_of_the_new_count_wrote(
+    moto: MotoServer, bucket: str
+) -> None:
+    """The count epoch at the object store (issue 38, defect 3): slots 1 and 2 of ``sem`` (one holding
+    period, count epoch 0) both write; the count goes 2 -> 1 (a new period, epoch 7, above every token of the
+    old one); the new holder writes; the zombie of slot 2, whose fence key ``sem#2`` nobody writes again, is
+    refused by the object itself. Its key's entry is kept in the object's fence metadata."""
+    fence = ObjectFence(moto.client())
+    slot1 = {"token": 5, "lease_key": "sem", "owner": "run-1", "count_epoch": 0, "base_key": "sem"}
+    slot2 = {"token": 3, "lease_key": "sem#2", "owner": "run-2", "count_epoch": 0, "base_key": "sem"}
+    fence.put(bucket, KEY, b"slot 2", store_id=STORE, **slot2)  # two valid holders, in either order
+    fence.put(bucket, KEY, b"slot 1", store_id=STORE, **slot1)
+    fence.put(bucket, KEY, b"slot 2 again", store_id=STORE, **slot2)
+    fence.put(bucket, KEY, b"new count", token=9, lease_key="sem", owner="run-3", store_id=STORE, count_epoch=7,
+              base_key="sem")
+    with pytest.raises(StaleFencingToken) as refused:
+        fence.put(bucket, KEY, b"zombie", store_id=STORE, **slot2)
+    assert refused.value.reason == "count_epoch" and refused.value.newest == 7 and refused.value.current == 3
+    assert _body(fence, bucket) == b"new count"
+    head = moto.client().head_object(Bucket=bucket, Key=KEY)
+    assert '"e":{"sem":7}' in head["Metadata"][FENCE_METADATA]
+    # A write that names no count epoch is decided by its key's tokens alone, as before version 15.
+    fence.put(bucket, KEY, b"unnamed", token=4, lease_key="sem#2", owner="run-4", store_id=STORE)
+    with pytest.raises(InvalidArgument, match="^count_epoch="):
+        fence.put(bucket, KEY, b"x", token=9, lease_key="sem", count_epoch=9)
+    with pytest.raises(InvalidArgument, match="^base_key="):
+        fence.put(bucket, KEY, b"x", token=9, lease_key="sem#2", count_epoch=1, base_key="other")

@@ -139,15 +139,14 @@ def stale_plan_after_a_migration(dsn: str, schema: str, caplog: pytest.LogCaptur
     store.acquire("job", "a", TTL)
     store.acquire("job", "b", TTL)
     assert _name(store, "acquire") in _session_statements(store)
-    # The function acquire calls (migrations/0011: with the holder's run columns).
+    # The function acquire calls (migrations/0011: with the holder's run columns; 0015: and the count epoch,
+    # the last column of every row it returns).
     signature = "lease_acquire(text, text, interval, text, text, text, integer)"
     definition = execute(dsn, "SELECT pg_get_functiondef(%s::regprocedure)", (f'"{schema}".{signature}',))[0][0]
-    changed = definition.replace("observed_at timestamp with time zone)",
-                                 "observed_at timestamp with time zone, extra integer)", 1)
-    changed = changed.replace("pg_catalog.clock_timestamp();", "pg_catalog.clock_timestamp(), 0;")
-    changed = changed.replace("pg_catalog.clock_timestamp()\n          FROM", "pg_catalog.clock_timestamp(), 0\n          FROM")
-    changed = changed.replace("pg_catalog.clock_timestamp()\n      FROM", "pg_catalog.clock_timestamp(), 0\n      FROM")
-    assert changed != definition
+    changed = definition.replace("count_epoch bigint)", "count_epoch bigint, extra integer)", 1)
+    changed = changed.replace("l.count_epoch;", "l.count_epoch, 0;")
+    changed = changed.replace("l.count_epoch\n", "l.count_epoch, 0\n")
+    assert changed != definition and changed.count(", 0") == definition.count(", 0") + 5, changed
     conn = psycopg2.connect(dsn)
     conn.autocommit = True
     try:

@@ -38,12 +38,13 @@ def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     files = [E2E_DAGS / "lease_e2e.py", E2E_DAGS / "_util.py", TIER_DAGS / "retry_e2e.py",
              TIER_DAGS / "marked_failed.py", TIER_DAGS / "held_connection.py",
              TIER_DAGS / "default_args_ttl.py", TIER_DAGS / "wait_overlap.py", TIER_DAGS / "replace_frozen.py",
-             TIER_DAGS / "buffer_three.py", TIER_DAGS / "semaphore_three.py"]
+             TIER_DAGS / "buffer_three.py", TIER_DAGS / "semaphore_three.py", TIER_DAGS / "mixed_slots.py"]
     # Every task here keeps its store connection (the other tiers run the default: one per operation).
     env = {"LEASE_TEST_MARKERS": str(MARKERS), "LEASE_TEST_HOLD_SECONDS": "240", "AIRFLOW__LEASE__SCHEMA": SCHEMA,
            "AIRFLOW__LEASE__HOLD_CONNECTION": "true"}
     dag_ids = {"overlap", "zombie", "retry_after_crash", "mapped_and_bash", "marked_failed", "held_connection",
-               "default_args_ttl", "wait_overlap", "replace_frozen", "buffer_three", "semaphore_three"}
+               "default_args_ttl", "wait_overlap", "replace_frozen", "buffer_three", "semaphore_three",
+               "mixed_slots_x", "mixed_replace_y"}
     # With a triggerer: on_overlap="wait" defers, and the triggerer is what resumes the task.
     with deployment_for(metadata_template, files, dag_ids, env, triggerer=True) as deployment:
         for dag_id in dag_ids:
@@ -414,3 +415,41 @@ def test_a_semaphore_of_two_with_three_runs_two_hold_at_once_both_publish_the_th
                 for e in store.events.query(key=key, kind=EventKind.RELEASED)]
     assert len(released) == 2 and max(g.at for g in grants) < min(e.at for e in released)
     assert store.slot_holders("semaphore-key") == []
+
+
+def test_a_replace_dag_on_a_semaphores_key_is_never_granted_beside_a_slot(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """Issue 38, defect 1, through the real scheduler: DAG X holds key K with lease_slots=2 in two runs; DAG Y
+    asks for K with on_overlap="replace". While X's slot 1 is held, Y's task is skipped (a slot holder is
+    never replaced); with only X's slot 2 held, Y's task fails with SlotCountMismatch (at 72519bc it was
+    granted: K held by Y, believing itself alone, beside X's slot 2); once X's runs are done, Y is granted."""
+    api = airflow.api
+    x_runs = [api.trigger("mixed_slots_x") for _ in range(2)]
+    held = {run: marker(f"mixed-x-{run}").split() for run in x_runs}
+    by_slot = {int(slot): run for run, (slot, _token) in held.items()}
+    assert sorted(by_slot) == [1, 2], held
+
+    skipped = api.trigger("mixed_replace_y")
+    assert api.wait_for_run("mixed_replace_y", skipped) == "success"
+    assert api.task_states("mixed_replace_y", skipped)["single"] == "skipped"
+    reason = api.xcom("mixed_replace_y", skipped, "single", "lease_skip_reason")
+    assert f"mixed_slots_x/{by_slot[1]}/hold" in reason["reason"], reason
+
+    (MARKERS / f"mixed-x-done-{by_slot[1]}").write_text("go")  # slot 1 ends; slot 2 is still held
+    assert api.wait_for_run("mixed_slots_x", by_slot[1]) == "success"
+    refused = api.trigger("mixed_replace_y")
+    assert api.wait_for_run("mixed_replace_y", refused) == "failed"
+    log = api.log("mixed_replace_y", refused, "single")
+    assert "SlotCountMismatch" in log and "slots=2" in log and f"mixed_slots_x/{by_slot[2]}/hold" in log, log[-3000:]
+    assert [(h.slot, h.owner) for h in store.slot_holders("mixed-key")] == [(2, f"mixed_slots_x/{by_slot[2]}/hold")]
+
+    (MARKERS / f"mixed-x-done-{by_slot[2]}").write_text("go")
+    assert api.wait_for_run("mixed_slots_x", by_slot[2]) == "success"
+    granted = api.trigger("mixed_replace_y")  # nobody holds a slot: the replace is a single holder's grant
+    assert api.wait_for_run("mixed_replace_y", granted) == "success"
+    slots, token = marker(f"mixed-y-granted-{granted}").split()
+    assert slots == "1" and int(token) > max(int(t) for _slot, t in held.values())
+    assert not (MARKERS / f"mixed-y-granted-{skipped}").exists()
+    assert not (MARKERS / f"mixed-y-granted-{refused}").exists()
+    assert store.events.query(key="mixed-key", kind=EventKind.REPLACED) == []
