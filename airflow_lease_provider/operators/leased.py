@@ -28,11 +28,11 @@ from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator, BaseSensorOperator
 
-from airflow_lease_provider.core import InvalidArgument
 from airflow_lease_provider.operators.wrap import init_parameters, leased_subclass
 from airflow_lease_provider.runtime.arguments import check_lease_arguments
 from airflow_lease_provider.runtime.signals import Terminate, stop_on_terminate
 from airflow_lease_provider.runtime.task_lease import TaskLease
+from airflow_lease_provider.version_compat import task_default_args
 
 
 class LeasedOperator(BaseOperator):
@@ -122,23 +122,19 @@ class LeasedOperator(BaseOperator):
 
     @classmethod
     def partial(cls, **kwargs: Any) -> Any:
-        """``.partial(...)`` checks the lease arguments when the DAG is parsed, as the constructor does.
+        """``.partial(...)`` checks the lease arguments when the DAG is parsed, as the constructor does, with
+        the ``default_args`` the task gets (its DAG's, its task group's, its own).
 
-        (Airflow builds a mapped task without calling the constructor until the task runs.)
+        (Airflow builds a mapped task without calling the constructor until the task runs.) Checked before
+        the partial is made: a refused one leaves no partial behind to warn that it "was never mapped".
         """
-        task_defaults = kwargs.get("default_args") or {}
-        partial = super().partial(**kwargs)  # BaseOperator's partial (a descriptor)
-        dag = partial.kwargs.get("dag")
-        defaults = {**(getattr(dag, "default_args", None) or {}), **task_defaults}
-        try:
-            # A TTL left out here may still come from expand(); it is then checked when each instance runs.
-            check_lease_arguments(
-                kwargs, defaults, sensor=issubclass(cls, BaseSensorOperator), ttl_may_be_mapped=True
-            )
-        except InvalidArgument:
-            partial._expand_called = True  # no "was never mapped" warning on top of the real error
-            raise
-        return partial
+        defaults = task_default_args(kwargs.get("dag"), kwargs.get("task_group"), kwargs.get("default_args"))
+        # A TTL left out here may still come from expand(); it is then checked when each instance runs.
+        check_lease_arguments(
+            kwargs, defaults if defaults is not None else kwargs.get("default_args"),
+            sensor=issubclass(cls, BaseSensorOperator), ttl_may_be_mapped=True,
+        )
+        return super().partial(**kwargs)  # BaseOperator's partial (a descriptor)
 
     @classmethod
     def wrap(cls, operator_class: type[BaseOperator]) -> type[LeasedOperator]:
