@@ -7,7 +7,9 @@
   conditional imports and the few internals that need a reason (issue 40 item 3).
 - ``airflow_lease_provider.core`` imports nothing from Airflow, nor from the Airflow-facing parts of the
   package, and imports in a process where Airflow cannot be imported at all.
-- The task lease stays the lease's life, its overlap policies strategies beside it (issue 40 item 1).
+- The task lease stays the lease's life, its overlap policies strategies beside it; imports of the package's
+  own modules inside functions are few, each with its reason; no two subpackages import each other
+  (issue 40 items 1 and 4).
 """
 
 from __future__ import annotations
@@ -649,3 +651,104 @@ def test_the_task_lease_keeps_the_lease_s_life_and_the_policies_are_strategies()
     for step in (".acquire(", ".hold(", ".record_catchup(", ".keep_for_run(", ".run_lease("):
         assert step not in leased, step
 
+
+# -- imports inside functions, and loops between subpackages (issue 40 item 4) --------------------------------
+
+#: At most this many imports of the package's own modules inside functions, each with its reason.
+FUNCTION_IMPORTS_MAX = 15
+#: Files whose imports inside functions change on other branches of issue 38/40 (the catch-up recording
+#: moves to a ledger method; the asset staleness check is rewritten): their reasons come with those changes.
+REASONS_COME_WITH_OTHER_CHANGES = {"airflow_lease_provider/assets.py", "airflow_lease_provider/timetables/catchup_record.py"}
+
+
+def _function_level_imports(path: Path, package: str = "airflow_lease_provider") -> list[tuple[int, int, str]]:
+    """(first line, last line, module) of every import of ``package``'s own modules inside a function of
+    ``path`` (relative imports included)."""
+    found: list[tuple[int, int, str]] = []
+
+    def visit(node: ast.AST, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if inside and isinstance(child, ast.Import | ast.ImportFrom):
+                if isinstance(child, ast.Import):
+                    modules = [a.name for a in child.names]
+                else:
+                    modules = ["." * child.level + (child.module or "")]
+                if any(m == package or m.startswith((package + ".", ".")) for m in modules):
+                    found.append((child.lineno, child.end_lineno or child.lineno, modules[0]))
+            visit(child, inside or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda))
+
+    visit(ast.parse(path.read_text(), filename=str(path)), False)
+    return found
+
+
+def _has_reason(lines: list[str], first: int, last: int) -> bool:
+    """A comment on the import's lines, or in the three lines above it that are not imports of its run."""
+    if any("#" in line for line in lines[first - 1 : last]):
+        return True
+    above, seen = first - 2, 0
+    while above >= 0 and seen < 3:
+        line = lines[above].strip()
+        if line.startswith("#") or ("#" in line and line.startswith(("from ", "import "))):
+            return True
+        if line and not line.startswith(("from ", "import ")):
+            seen += 1
+        above -= 1
+    return False
+
+
+def test_imports_of_the_package_inside_functions_are_few_and_say_why(tmp_path: Path) -> None:
+    found = {p: _function_level_imports(p) for p in _sources(PACKAGE)}
+    total = sum(len(v) for v in found.values())
+    assert 0 < total <= FUNCTION_IMPORTS_MAX, "\n".join(
+        f"{p.relative_to(ROOT)}:{first}: {m}" for p, v in found.items() for first, _, m in v
+    )
+    unexplained = [
+        f"{p.relative_to(ROOT)}:{first}: {module}"
+        for p, imports in found.items() if str(p.relative_to(ROOT)) not in REASONS_COME_WITH_OTHER_CHANGES
+        for first, last, module in imports
+        if not _has_reason(p.read_text().splitlines(), first, last)
+        and not (p == TASK_LEASE and module.endswith("catchup_record"))  # the catch-up recording's (above)
+    ]
+    assert unexplained == [], "say why this import is inside the function:\n" + "\n".join(unexplained)
+    # The checks see what they look for.
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import airflow_lease_provider\n"
+        "def f():\n"
+        "    # only where it is used: it imports boto3\n"
+        "    from airflow_lease_provider.hooks import s3_fence\n"
+        "    from airflow_lease_provider import settings\n"
+        "    from . import x  # relative\n"
+        "    import json\n"
+        "def g():\n"
+        "    x = 1\n"
+        "    y = 2\n"
+        "    z = 3\n"
+        "    from airflow_lease_provider.core import (\n"
+        "        LeaseStore,\n"
+        "    )\n"
+    )
+    imports = _function_level_imports(sample)
+    assert [(first, module) for first, _, module in imports] == [
+        (4, "airflow_lease_provider.hooks"), (5, "airflow_lease_provider"), (6, "."), (12, "airflow_lease_provider.core"),
+    ]
+    lines = sample.read_text().splitlines()
+    assert [_has_reason(lines, first, last) for first, last, _ in imports] == [True, True, True, False]
+
+
+#: Loops between subpackages that a change on another branch removes: the catch-up recording (the task lease
+#: calls timetables/catchup_record.py, which reports through runtime/outcomes.py) becomes a ledger method.
+KNOWN_SUBPACKAGE_LOOPS = [["airflow_lease_provider.runtime", "airflow_lease_provider.timetables"]]
+
+
+def test_no_two_subpackages_import_each_other() -> None:
+    """Every import counts (inside functions too). A top-level module of the package is a part of its own."""
+    graph = _import_graph(_module_files(ROOT, "airflow_lease_provider"))
+    parts: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        part = ".".join(module.split(".")[:2])
+        parts.setdefault(part, set()).update(".".join(t.split(".")[:2]) for t in targets)
+    for part, targets in parts.items():
+        targets.discard(part)
+    assert len(parts) > 15
+    assert [c for c in _cycles(parts) if c not in KNOWN_SUBPACKAGE_LOOPS] == []

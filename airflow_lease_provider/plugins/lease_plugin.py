@@ -27,6 +27,7 @@ class LazyApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if self._app is None:
+            # FastAPI and the routes are imported by the api-server alone, when it first calls the app.
             from airflow_lease_provider.plugins.api import create_app
 
             self._app = create_app()

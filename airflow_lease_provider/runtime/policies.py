@@ -391,3 +391,8 @@ class Replace(OverlapPolicy):
 OVERLAP_POLICIES: dict[str, OverlapPolicy] = {
     policy.name: policy for policy in (OverlapPolicy(), Wait(), Fail(), Replace(), BufferOne())
 }
+
+
+def policy_of(task: Any) -> OverlapPolicy:
+    """``task``'s policy (``on_overlap``; a task without one skips)."""
+    return OVERLAP_POLICIES[getattr(task, "on_overlap", OverlapPolicy.name)]

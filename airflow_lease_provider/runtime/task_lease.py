@@ -32,7 +32,7 @@ from airflow_lease_provider.core import (
 from airflow_lease_provider.runtime import store as task_store
 from airflow_lease_provider.runtime.context import XCOM_LEASE, LeaseContext, activated, active
 from airflow_lease_provider.runtime.outcomes import Outcome, report
-from airflow_lease_provider.runtime.policies import OVERLAP_POLICIES, OverlapPolicy
+from airflow_lease_provider.runtime.policies import OverlapPolicy, policy_of
 from airflow_lease_provider.runtime.signals import Terminate, interrupt_on_loss
 from airflow_lease_provider.version_compat import TaskDeferred
 
@@ -185,7 +185,7 @@ class TaskLease:
 
     @property
     def policy(self) -> OverlapPolicy:
-        return OVERLAP_POLICIES[getattr(self.task, "on_overlap", "skip")]
+        return policy_of(self.task)
 
     def order(self) -> datetime:
         """This run's order among the runs (``replace``): its DAG run's ``run_after``."""
