@@ -36,9 +36,9 @@ from airflow_lease_provider.runtime.policies import OverlapPolicy, policy_of
 from airflow_lease_provider.runtime.signals import Terminate, interrupt_on_loss
 from airflow_lease_provider.version_compat import TaskDeferred
 
-#: What a task does with its lease (:attr:`TaskLease.role`): ``task``: acquire it, hold it while the body runs,
-#: release it; ``join``: renew the DAG run's lease while the body runs, never release it (``lease_scope="run"``);
-#: ``keep``: acquire it for the DAG run and leave it held (the run lease's acquire task).
+#: What a task does with its lease (:attr:`TaskLease.role`): ``task``: acquire, hold while the body runs, release;
+#: ``join``: renew the DAG run's lease while the body runs (``lease_scope="run"``); ``keep``: acquire it for the run
+#: and leave it held (the run lease's acquire task).
 ROLES = ("task", "join", "keep")
 
 
@@ -99,7 +99,8 @@ class TaskLease:
         else:
             # A templated key is known only now (rendered); the store would refuse a bad one too.
             key = holder.default_key() if lease_key is None else validation.name("lease_key", lease_key)
-        store = task_store.take(task, context, terminate) or task_store.task_store(task, conn_id)
+        store = task_store.take(task, context, terminate)  # None: nothing was prepared for this task
+        store = store if store is not None else task_store.task_store(task, conn_id)
         tags = {"dag_id": ti.dag_id, "task_id": ti.task_id, "lease_key": key}
         dag_run = context.get("dag_run") if hasattr(context, "get") else None
         return cls(
