@@ -411,6 +411,37 @@ def test_partial_reads_lease_arguments_from_default_args_like_the_constructor() 
             LeasedPython.partial(task_id="mapped", python_callable=print).expand(op_args=[[1]])
 
 
+def test_a_partial_refused_at_parse_time_leaves_no_never_mapped_warning(dag) -> None:
+    """The refusal is the DAG's import error, alone: no "Task ... was never mapped!" warning from a partial left
+    behind (it was silenced through Airflow's private ``_expand_called`` until issue 40; now the arguments are
+    checked before the partial is made)."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(InvalidArgument, match="on_overlap='queue'"):
+            LeasedPython.partial(task_id="refused", python_callable=print, lease_ttl=TTL, on_overlap="queue")
+        gc.collect()
+    assert [str(w.message) for w in caught if "never mapped" in str(w.message)] == []
+
+
+def test_partial_reads_the_task_group_s_default_args_like_the_constructor() -> None:
+    """``.partial()`` checks with the default_args the mapped task gets: its DAG's, its task group's and its own
+    (before issue 40 it left out the task group's, which Airflow merges and the constructor and ``@task.leased``
+    read: a bad policy there was found only when the first instance ran)."""
+    from airflow.sdk import TaskGroup
+
+    with DAG("group_partial", schedule=None, start_date=datetime(2026, 1, 1)):
+        with TaskGroup("g", default_args={"lease_ttl": TTL, "on_overlap": "queue"}):
+            with pytest.raises(InvalidArgument, match="on_overlap='queue'"):
+                LeasedPython(task_id="made", python_callable=print)
+            with pytest.raises(InvalidArgument, match="on_overlap='queue'"):
+                LeasedPython.partial(task_id="mapped", python_callable=print).expand(op_args=[[1]])
+        with TaskGroup("ok", default_args={"lease_ttl": TTL}):
+            LeasedPython.partial(task_id="mapped", python_callable=print).expand(op_args=[[1]])
+
+
 def test_task_leased_reads_the_dags_and_task_groups_default_args_like_the_constructor() -> None:
     """A DAG-wide ``default_args={"lease_ttl": ...}`` (or ``execution_timeout``) is the TTL of ``@task.leased()``
     too, mapped or not, as it is for ``LeasedOperator.wrap(X)`` (a user's DAG was refused with "lease_ttl=None:
