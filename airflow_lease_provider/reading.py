@@ -257,7 +257,7 @@ def summarize(event: Event) -> str:
         cap = f"; max_backfill={d['max_backfill']} newest ran" if d.get("max_backfill") is not None else ""
         return f"catch-up skipped {d.get('count', '?')} older slot(s){span}{cap}"
     if kind == EventKind.COALESCED:
-        # The run's whole data interval (CappedCatchupTimetable(coalesce=True); catchup_record writes it).
+        # The run's whole data interval (CappedCatchupTimetable(coalesce=True); timetables/catchup_record.py's CatchUp).
         start, end = d.get("coalesced_start"), d.get("coalesced_end")
         span = f": its data interval covers {short_time(start)} to {short_time(end)}" if start and end else ""
         return f"catch-up coalesced {d.get('count', '?')} missed slot(s) into this run{span}"

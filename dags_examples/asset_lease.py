@@ -27,7 +27,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Asset, task
 
-from airflow_lease_provider.assets import EventLease, staleness
+from airflow_lease_provider.assets import carries_lease, staleness
 
 log = logging.getLogger(__name__)
 
@@ -61,7 +61,7 @@ with DAG("sales_report", schedule=[DAILY_SALES], start_date=START, catchup=False
         fresh, stale = [], []
         for events in (triggering_asset_events or {}).values():
             for event in events:
-                if EventLease.of(event) is None:
+                if not carries_lease(event):
                     continue  # not published by a leased task
                 answer = staleness(event)
                 (stale if answer.stale else fresh).append(answer)

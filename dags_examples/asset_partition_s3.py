@@ -32,7 +32,7 @@ from datetime import timedelta
 import pendulum
 from airflow.sdk import DAG, Asset, task
 
-from airflow_lease_provider.assets import EventLease, staleness
+from airflow_lease_provider.assets import carries_lease, staleness
 
 try:  # partitioned assets (tested on Airflow 3.3)
     from airflow.sdk import PartitionedAssetTimetable, PartitionedAtRuntime
@@ -82,7 +82,7 @@ if PartitionedAtRuntime is not None:
             fresh, stale = [], []
             for events in (triggering_asset_events or {}).values():
                 for event in events:
-                    if EventLease.of(event) is None:
+                    if not carries_lease(event):
                         continue  # not published by a leased task
                     answer = staleness(event)
                     (stale if answer.stale else fresh).append(answer.lease.token if answer.lease else None)

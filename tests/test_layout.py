@@ -656,9 +656,6 @@ def test_the_task_lease_keeps_the_lease_s_life_and_the_policies_are_strategies()
 
 #: At most this many imports of the package's own modules inside functions, each with its reason.
 FUNCTION_IMPORTS_MAX = 15
-#: Files whose imports inside functions change on other branches of issue 38/40 (the catch-up recording
-#: moves to a ledger method; the asset staleness check is rewritten): their reasons come with those changes.
-REASONS_COME_WITH_OTHER_CHANGES = {"airflow_lease_provider/assets.py", "airflow_lease_provider/timetables/catchup_record.py"}
 
 
 def _function_level_imports(path: Path, package: str = "airflow_lease_provider") -> list[tuple[int, int, str]]:
@@ -704,10 +701,9 @@ def test_imports_of_the_package_inside_functions_are_few_and_say_why(tmp_path: P
     )
     unexplained = [
         f"{p.relative_to(ROOT)}:{first}: {module}"
-        for p, imports in found.items() if str(p.relative_to(ROOT)) not in REASONS_COME_WITH_OTHER_CHANGES
+        for p, imports in found.items()
         for first, last, module in imports
         if not _has_reason(p.read_text().splitlines(), first, last)
-        and not (p == TASK_LEASE and module.endswith("catchup_record"))  # the catch-up recording's (above)
     ]
     assert unexplained == [], "say why this import is inside the function:\n" + "\n".join(unexplained)
     # The checks see what they look for.
@@ -736,13 +732,9 @@ def test_imports_of_the_package_inside_functions_are_few_and_say_why(tmp_path: P
     assert [_has_reason(lines, first, last) for first, last, _ in imports] == [True, True, True, False]
 
 
-#: Loops between subpackages that a change on another branch removes: the catch-up recording (the task lease
-#: calls timetables/catchup_record.py, which reports through runtime/outcomes.py) becomes a ledger method.
-KNOWN_SUBPACKAGE_LOOPS = [["airflow_lease_provider.runtime", "airflow_lease_provider.timetables"]]
-
-
 def test_no_two_subpackages_import_each_other() -> None:
-    """Every import counts (inside functions too). A top-level module of the package is a part of its own."""
+    """Every import counts (inside functions too). A top-level module of the package is a part of its own.
+    (The last loop, runtime <-> timetables through the catch-up recording, went with issue 40 item 4.)"""
     graph = _import_graph(_module_files(ROOT, "airflow_lease_provider"))
     parts: dict[str, set[str]] = {}
     for module, targets in graph.items():
@@ -751,4 +743,4 @@ def test_no_two_subpackages_import_each_other() -> None:
     for part, targets in parts.items():
         targets.discard(part)
     assert len(parts) > 15
-    assert [c for c in _cycles(parts) if c not in KNOWN_SUBPACKAGE_LOOPS] == []
+    assert _cycles(parts) == []

@@ -18,6 +18,7 @@ from airflow_lease_provider.core.errors import (
     LeaseHeld,
     LeaseLost,
     LeaseStoreUnavailable,
+    OutcomeUnknown,
     SchemaError,
     StaleFencingToken,
 )
@@ -56,6 +57,7 @@ __all__ = [
     "LeaseStore",
     "LeaseStoreError",
     "LeaseStoreUnavailable",
+    "OutcomeUnknown",
     "SlotCountMismatch",
     "RunRef",
     "SchemaError",

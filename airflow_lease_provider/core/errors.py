@@ -24,6 +24,20 @@ class LeaseStoreUnavailable(LeaseError):
     """The store could not be reached or did not answer in time. Callers fail closed on it."""
 
 
+class OutcomeUnknown(LeaseStoreUnavailable):
+    """A write was sent and the connection was lost (or cut off) before its answer came: it may or may not
+    have been applied. Never re-sent blindly (docs/core.md, "Statements sent again after a lost
+    connection"): the caller reads the outcome back where it can, else this reaches its caller. A
+    :class:`LeaseStoreUnavailable`, so code that fails closed on an unreachable store does here too."""
+
+
+class Interruption(Exception):
+    """Raised into running code from outside it, at a moment that code did not choose (a signal handler in
+    the task's main thread: SIGTERM's ``TaskTerminated``). Whatever the code was doing when it came may
+    have completed, so a fence never gives an idempotency claim back on one (docs/core.md, "At most once
+    outside the database")."""
+
+
 class LeaseLost(LeaseError):
     """The lease this code relied on is gone: a renewal was refused, or the TTL passed without one."""
 

@@ -2,6 +2,10 @@
 
 Writing an event never blocks or breaks the lease path: a failed write is logged and dropped, and a
 short statement timeout bounds how long it may take. Reading is for the UI, the CLI and TTL advice.
+
+A catch-up record (what a capped catch-up skipped or coalesced before a DAG run) is written at most once
+per kind and run, by :meth:`EventLedger.record_catchup`: the database decides which of its writers (the
+scheduler, every task and try of the run) wrote it.
 """
 
 from __future__ import annotations
@@ -56,6 +60,14 @@ class EventKind(str, enum.Enum):
         return self.value
 
 
+#: The kinds a DAG run has at most one record of (migrations 0004, 0013, keyed by the run columns since
+#: 0016), and the statement that writes each.
+CATCHUP_KINDS: dict[str, str] = {
+    EventKind.SKIPPED_CATCHUP.value: "record_skipped_catchup",
+    EventKind.COALESCED.value: "record_coalesced",
+}
+
+
 def _has_nul(value: object) -> bool:
     if isinstance(value, str):
         return "\x00" in value
@@ -64,6 +76,22 @@ def _has_nul(value: object) -> bool:
     if isinstance(value, list | tuple):
         return any(_has_nul(v) for v in value)
     return False
+
+
+def _payload(detail: dict[str, Any] | None) -> str:
+    """``detail`` as the JSON the event table stores, or :class:`InvalidArgument` saying why it cannot be."""
+    if detail is not None and not isinstance(detail, dict):
+        raise InvalidArgument("detail", detail, f"must be a dict or None, not {type(detail).__name__}")
+    try:
+        # allow_nan=False: PostgreSQL's jsonb has no NaN or Infinity.
+        payload = json.dumps(detail or {}, default=str, sort_keys=True, allow_nan=False)
+    except (TypeError, ValueError) as exc:
+        raise InvalidArgument("detail", detail, f"is not storable as JSON: {exc}") from None
+    if _has_nul(detail):
+        raise InvalidArgument("detail", detail, "must not contain NUL characters (jsonb cannot store them)")
+    if len(payload.encode()) > MAX_DETAIL_BYTES:
+        raise InvalidArgument("detail", detail, f"is larger than {MAX_DETAIL_BYTES} bytes as JSON")
+    return payload
 
 
 def event_kind(value: object) -> str:
@@ -182,29 +210,63 @@ class EventLedger:
             validation.owner("owner", owner)
         if token is not None:
             validation.token("token", token)
-        if detail is not None and not isinstance(detail, dict):
-            raise InvalidArgument("detail", detail, f"must be a dict or None, not {type(detail).__name__}")
-        try:
-            # allow_nan=False: PostgreSQL's jsonb has no NaN or Infinity.
-            payload = json.dumps(detail or {}, default=str, sort_keys=True, allow_nan=False)
-        except (TypeError, ValueError) as exc:
-            raise InvalidArgument("detail", detail, f"is not storable as JSON: {exc}") from None
-        if _has_nul(detail):
-            raise InvalidArgument("detail", detail, "must not contain NUL characters (jsonb cannot store them)")
-        if len(payload.encode()) > MAX_DETAIL_BYTES:
-            raise InvalidArgument("detail", detail, f"is larger than {MAX_DETAIL_BYTES} bytes as JSON")
+        payload = _payload(detail)
         try:
             self._prepare()
+            # Not sent again after a lost answer: the first send may have written it, and a ledger counts
+            # events (docs/core.md, "Statements sent again after a lost connection"). Best effort: at most once.
             self.db.run(
                 "record_event",
                 {"kind": kind_value, "key": key, "owner": owner, "token": token, "detail": payload, **columns},
-                durable=None,
+                durable=None, retry=False,
             )
         except LeaseError as exc:
             log.warning("event ledger: could not record %s for %r: %s", kind_value, key, exc)
             return False
         self.maybe_prune()
         return True
+
+    def record_catchup(
+        self, kind: EventKind | str, key: str, *, run: RunRef, detail: dict[str, Any], owner: str | None = None
+    ) -> bool | None:
+        """Write the catch-up record of ``run``'s DAG run unless it has one of this kind.
+
+        One record per kind and DAG run, decided by the database: a unique index on the event's run columns
+        ``(dag_id, run_id)`` (migration 0016) lets exactly one ``INSERT ... ON CONFLICT DO NOTHING``
+        through, however many writers send it at once (the scheduler as the run starts, each task and try
+        of the run, several schedulers). Only the caller that gets True should report it (log, metric).
+
+        :param kind: ``skipped_catchup`` or ``coalesced``.
+        :param key: the job's name in the ledger (a DAG id, a lease key).
+        :param run: the DAG run (and the task instance writing the record, if any); its run columns key it.
+        :param detail: what was skipped or coalesced (see ``docs/timetable.md``).
+        :param owner: the event's owner; defaults to the run's (``dag_id/run_id``).
+        :return: True when this call wrote the record, False when the run had it already, None when the
+            store failed (logged, never raised: the ledger is best effort; the record is left to a writer
+            that reaches the store). Bad arguments raise :class:`InvalidArgument`.
+        """
+        kind_value = event_kind(kind)
+        query = CATCHUP_KINDS.get(kind_value)
+        if query is None:
+            raise InvalidArgument("kind", kind_value, f"must be one of {', '.join(CATCHUP_KINDS)}")
+        if not isinstance(run, RunRef):
+            raise InvalidArgument("run", run, f"must be the RunRef of a DAG run, not {type(run).__name__}")
+        columns = run_columns(run)
+        key = validation.lookup_name("key", key)
+        owner = run.run.owner() if owner is None else validation.owner("owner", owner)
+        payload = _payload(detail)
+        try:
+            # The store's schema is checked on its first use only (the store's prepare), not per record.
+            self._prepare()
+            rows = self.db.run(query, {"key": key, "owner": owner, "detail": payload, **columns}, durable=None)
+        except LeaseError as exc:
+            log.warning(
+                "event ledger: could not record the %s record of %s/%s: %s", kind_value, run.dag_id, run.run_id, exc
+            )
+            return None
+        if rows:
+            self.maybe_prune()
+        return bool(rows)
 
     def maybe_prune(self) -> None:
         """Prune once in every so many writes (at random): called after each event written, also by the
@@ -250,6 +312,17 @@ class EventLedger:
             },
         )
         return [Event.from_row(r) for r in rows]
+
+    def fence_refusal(self, lease_key: str, *, owner: str, token: int) -> Event | None:
+        """The newest ``fence_rejected`` event of ``token`` of ``lease_key`` published by ``owner`` (any
+        fence, any resource), or ``None``: one range scan of the refusals of that lease key (its index),
+        whatever the size of the ledger. Refusals past the retention are gone with their events."""
+        lease_key = validation.lookup_name("lease_key", lease_key)
+        validation.owner("owner", owner)
+        validation.token("token", token)
+        self._prepare()
+        rows = self.db.run("fence_refusal", {"lease_key": lease_key, "owner": owner, "token": token})
+        return Event.from_row(rows[0]) if rows else None
 
     def counts(self, *, dag_ids: list[str] | None = None) -> list[EventCount]:
         """Per key and kind: how many events in the last 24 hours and the last 7 days (of the events

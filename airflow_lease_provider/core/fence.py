@@ -25,8 +25,11 @@ from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.db import CallerError, Row, callers_statements
 from airflow_lease_provider.core.errors import (
     DuplicatePublish,
+    Interruption,
     InvalidArgument,
     LeaseError,
+    LeaseLost,
+    OutcomeUnknown,
     StaleFencingToken,
 )
 from airflow_lease_provider.core.events import EventKind, EventLedger
@@ -49,7 +52,8 @@ class FenceDecision:
 
     Also a context manager for a side effect outside the database, with an idempotency key: the claim of
     the key is given back when the block raises, so a failed side effect can be retried (see
-    :meth:`FenceStore.guard`). A block that completes, or a process that dies inside it, keeps the claim.
+    :meth:`FenceStore.guard`). A block that completes, or a process that dies inside it, keeps the claim,
+    and so does a block interrupted from outside (:func:`outcome_unknown`: the side effect may have happened).
     """
 
     resource: str
@@ -100,8 +104,25 @@ class FenceDecision:
     def __exit__(
         self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
     ) -> None:
-        if exc is not None:
-            self.release()
+        if exc is None:
+            return
+        if outcome_unknown(exc):
+            if self.idempotency_key is not None and self._release is not None:
+                log.warning(
+                    "fence %r: the side effect was interrupted (%s) and may have happened; idempotency key %r "
+                    "stays claimed (delete its fence_publish row to publish the slot again)",
+                    self.resource, type(exc).__name__, self.idempotency_key,
+                )
+            return
+        self.release()
+
+
+def outcome_unknown(exc: BaseException) -> bool:
+    """Whether ``exc`` interrupted the code it came out of at a moment that code did not choose, so what it
+    was doing may have completed: a lost lease (the keeper raises it in the task's main thread), an
+    :class:`~airflow_lease_provider.core.errors.Interruption` (SIGTERM's ``TaskTerminated``), or anything
+    that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``). A claim is never given back on one."""
+    return isinstance(exc, LeaseLost | Interruption) or not isinstance(exc, Exception)
 
 
 def _store_id(value: object) -> str | None:
@@ -239,7 +260,15 @@ class FenceStore(Store):
     def _give_back(self, params: dict[str, Any]) -> bool:
         """Delete this publish's idempotency claim (its own: same resource, key, token and owner)."""
         try:
+            # Not sent again after a lost answer: a resend could delete a claim the same grant made since.
             rows = self._ready().run("fence_claim_release", params, durable=True, retry=False)
+        except OutcomeUnknown as exc:
+            log.warning(
+                "fence %r: the answer to giving back the claim of idempotency key %r was lost (%s); it may or "
+                "may not be claimed still (fence_publish says)",
+                params["resource"], params["idempotency_key"], exc,
+            )
+            return False
         except LeaseError as exc:
             log.warning(
                 "fence %r: could not give back the claim of idempotency key %r (%s); it stays claimed: the "
@@ -287,8 +316,9 @@ class FenceStore(Store):
         ``store_id`` (the issuing :attr:`LeaseStore.store_id`) the fence records where its token came
         from, and, kept in that very store, also refuses a token below the key's newest grant
         (``superseded``: after a force-release, before a later token has published here). One statement,
-        no read-then-write window. Never retried automatically: a resend after a lost reply would refuse
-        its own first success.
+        no read-then-write window. Never sent again after a lost answer (a resend would refuse its own
+        first success): that raises :class:`~airflow_lease_provider.core.errors.OutcomeUnknown`, the publish
+        may or may not have been accepted (docs/core.md, "Statements sent again after a lost connection").
         """
         params = self._params(resource, key, token, owner, idempotency_key, store_id)
         rows = self._ready().run("fence_advance", params, durable=True, retry=False)

@@ -9,12 +9,18 @@ from __future__ import annotations
 import json
 import logging
 import time
+import uuid
 from collections.abc import Collection
 from datetime import datetime, timedelta
 from typing import Any
 
 from airflow_lease_provider.core import validation
-from airflow_lease_provider.core.errors import InvalidArgument, LeaseError
+from airflow_lease_provider.core.errors import (
+    InvalidArgument,
+    LeaseError,
+    LeaseStoreUnavailable,
+    OutcomeUnknown,
+)
 from airflow_lease_provider.core.events import Event, EventCount, EventKind, HoldStats, event_kind
 from airflow_lease_provider.core.identity import RunRef, run_columns
 from airflow_lease_provider.core.keeper import LeaseKeeper
@@ -405,18 +411,36 @@ class LeaseStore(Store):
         return Lease.from_row(rows[0], sent_at) if rows else None
 
     def release(self, lease: Lease, *, run: RunRef | None = None) -> bool:
-        """Free the lease. True only if owner and token still matched (so nobody else's lease is freed)."""
+        """Free the lease. True only if owner and token still matched (so nobody else's lease is freed).
+
+        A release whose answer was lost is sent once more: the same release again changes nothing if the
+        first was applied (it needs the lease unreleased), and then the row tells (this owner and token,
+        released) whether it was. A second lost answer raises :class:`OutcomeUnknown`.
+        """
         checked(lease)
-        params = {"key": lease.key, "owner": lease.owner, "token": lease.token}
-        columns = run_columns(run)
+        params: dict[str, Any] = {"key": lease.key, "owner": lease.owner, "token": lease.token}
         if self.record_events:
             # The release and its 'released' event (held_seconds, released_at) in one transaction.
-            rows = self._ready().run("release_logged", {**params, "detail": "{}", **columns}, durable=True)
-            if rows:
-                self._logged(rows[0]["logged"], EventKind.RELEASED, lease.key)
+            name, params = "release_logged", {**params, "detail": "{}", **run_columns(run)}
         else:
-            rows = self._ready().run("release", params, durable=True)
+            name = "release"
+        db = self._ready()
+        try:
+            rows = db.run(name, params, durable=True, retry=False)
+        except OutcomeUnknown as exc:
+            log.warning("lease %r: the answer to its release was lost (%s); releasing again", lease.key, exc)
+            rows = db.run(name, params, durable=True, retry=False)
+            if not rows:
+                return self._released(lease)
+        if rows and self.record_events:
+            self._logged(rows[0]["logged"], EventKind.RELEASED, lease.key)
         return bool(rows)
+
+    def _released(self, lease: Lease) -> bool:
+        """Whether ``lease`` is released, as its holder releases it: only this owner with this token sets
+        ``released_at`` and keeps the token (a force-release bumps it, a new grant clears it)."""
+        row = self.lease(lease.key)
+        return row is not None and (row.owner, row.token) == (lease.owner, lease.token) and row.released_at is not None
 
     def lease(self, key: str) -> Lease | None:
         """The row of ``key``, held or not (see :attr:`Lease.held`); ``None`` when it was never acquired.
@@ -445,8 +469,13 @@ class LeaseStore(Store):
     ) -> tuple[Lease, int] | None:
         """:meth:`force_release`, returning ``(the lease as it was just before, the token it has now)``.
 
-        One statement: with ``expected_token`` the row is compared and released under one row lock, so a
-        lease re-acquired or bumped since the caller looked is never released by mistake.
+        With ``expected_token`` the row is compared and released under one row lock, so a lease re-acquired
+        or bumped since the caller looked is never released by mistake. With the ledger on, the release and
+        its ``force_released`` event are one transaction under a request id: when its answer is lost, it is
+        asked again and found applied (never applied twice, never reported as "nothing was released");
+        when no answer can be had, :class:`OutcomeUnknown`. With the ledger off it is one statement, never
+        sent twice: a lost answer is :class:`OutcomeUnknown` (docs/core.md, "Statements sent again after
+        a lost connection").
 
         :param by: who did it, for the ledger.
         :param expected_token: release only if the lease still has this token; otherwise raise
@@ -465,23 +494,73 @@ class LeaseStore(Store):
             )
         if expected_token is not None:
             validation.token("expected_token", expected_token)
-        rows = self._ready().run(
-            "force_release_expected", {"key": key, "expected_token": expected_token}, durable=True
-        )
-        if not rows:
-            return None
-        previous = Lease.from_row(rows[0])
-        if rows[0]["new_token"] is None:
-            raise LeaseChanged(key, expected_token, previous)
-        new_token = int(rows[0]["new_token"])
+        columns = run_columns(run)
         if self.record_events:
-            self.events.record(
-                EventKind.FORCE_RELEASED, key, owner=previous.owner, token=previous.token,
-                detail={"by": by, "reason": reason, "was_held": previous.held, "new_token": new_token},
-                run=run,
+            row = self._force_release_logged(key, by, reason, expected_token, columns)
+        else:
+            # Without the ledger there is nowhere to find the request again: never sent twice. A lost
+            # answer raises OutcomeUnknown (the token may have been bumped, or not).
+            rows = self._ready().run(
+                "force_release_expected", {"key": key, "expected_token": expected_token}, durable=True, retry=False
             )
+            row = rows[0] if rows else None
+        if row is None:
+            return None
+        previous = Lease.from_row(row)
+        if row["new_token"] is None:
+            raise LeaseChanged(key, expected_token, previous)
+        new_token = int(row["new_token"])
         log.warning("lease %r force-released by %r (was %s)", key, by, previous.describe())
         return previous, new_token
+
+    #: How often a force-release whose answer was lost is sent again (the same request: applied once).
+    FORCE_RELEASE_SENDS = 3
+
+    def _force_release_logged(
+        self, key: str, by: str, reason: str, expected_token: int | None, columns: dict[str, Any]
+    ) -> dict[str, Any] | None:
+        """The force-release and its ``force_released`` event in one transaction, under a request id: a send
+        whose answer was lost (the connection dropped after the commit) is sent again, and the resend finds
+        the request applied (its event) and answers what it did, instead of bumping the token a second time
+        or calling it "changed, nothing released". Its row, or ``None`` when the key was never acquired.
+
+        :raises OutcomeUnknown: no send's answer came back: it may or may not have been applied.
+        """
+        request = uuid.uuid4().hex
+        detail = json.dumps({"by": by, "reason": reason}, sort_keys=True)
+        params = {"key": key, "expected_token": expected_token, "request": request, "detail": detail, **columns}
+        lost: OutcomeUnknown | None = None
+        for _ in range(self.FORCE_RELEASE_SENDS):
+            db = self._ready()
+            try:
+                with db.transaction() as cur:
+                    if not db.run_in(cur, "force_release_lock", params):
+                        return None
+                    if lost is not None:
+                        done = db.run_in(cur, "force_release_done", params)
+                        if done:
+                            log.info("lease %r: the force-release whose answer was lost had been applied", key)
+                            return done[0]
+                    rows = db.run_in(cur, "force_release_logged", params)
+            except OutcomeUnknown as exc:
+                lost = exc
+                log.warning("lease %r: the answer to a force-release was lost (%s); asking again", key, exc)
+                continue
+            except LeaseStoreUnavailable as exc:
+                if lost is None:
+                    raise  # nothing was committed: the first send failed before its commit
+                raise self._unknown_force_release(key, exc) from exc
+            self.events.maybe_prune()
+            return rows[0] if rows else None
+        assert lost is not None
+        raise self._unknown_force_release(key, lost) from lost
+
+    @staticmethod
+    def _unknown_force_release(key: str, cause: LeaseError) -> OutcomeUnknown:
+        return OutcomeUnknown(
+            f"force-release of {key!r}: the store's answer was lost and asking again failed ({cause}): the lease "
+            "may or may not have been released; look at it again (its token and the force_released event say)"
+        )
 
     def leases(
         self,

@@ -371,20 +371,28 @@ class ObjectFence:
         claim = None
         if idempotency_key is not None:
             claim = self._claim(bucket, key, idempotency_key, token, lease_key, owner, write_id)
+        sends = _Sends()
         try:
-            return self._cas(bucket, key, data, args, token, lease_key, owner, store, idempotency_key, write_id)
-        except (ReadTimeoutError, ConnectionClosedError) as exc:
-            # The request may have reached the store: keep the claim (at most once).
+            return self._cas(
+                bucket, key, data, args, token, lease_key, owner, store, idempotency_key, write_id, sends
+            )
+        except BaseException as exc:
+            # The claim goes back only when no write of this call can have landed: none was sent, or the
+            # store answered each one with a refusal. Anything else (a read timeout, a dropped connection,
+            # a LeaseLost or TaskTerminated raised in this thread by a signal handler while a PUT was in
+            # flight or just after the store applied it) leaves the outcome unknown: the claim stays, so
+            # the slot is published at most once (docs/core.md, "Fencing at the object store").
             if claim is not None:
-                log.warning(
-                    "object fence %s: the write may or may not have happened (%s); idempotency key %r stays "
-                    "claimed (delete %s to publish the slot again)",
-                    _resource(bucket, key), type(exc).__name__, idempotency_key, claim[0],
-                )
-            raise self._failure(exc, "the write", bucket, key) from None
-        except BaseException:
-            if claim is not None:
-                self._give_back(bucket, key, claim, idempotency_key)
+                if sends.uncertain:
+                    log.warning(
+                        "object fence %s: the write may or may not have happened (%s); idempotency key %r "
+                        "stays claimed (delete %s to publish the slot again)",
+                        _resource(bucket, key), type(exc).__name__, idempotency_key, claim[0],
+                    )
+                else:
+                    self._give_back(bucket, key, claim, idempotency_key)
+            if isinstance(exc, ReadTimeoutError | ConnectionClosedError):
+                raise self._failure(exc, "the write", bucket, key) from None
             raise
 
     def _put_args(
@@ -410,7 +418,7 @@ class ObjectFence:
 
     def _cas(
         self, bucket: str, key: str, data: bytes, args: dict[str, Any], token: int, lease_key: str,
-        owner: str | None, store: str | None, idempotency_key: str | None, write_id: str,
+        owner: str | None, store: str | None, idempotency_key: str | None, write_id: str, sends: _Sends,
     ) -> ObjectPublish:
         put_args = {k: v for k, v in args.items() if k != "_user_metadata"}
         user_metadata: dict[str, str] = args["_user_metadata"]
@@ -451,12 +459,18 @@ class ObjectFence:
                     resource, token,
                 )
             condition = {"IfMatch": state.etag} if state.exists else {"IfNoneMatch": "*"}
+            landed_before = sends.uncertain
+            # From here until the store's answer is read, the write may land: whatever interrupts this
+            # thread now (a signal handler's exception included) leaves its outcome unknown.
+            sends.uncertain = True
             try:
                 reply = self.client.put_object(
                     Bucket=bucket, Key=key, Body=data, Metadata=meta, **condition, **put_args
                 )
             except ClientError as exc:
                 status = _status(exc)
+                if _refused(exc):
+                    sends.uncertain = landed_before  # this send was refused: it wrote nothing
                 if status in _CAS_LOST or (state.exists and status == 404):
                     # Written (or deleted) since we read it: read again and decide again.
                     log.info(
@@ -570,6 +584,26 @@ class ObjectFence:
         except BotoCoreError as exc:
             raise self._failure(exc, "reading the idempotency claim", bucket, key) from None
         return True
+
+
+class _Sends:
+    """Of one ``put``: whether a write it sent may have landed without its knowing (see ``put``)."""
+
+    __slots__ = ("uncertain",)
+
+    def __init__(self) -> None:
+        self.uncertain = False
+
+
+def _refused(exc: ClientError) -> bool:
+    """The store answered this one send with a refusal that wrote nothing: a 4xx status on the first try.
+
+    A 5xx (the store's own failure) is not taken as certain, and after botocore's own retries
+    (``RetryAttempts`` > 0) an earlier try whose answer was lost or a 5xx may have landed.
+    """
+    status = _status(exc)
+    retries = exc.response.get("ResponseMetadata", {}).get("RetryAttempts", 0)
+    return status is not None and 400 <= status < 500 and not retries
 
 
 def _body(body: object) -> bytes:

@@ -88,6 +88,19 @@ _embedded_lock = threading.Lock()
 _embedded: dict[str, str] = {}
 
 
+def _embedded_after_fork() -> None:
+    """In a forked child: a fresh lock, and no server yet. A thread of the parent (a scheduler's catch-up
+    writer starting the embedded store) may hold the lock at the fork, and the child has no such thread to
+    release it; and a child that used the parent's server without attaching to it would not count among its
+    users, so the parent's exit could stop the server under it. The child attaches when it needs the store."""
+    global _embedded_lock
+    _embedded_lock = threading.Lock()
+    _embedded.clear()
+
+
+os.register_at_fork(after_in_child=_embedded_after_fork)
+
+
 def _quiet_embedded_server() -> None:
     """Keep the embedded server's own progress lines (``PG_VERSION file found``, ``a postgres server is
     already running: ...``, ``Exiting ... remaining pids``) out of CLI output and task logs; its warnings
@@ -153,7 +166,8 @@ def _get_connection(conn_id: str) -> Any:
         return BaseHook.get_connection(conn_id)
     # Outside a task (the api-server serving the Leases page, the airflow-lease CLI) the SDK's lookup
     # reads only env vars and external secrets backends, so a connection defined in the UI would look
-    # missing. The core lookup reads those and the metadata database.
+    # missing. The core lookup reads those and the metadata database. The model is imported on first use
+    # (version_compat): a task process (the branch above) never imports it.
     return version_compat.Connection.get_connection_from_secrets(conn_id)
 
 
@@ -252,6 +266,8 @@ def _location(conn: Any, conn_id: str, schema: str | None, role: str = LEASE_ROL
 def _hostname() -> str | None:
     """This worker's host name as Airflow reports it ([core] hostname_callable), recorded with leases."""
     try:
+        # Resolved inside the try (version_compat imports it on first use): an Airflow where the name is not
+        # found falls back too, never fails the hook.
         return str(version_compat.get_hostname())
     except Exception:  # an unimportable or failing callable: the core falls back to the machine's name
         log.debug("lease: [core] hostname_callable failed; recording the machine's host name", exc_info=True)

@@ -12,7 +12,7 @@ from urllib.parse import urlsplit
 
 from airflow.plugins_manager import AirflowPlugin
 
-from airflow_lease_provider.plugins import startup
+from airflow_lease_provider.plugins import catchup_listener, startup
 from airflow_lease_provider.timetables.capped_catchup import CappedCatchupTimetable
 from airflow_lease_provider.version_compat import conf
 
@@ -27,7 +27,7 @@ class LazyApp:
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if self._app is None:
-            # FastAPI and the routes are imported by the api-server alone, when it first calls the app.
+            # Imported here: only the api-server serves it, so no other process imports FastAPI and the routes.
             from airflow_lease_provider.plugins.api import create_app
 
             self._app = create_app()
@@ -46,8 +46,9 @@ class LeasePlugin(AirflowPlugin):
     name = "lease"
     # Airflow deserializes a custom timetable only if a plugin lists its class.
     timetables = [CappedCatchupTimetable]
-    # Records at each component's start what its task processes may not read (plugins/startup.py).
-    listeners = [startup]
+    # Records at each component's start what its task processes may not read (plugins/startup.py); and in
+    # the scheduler, as each run starts, what its capped catch-up skipped or coalesced (catchup_listener.py).
+    listeners = [startup, catchup_listener]
     fastapi_apps = [{"app": LazyApp(), "url_prefix": URL_PREFIX, "name": "Leases"}]
     external_views = [
         {

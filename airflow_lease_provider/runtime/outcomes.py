@@ -1,14 +1,15 @@
 """What happened to a leased task, said once: the ledger event, the metric and the log line of each outcome.
 
 The one path every outcome is reported through: the task lease's (:mod:`.task_lease`), the lease context's
-(a loss, a fence refusal) and the skipped-catch-up record's (:mod:`airflow_lease_provider.timetables.catchup_record`).
+(a loss, a fence refusal) and the catch-up record's (:mod:`.catchup`, from the scheduler's listener or a task).
 Call sites state only the outcome (``report(Outcome.SKIPPED_OVERLAP, ...)``); this table decides what
 that writes. Some events are written by the core store itself, in the same call that caused them (an
 acquire, a release, a fence refusal): for those only the metric and the log line come from here. A loss
 is recorded by the keeper when the keeper found it; elsewhere (a fresh read of the store, a run lease
 that is gone) the caller says ``recorded=False`` and the event is written here. Either way: one loss,
-one event, one ``lease.lost``. A skipped catch-up is written once per gap by its record itself (an
-insert the database lets through once), which then reports it here with ``recorded=True``.
+one event, one ``lease.lost``. A skipped or coalesced catch-up is written once per run by its record itself
+(``EventLedger.record_catchup``: an insert the database lets through once), whose writer then reports it
+here with ``recorded=True``.
 """
 
 from __future__ import annotations

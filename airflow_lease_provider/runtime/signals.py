@@ -16,6 +16,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from airflow_lease_provider.core import LeaseKeeper, LeaseLost
+from airflow_lease_provider.core.errors import Interruption
 
 log = logging.getLogger(__name__)
 
@@ -23,11 +24,13 @@ log = logging.getLogger(__name__)
 _LOST_SIGNAL = signal.SIGUSR1
 
 
-class TaskTerminated(Exception):
+class TaskTerminated(Interruption):
     """The task process got SIGTERM while it held a lease: the body is stopped and the lease released.
 
     An ``Exception`` (not Airflow's ``AirflowTaskTerminated``) so that the task's retries apply as for
-    any other failure when nobody else decides its state.
+    any other failure when nobody else decides its state; an
+    :class:`~airflow_lease_provider.core.errors.Interruption`, since it lands wherever the body was, so a
+    fence keeps the idempotency claim of a side effect it interrupted.
     """
 
 

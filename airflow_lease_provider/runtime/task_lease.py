@@ -30,6 +30,7 @@ from airflow_lease_provider.core import (
     validation,
 )
 from airflow_lease_provider.runtime import store as task_store
+from airflow_lease_provider.runtime.catchup import record_skipped_catchup
 from airflow_lease_provider.runtime.context import XCOM_LEASE, LeaseContext, activated, active
 from airflow_lease_provider.runtime.outcomes import Outcome, report
 from airflow_lease_provider.runtime.policies import OverlapPolicy, policy_of
@@ -141,8 +142,6 @@ class TaskLease:
 
     def record_catchup(self, context: Any) -> None:
         """The first run after a gap in a capped catch-up schedule records the skipped slots, once."""
-        from airflow_lease_provider.timetables.catchup_record import record_skipped_catchup
-
         try:
             # Recorded under the DAG id unless a key was given (a default key names one task, not the job).
             job = self.key if self.key_given else None

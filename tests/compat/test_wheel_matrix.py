@@ -169,6 +169,26 @@ def test_capped_catch_up_as_the_scheduler_computes_it(home: Home) -> None:
     assert now - datetime.timedelta(hours=3) <= first <= now, stamps
 
 
+def _scheduler_records_the_catch_up_of_a_timetable_only_dag(home: Home, api: AirflowAPI) -> None:
+    """``compat_catchup`` has only the timetable and a plain task. Unpaused, this Airflow's scheduler starts
+    its newest 2 hourly slots; the first, the DAG's first run with ``catchup=True``, follows the slots since
+    its start date, which the plugin's listener records in that scheduler (issue 38 item 9), read back
+    through the ``airflow-lease`` CLI of this venv."""
+    api.unpause("compat_catchup")
+    runs = wait(lambda: api.runs("compat_catchup"), lambda found: len(found) >= 1, 180, "a run of compat_catchup")
+    first = runs[0]
+
+    def recorded() -> list[dict]:
+        out = home.run(str(home.venv.bin / "airflow-lease"), "events", "--kind", "skipped_catchup", "--json").stdout
+        return [e for e in json.loads(out)["events"] if e["dag_id"] == "compat_catchup"]
+
+    (event,) = wait(recorded, bool, 120, f"the catch-up record of compat_catchup on Airflow {home.venv.airflow_version}")
+    start = datetime.datetime.fromisoformat(first["data_interval_start"].replace("Z", "+00:00"))
+    since = datetime.datetime(2026, 1, 1, tzinfo=datetime.timezone.utc)  # compat_smoke.START
+    assert (event["key"], event["run_id"], event["task_id"]) == ("compat_catchup", first["dag_run_id"], None), event
+    assert event["detail"]["count"] == round((start - since) / datetime.timedelta(hours=1)), (event, first)
+
+
 def kill_what_is_left(airflow_home: str) -> None:
     """SIGKILL every process still running with this ``AIRFLOW_HOME``: ``airflow standalone`` of Airflow 3.1
     leaves its scheduler running (PPID 1, outside the process group) after it exits on SIGTERM, and it
@@ -240,6 +260,7 @@ def test_real_airflow_processes_run_the_smoke_dag_triggered_with_no_logical_date
         assert len(skipped) == len(before) + 1
         assert store.holder("compat-held").owner == "someone-else/run"
         assert store.holder("compat-publish") is None
+        _scheduler_records_the_catch_up_of_a_timetable_only_dag(home, api)
     finally:
         probe.close()
         if api is not None:

@@ -17,7 +17,7 @@ from typing import Any
 import pytest
 from botocore.exceptions import ClientError
 
-from airflow_lease_provider.core import DuplicatePublish, InvalidArgument, StaleFencingToken
+from airflow_lease_provider.core import DuplicatePublish, InvalidArgument, LeaseLost, StaleFencingToken
 from airflow_lease_provider.core.object_fence import (
     FENCE_METADATA,
     ObjectFence,
@@ -520,3 +520,74 @@ def test_writing_the_bytes_already_there_warns_that_the_etag_does_not_move(
     caplog.clear()
     fence.put(bucket, KEY, b"other", token=3, lease_key=LEASE, owner="run-3")
     assert "very bytes" not in caplog.text
+
+
+def _interrupt_when_answered(client: Any, key: str, interruption: BaseException, *, operation: str = "PutObject") -> None:
+    """Raise ``interruption`` in this (the task's main) thread the moment the store's success answer to
+    ``operation`` on ``key`` comes back: what a signal handler's ``LeaseLost`` or ``TaskTerminated`` does
+    when it lands just after the store applied the write."""
+    sent: list[str] = []
+
+    def note(request: Any, **_: Any) -> None:
+        sent.append(request.url.split("?")[0])
+
+    def interrupt(http_response: Any, **_: Any) -> None:
+        if sent and sent[-1].endswith("/" + key) and http_response.status_code == 200:
+            raise interruption
+
+    client.meta.events.register(f"before-send.s3.{operation}", note)
+    client.meta.events.register(f"after-call.s3.{operation}", interrupt)
+
+
+INTERRUPTIONS = [
+    pytest.param(LeaseLost(LEASE, 5, "renewal refused"), id="LeaseLost"),  # an Exception
+    pytest.param(KeyboardInterrupt(), id="KeyboardInterrupt"),  # a BaseException
+]
+
+
+@pytest.mark.parametrize("interruption", INTERRUPTIONS)
+def test_an_interruption_after_the_store_applied_the_write_keeps_the_claim(
+    moto: MotoServer, bucket: str, interruption: BaseException
+) -> None:
+    """Issue 38, defect 7: the claim was given back on any exception but a read timeout or a dropped
+    connection, so the retry published the same slot a second time."""
+    client = moto.client()
+    _interrupt_when_answered(client, KEY, interruption)
+    with pytest.raises(type(interruption)):
+        ObjectFence(client).put(bucket, KEY, b"first try", token=5, lease_key=LEASE, owner="run-5",
+                                idempotency_key="slot-t")
+    reader = ObjectFence(moto.client())
+    got = reader.read(bucket, KEY)
+    assert got is not None and (got.body, got.token) == (b"first try", 5)  # the store applied it
+    assert reader.published(bucket, KEY, "slot-t"), "the claim of a write that landed was given back"
+    with pytest.raises(DuplicatePublish):  # the task's retry, with its new token: the slot is published once
+        reader.put(bucket, KEY, b"second try", token=6, lease_key=LEASE, owner="run-5", idempotency_key="slot-t")
+    assert _body(reader, bucket) == b"first try"
+
+
+@pytest.mark.parametrize("interruption", INTERRUPTIONS)
+def test_an_interruption_before_the_write_was_sent_gives_the_claim_back(
+    moto: MotoServer, bucket: str, interruption: BaseException
+) -> None:
+    """Interrupted while reading the fence (before any write of the object was sent): certainly not written,
+    so the slot is free for the retry."""
+    ObjectFence(moto.client()).put(bucket, KEY, b"v1", token=1, lease_key=LEASE, owner="run-1")
+    client = moto.client()
+    _interrupt_when_answered(client, KEY, interruption, operation="HeadObject")
+    with pytest.raises(type(interruption)):
+        ObjectFence(client).put(bucket, KEY, b"slot u", token=2, lease_key=LEASE, owner="run-2", idempotency_key="slot-u")
+    reader = ObjectFence(moto.client())
+    assert _body(reader, bucket) == b"v1" and not reader.published(bucket, KEY, "slot-u")
+    reader.put(bucket, KEY, b"slot u", token=3, lease_key=LEASE, owner="run-3", idempotency_key="slot-u")
+    assert _body(reader, bucket) == b"slot u"
+
+
+def test_a_write_the_store_refused_gives_the_claim_back(moto: MotoServer, bucket: str) -> None:
+    """The store answered the PUT itself with a refusal (400, an argument it does not accept): nothing was
+    written, so the claim goes back."""
+    fence = ObjectFence(moto.client())
+    with pytest.raises(ObjectStoreError) as refused:
+        fence.put(bucket, KEY, b"x", token=1, lease_key=LEASE, owner="run-1", idempotency_key="slot-r",
+                  extra_args={"StorageClass": "NO_SUCH_CLASS"})
+    assert refused.value.status is not None and 400 <= refused.value.status < 500
+    assert fence.read(bucket, KEY) is None and not fence.published(bucket, KEY, "slot-r")

@@ -12,13 +12,9 @@ import pytest
 from airflow.sdk import DAG
 from airflow.sdk.api.datamodels._generated import DagRunType
 
+from airflow_lease_provider.runtime.catchup import record_skipped_catchup
 from airflow_lease_provider.timetables import CappedCatchupTimetable
-from airflow_lease_provider.timetables.catchup_record import (
-    METRIC,
-    SKIPPED_CATCHUP,
-    record_skipped_catchup,
-    skipped_catchup_slots,
-)
+from airflow_lease_provider.timetables.catchup_record import METRIC, SKIPPED_CATCHUP, skipped_catchup_slots
 
 
 def at(*args: int) -> pendulum.DateTime:

@@ -24,7 +24,8 @@ from psycopg2.extras import Json
 
 from airflow_lease_provider.core import LeaseStore
 from airflow_lease_provider.core.schema import ensure_schema
-from airflow_lease_provider.timetables.catchup_record import METRIC, record_skipped_catchup
+from airflow_lease_provider.runtime.catchup import record_skipped_catchup
+from airflow_lease_provider.timetables.catchup_record import METRIC
 from tests.pg import execute, q
 from tests.timetables.test_catchup_record import AFTER_GAP, BEFORE_GAP, context
 
@@ -128,18 +129,25 @@ def test_the_record_names_its_run_and_the_writing_task_in_the_run_columns(pg_dsn
 
 
 def test_the_database_refuses_a_second_record_of_a_gap(pg_dsn: str, schema: str) -> None:
-    """The rule lives in the database: even a plain INSERT of a second record for the run fails."""
+    """The rule lives in the database, keyed by the event's run columns (migration 0016): even a plain INSERT
+    of a second record for the run fails, whatever task writes it and whatever its detail says."""
     LeaseStore(pg_dsn, schema=schema).ensure_schema()
-    detail = Json({"dag_id": "articles", "run_id": "r1", "count": 3})
-    insert = q("INSERT INTO {schema}.event (kind, key, detail) VALUES ('skipped_catchup', %s, %s)", schema)
-    execute(pg_dsn, insert, ("k1", detail))
+    detail = Json({"count": 3})
+    insert = q(
+        "INSERT INTO {schema}.event (kind, key, detail, dag_id, run_id, task_id, map_index)"
+        " VALUES ('skipped_catchup', %s, %s, %s, %s, %s, %s)",
+        schema,
+    )
+    execute(pg_dsn, insert, ("k1", detail, "articles", "r1", None, None))
     with pytest.raises(psycopg2.errors.UniqueViolation):
-        execute(pg_dsn, insert, ("k2", detail))
-    # Another run's gap, and events of other kinds with the same detail, are not affected.
-    execute(pg_dsn, insert, ("k1", Json({"dag_id": "articles", "run_id": "r2", "count": 1})))
-    other = q("INSERT INTO {schema}.event (kind, key, detail) VALUES ('acquired', %s, %s)", schema)
-    execute(pg_dsn, other, ("k1", detail))
-    execute(pg_dsn, other, ("k1", detail))
+        execute(pg_dsn, insert, ("k2", Json({"dag_id": "other", "run_id": "x"}), "articles", "r1", "publish", -1))
+    # Another run's gap, and events of other kinds of the same run, are not affected.
+    execute(pg_dsn, insert, ("k1", detail, "articles", "r2", None, None))
+    other = q(
+        "INSERT INTO {schema}.event (kind, key, detail, dag_id, run_id) VALUES ('acquired', %s, %s, %s, %s)", schema
+    )
+    execute(pg_dsn, other, ("k1", detail, "articles", "r1"))
+    execute(pg_dsn, other, ("k1", detail, "articles", "r1"))
 
 
 def test_migration_keeps_the_oldest_of_records_written_twice(pg_dsn: str, schema: str) -> None:
@@ -173,11 +181,85 @@ def test_migration_keeps_the_oldest_of_records_written_twice(pg_dsn: str, schema
     assert [(k, d["run_id"]) for k, d in _catchup_events(pg_dsn, schema)] == [("first", "r"), ("other", "r2")]
 
 
+def test_migration_16_keys_the_records_by_their_run_columns_and_keeps_every_run(pg_dsn: str, schema: str) -> None:
+    """A store at version 15 with the records earlier versions could hold, upgraded: each run keeps one
+    record of each kind, a record that named its run only in its detail gets the run columns (and stays
+    under the rule), a record of no run is kept as it is, and every other event is untouched."""
+    from airflow_lease_provider.core.db import Database
+    from airflow_lease_provider.core.schema import ensure_schema
+    from tests.pg import store_at_version
+
+    store_at_version(pg_dsn, schema, 15)
+    insert = q(
+        "INSERT INTO {schema}.event (kind, key, detail, dag_id, run_id, task_id, map_index)"
+        " VALUES (%s, %s, %s, %s, %s, %s, %s) RETURNING id",
+        schema,
+    )
+
+    def add(kind: str, key: str, detail: dict, dag_id: str | None, run_id: str | None, task_id: str | None = None) -> int:
+        return int(execute(pg_dsn, insert, (kind, key, Json(detail), dag_id, run_id, task_id, -1 if task_id else None))[0][0])
+
+    written = add("skipped_catchup", "job", {"dag_id": "d", "run_id": "r1", "count": 4}, "d", "r1", "publish")
+    coalesced = add("coalesced", "job", {"dag_id": "d", "run_id": "r1", "count": 9}, "d", "r1")
+    by_detail = add("skipped_catchup", "plain", {"dag_id": "d", "run_id": "r2", "count": 2}, None, None)
+    # Through the plain event API with a run its detail does not name: the old index saw two runs.
+    first = add("skipped_catchup", "api", {"dag_id": "x", "run_id": "other", "count": 1}, "d", "r3")
+    second = add("skipped_catchup", "api", {"count": 1}, "d", "r3")
+    no_run = add("skipped_catchup", "script", {"count": 5}, None, None)
+    acquired = add("acquired", "job", {"dag_id": "d", "run_id": "r1"}, "d", "r1", "publish")
+    db = Database(pg_dsn, schema=schema)
+    try:
+        assert ensure_schema(db) >= 16
+    finally:
+        db.close()
+    rows = execute(pg_dsn, q("SELECT id, kind, dag_id, run_id FROM {schema}.event ORDER BY id", schema))
+    assert rows == [
+        (written, "skipped_catchup", "d", "r1"),
+        (coalesced, "coalesced", "d", "r1"),
+        (by_detail, "skipped_catchup", "d", "r2"),
+        (first, "skipped_catchup", "d", "r3"),
+        (no_run, "skipped_catchup", None, None),
+        (acquired, "acquired", "d", "r1"),
+    ], (second, rows)
+    # The filled-in record is under the rule now: a second record of that run is refused.
+    with pytest.raises(psycopg2.errors.UniqueViolation):
+        add("skipped_catchup", "task", {"count": 2}, "d", "r2", "publish")
+
+
+def test_the_ledger_method_takes_only_catch_up_kinds_and_a_run(store: LeaseStore) -> None:
+    from airflow_lease_provider.core import InvalidArgument, RunRef
+
+    run = RunRef("d", "r")
+    with pytest.raises(InvalidArgument, match="kind"):
+        store.events.record_catchup("acquired", "k", run=run, detail={})
+    with pytest.raises(InvalidArgument, match="run"):
+        store.events.record_catchup("skipped_catchup", "k", run=None, detail={})  # type: ignore[arg-type]
+    assert store.events.record_catchup("skipped_catchup", "k", run=run, detail={"count": 1}) is True
+    assert store.events.record_catchup("skipped_catchup", "k2", run=RunRef("d", "r", 0, task_id="t"), detail={}) is False
+    assert store.events.record_catchup("coalesced", "k", run=run, detail={"count": 2}) is True
+    (event,) = store.events.query(kind="skipped_catchup")
+    assert (event.key, event.owner, event.detail) == ("k", "d/r", {"count": 1})
+
+
+def test_the_ledger_method_checks_the_schema_once_not_per_record(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The store checks its schema on its first use; a catch-up record is one statement after that (before
+    issue 40 item 4 every record ran ``ensure_schema`` first: a version query per record)."""
+    from airflow_lease_provider.core import RunRef
+
+    store.ensure_schema()
+    sent: list[str] = []
+    real = store.db.run
+    monkeypatch.setattr(store.db, "run", lambda name, *a, **kw: sent.append(name) or real(name, *a, **kw))
+    for i in range(3):
+        store.events.record_catchup("skipped_catchup", "k", run=RunRef("d", f"r{i}"), detail={"count": 1})
+    assert [name for name in sent if name != "prune_events"] == ["record_skipped_catchup"] * 3
+
+
 WORKER = """
 import json, sys, threading
 from airflow.sdk.observability.stats import Stats
 from airflow_lease_provider.core import LeaseStore
-from airflow_lease_provider.timetables.catchup_record import record_skipped_catchup
+from airflow_lease_provider.runtime.catchup import record_skipped_catchup
 from tests.timetables.test_catchup_record import AFTER_GAP, BEFORE_GAP, context
 
 counted = []

@@ -12,13 +12,9 @@ import pytest
 from airflow.sdk import DAG
 
 from airflow_lease_provider.core import EventKind
+from airflow_lease_provider.runtime.catchup import record_skipped_catchup
 from airflow_lease_provider.timetables import CappedCatchupTimetable
-from airflow_lease_provider.timetables.catchup_record import (
-    COALESCED,
-    COALESCED_METRIC,
-    SKIPPED_CATCHUP,
-    record_skipped_catchup,
-)
+from airflow_lease_provider.timetables.catchup_record import COALESCED, COALESCED_METRIC, SKIPPED_CATCHUP
 from tests.timetables.test_catchup_record import BEFORE_GAP, FakeTI, at, dag_run
 
 # Before the outage the last run covered [02:00, 03:00]; after it the oldest kept run covers [03:00, 11:00]

@@ -8,9 +8,10 @@ still in ``DagModel`` (the trap). Two schedulers share the metadata database (Ai
 * exactly the newest 3 slots run, then normal per-minute runs; the stored stale slot never runs;
 * every task of the 3 kept runs succeeds: none is skipped for overlap (the kept runs run one at a time,
   ``max_active_runs=1`` as the timetable requires; issue 10 item 12);
-* the first caught-up run records the skipped slots once in the event ledger although three leased
-  tasks with different keys call the record at the same time, and ``scheduled.skipped_catchup`` reaches
-  statsd once with the same count (issue 10 item 11).
+* the first caught-up run records the skipped slots once in the event ledger although the scheduler that
+  starts the run (the plugin's listener, issue 38 item 9) and three leased tasks with different keys all
+  write the record, and ``scheduled.skipped_catchup`` reaches statsd once with the same count (issue 10
+  item 11).
 
 LocalExecutor cannot run on SQLite in Airflow 3, so the test copies a throwaway database from the
 session's migrated metadata template on the suite's PostgreSQL (``metadata_template``) and drops it
@@ -365,7 +366,9 @@ def _check_capped_catch_up(processes: Processes, statsd: StatsdListener) -> None
     ]
     assert all(later[0] >= earlier[1] for earlier, later in itertools.pairwise(kept)), runs
 
-    # The first caught-up run recorded the skip once in the ledger ...
+    # The first caught-up run recorded the skip once in the ledger: the scheduler that started it writes
+    # it as the run starts, keyed by the DAG id; the three leased tasks find it written (one of them writes
+    # it, keyed by its lease key, only if it reached the store first) ...
     skipped = round((expected_catch_up[0] - t0) / datetime.timedelta(minutes=1)) - 1
     assert skipped >= OUTAGE_SLOTS - CAP, (skipped, runs)
     store = LeaseStore(processes.env["LEASE_E2E_DSN"], schema=LEDGER_SCHEMA)
@@ -374,18 +377,20 @@ def _check_capped_catch_up(processes: Processes, statsd: StatsdListener) -> None
     finally:
         store.close()
     assert len(events) == 1, events
-    assert events[0].key in {f"{DAG_ID}-{name}" for name in TASKS}, events
+    assert events[0].key in {DAG_ID} | {f"{DAG_ID}-{name}" for name in TASKS}, events
     assert events[0].detail["count"] == skipped
     assert events[0].detail["run_id"] == runs[0]["run_id"]
-    # ... in the task log of that run, once ...
-    logs = Path(processes.env["AIRFLOW_HOME"], "logs")
+    # ... in the log of whichever wrote it (a scheduler's, or a task's of that run), once ...
+    logs = [*Path(processes.env["AIRFLOW_HOME"], "logs").rglob("*.log"), *processes.logs.glob("scheduler*.log")]
     warnings = [
         line
-        for path in logs.rglob("*.log")
+        for path in logs
         for line in path.read_text(errors="replace").splitlines()
-        if f"catch-up: {skipped} older slots of {DAG_ID}-" in line
+        if f"catch-up: {skipped} older slots of {DAG_ID}" in line
     ]
-    assert len(warnings) == 1 and runs[0]["run_id"] in warnings[0], warnings
+    assert len(warnings) == 1, warnings
+    job = events[0].key
+    assert f"older slots of {job} skipped" in warnings[0], (warnings, job)
     # ... and in the metric.
     metric = [line for line in statsd.lines if "scheduled.skipped_catchup" in line]
     assert metric == [f"airflow.scheduled.skipped_catchup:{skipped}|c"], metric

@@ -17,6 +17,12 @@ A third case shares the deployment (its own DAG file and id): a coalesced catch-
 one kept run whose data interval covers the whole gap, read back over REST, with its ``coalesced`` record
 in the ledger, read back through the ``airflow-lease`` CLI's ``--json``.
 
+Two DAGs that only set the timetable (plain ``@task``s, no leased task; issue 38 item 9), one skipping and
+one coalescing, after the same one-day outage: the scheduler records the ``skipped_catchup`` /
+``coalesced`` record of the first kept run once (the plugin's ``on_dag_run_running`` listener), read back
+through the CLI, and once still after the run is cleared and runs again. Across the deployment each
+recorded slot is counted once in the metrics.
+
 The outage is a dag-processor that parsed the file once (``min_file_process_interval`` of an hour) and a
 ``DagModel`` row holding the next run stored five hours ago, as a scheduler leaves it when it stops.
 """
@@ -61,6 +67,34 @@ with DAG("{COALESCED_DAG}", schedule=CappedCatchupTimetable("*/5 * * * *", coale
         return [context["data_interval_start"].isoformat(), context["data_interval_end"].isoformat()]
 
     incremental()
+'''
+
+# Only the timetable: plain tasks, nothing leased. The scheduler records what the cap skipped or coalesced.
+PLAIN_SKIP_DAG = "capped_plain_skip"
+PLAIN_COALESCE_DAG = "capped_plain_coalesce"
+PLAIN_FILE = f'''
+from __future__ import annotations
+
+import pendulum
+from airflow.sdk import DAG, task
+
+from airflow_lease_provider.timetables import CappedCatchupTimetable
+
+with DAG("{PLAIN_SKIP_DAG}", schedule=CappedCatchupTimetable("*/5 * * * *", max_backfill=2),
+         start_date=pendulum.datetime(2025, 1, 1, tz="UTC"), catchup=True, max_active_runs=1):
+    @task
+    def skip_mode():
+        pass
+
+    skip_mode()
+
+with DAG("{PLAIN_COALESCE_DAG}", schedule=CappedCatchupTimetable("*/5 * * * *", coalesce=True),
+         start_date=pendulum.datetime(2025, 1, 1, tz="UTC"), catchup=True):
+    @task
+    def coalesce_mode():
+        pass
+
+    coalesce_mode()
 '''
 
 DAG_FILE = f'''
@@ -113,6 +147,32 @@ with create_session() as session:
     model.next_dagrun_create_after = end
 """
 
+# A scheduler that stopped right after its last run finished: that run (a success, covering the slot
+# ending at argv[2]) and the next run it stored. Its logical date is the slot's start, as the scheduler's.
+PREVIOUS_RUN = """
+import sys
+import pendulum
+from airflow.models.dag import DagModel
+from airflow.models.serialized_dag import SerializedDagModel
+from airflow.utils.session import create_session
+from airflow.utils.state import DagRunState
+from airflow.utils.types import DagRunTriggeredByType, DagRunType
+
+end = pendulum.parse(sys.argv[2])
+step = pendulum.duration(minutes=int(sys.argv[3]))
+with create_session() as session:
+    dag = SerializedDagModel.get_dag(sys.argv[1], session=session)
+    dag.create_dagrun(
+        run_id=f"scheduled__{(end - step).isoformat()}", logical_date=end - step, data_interval=(end - step, end),
+        run_after=end, run_type=DagRunType.SCHEDULED, triggered_by=DagRunTriggeredByType.TIMETABLE,
+        state=DagRunState.SUCCESS, session=session,
+    )
+    model = session.get(DagModel, sys.argv[1])
+    model.next_dagrun = end
+    model.next_dagrun_data_interval = (end, end + step)
+    model.next_dagrun_create_after = end + step
+"""
+
 
 @pytest.fixture(scope="module")
 def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
@@ -121,11 +181,14 @@ def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     source.write_text(textwrap.dedent(DAG_FILE))
     coalesced = source.with_name("capped_coalesced.py")
     coalesced.write_text(textwrap.dedent(COALESCED_FILE))
+    plain = source.with_name("capped_plain.py")
+    plain.write_text(textwrap.dedent(PLAIN_FILE))
     deployment = Deployment(
-        template, [source, coalesced], extra_env={"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600"}
+        template, [source, coalesced, plain],
+        extra_env={"AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600"},
     )
     try:
-        deployment.start({END_DATE_DAG, COLLISION_DAG, LATEST_ONLY_DAG, COALESCED_DAG})
+        deployment.start({END_DATE_DAG, COLLISION_DAG, LATEST_ONLY_DAG, COALESCED_DAG, PLAIN_SKIP_DAG, PLAIN_COALESCE_DAG})
         yield deployment
     except BaseException:
         print(deployment.tails())
@@ -212,16 +275,48 @@ def test_catchup_false_with_max_backfill_runs_only_the_newest_slot_after_an_outa
     ], runs
 
 
+def _newest_five_minute_slot() -> pendulum.DateTime:
+    """The newest due 5-minute slot boundary, after waiting out a boundary that is about to pass (so that
+    "the newest slot" stays the same for the test's seconds)."""
+    now = pendulum.now("UTC")
+    if now.minute % 5 == 4 and now.second > 30:
+        wait(lambda: pendulum.now("UTC"), lambda t: t.minute % 5 == 0 and t.second >= 5, 60, "the next slot")
+        now = pendulum.now("UTC")
+    return now.start_of("minute").subtract(minutes=now.minute % 5)
+
+
+def _cli_events(airflow: Deployment, kind: str) -> list[dict]:
+    """The ledger's events of ``kind``, read through the ``airflow-lease`` CLI (``events --json``)."""
+    cli = subprocess.run(
+        [str(Path(sys.executable).with_name("airflow-lease")), "events", "--kind", kind, "--json"],
+        env=airflow.env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert cli.returncode == 0, cli.stderr[-3000:]
+    events: list[dict] = json.loads(cli.stdout)["events"]
+    return events
+
+
+def _counted_once(airflow: Deployment) -> None:
+    """Every recorded slot of the deployment counted once: each kind's metric is its records' total count."""
+    for kind, metric in (("skipped_catchup", "scheduled.skipped_catchup"), ("coalesced", "scheduled.coalesced")):
+        recorded = sum(int(e["detail"]["count"]) for e in _cli_events(airflow, kind))
+        assert airflow.statsd.count(metric) == recorded, (kind, recorded, airflow.statsd.count(metric))
+
+
+def _rerun(airflow: Deployment, dag_id: str, run: dict, task_id: str) -> None:
+    """Clear a finished run (the UI's Clear, resetting the run): the scheduler starts it again."""
+    airflow.api.clear(dag_id, run["dag_run_id"], [task_id])
+    wait(lambda: airflow.api.run(dag_id, run["dag_run_id"]),
+         lambda found: found["state"] in ("success", "failed") and found["end_date"] != run["end_date"], 240,
+         f"run {run['dag_run_id']} of {dag_id} to run again")
+
+
 def test_a_coalesced_catch_up_after_a_day_outage_is_one_run_over_the_whole_gap(airflow: Deployment) -> None:
     """A 5-minute schedule, down for a day: one kept run whose data interval starts where the last run's
     ended (the slot stored before the outage) and ends at the newest due slot; nothing of the day is
     dropped. Before coalesce=True the kept run covered its last five minutes only."""
     api = airflow.api
-    now = pendulum.now("UTC")
-    if now.minute % 5 == 4 and now.second > 30:  # keep "the newest slot" the same for the test's seconds
-        wait(lambda: pendulum.now("UTC"), lambda t: t.minute % 5 == 0 and t.second >= 5, 60, "the next slot")
-        now = pendulum.now("UTC")
-    newest = now.start_of("minute").subtract(minutes=now.minute % 5)
+    newest = _newest_five_minute_slot()
     # The last run before the outage covered [newest - 1 day - 5 min, newest - 1 day]; the scheduler stored
     # the next slot, [newest - 1 day, newest - 1 day + 5 min], and stopped.
     last_end = newest.subtract(days=1)
@@ -251,21 +346,99 @@ def test_a_coalesced_catch_up_after_a_day_outage_is_one_run_over_the_whole_gap(a
     # The task saw the whole range; the ledger holds one coalesced record for it, read through the CLI.
     seen = api.xcom(COALESCED_DAG, first["dag_run_id"], "incremental")
     assert [pendulum.parse(v) for v in seen] == [last_end, end], seen
-    cli = subprocess.run(
-        [str(Path(sys.executable).with_name("airflow-lease")), "events", "--kind", "coalesced", "--json"],
-        env=airflow.env, capture_output=True, text=True, timeout=120, check=False,
-    )
-    assert cli.returncode == 0, cli.stderr[-3000:]
-    (event,) = [e for e in json.loads(cli.stdout)["events"] if e["dag_id"] == COALESCED_DAG]
+    # The scheduler records it as the run starts, and the leased task's own record finds it written: one.
+    (event,) = [e for e in _cli_events(airflow, "coalesced") if e["dag_id"] == COALESCED_DAG]
     slots = int((end - last_end).total_seconds() // 300) - 1
     assert event["detail"]["count"] == slots and event["run_id"] == first["dag_run_id"], event
     assert (event["detail"]["coalesced_start"], event["detail"]["coalesced_end"]) == (
         last_end.isoformat(), end.isoformat()
     ), event
     assert event["summary"].startswith(f"catch-up coalesced {slots} missed slot(s) into this run"), event
-    assert [e for e in json.loads(cli.stdout)["events"] if e["kind"] == "skipped_catchup"] == []
+    assert [e for e in _cli_events(airflow, "skipped_catchup") if e["dag_id"] == COALESCED_DAG] == []
     assert airflow.statsd.count("scheduled.coalesced") == slots
-    assert airflow.statsd.count("scheduled.skipped_catchup") == 0
+    _counted_once(airflow)
+
+
+def test_a_timetable_only_dag_records_its_skipped_catch_up_once(airflow: Deployment) -> None:
+    """Plain tasks, ``CappedCatchupTimetable(max_backfill=2)``, down for a day after a run: the newest 2 slots
+    run, and the ledger holds one ``skipped_catchup`` record of the first of them with the slots in between,
+    written by the scheduler (keyed by the DAG id), also after that run is cleared and runs again. Before
+    issue 38 item 9 nothing was recorded: only a leased task or an explicit helper call wrote it."""
+    api = airflow.api
+    newest = _newest_five_minute_slot()
+    last_end = newest.subtract(days=1)
+    result = subprocess.run(
+        [sys.executable, "-c", PREVIOUS_RUN, PLAIN_SKIP_DAG, last_end.isoformat(), "5"],
+        env=airflow.env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    api.unpause(PLAIN_SKIP_DAG)
+    previous = f"scheduled__{last_end.subtract(minutes=5).isoformat()}"
+    runs = wait(lambda: [r for r in api.runs(PLAIN_SKIP_DAG) if r["dag_run_id"] != previous],
+                lambda found: len(found) >= 2 and all(r["state"] in ("success", "failed") for r in found), 180,
+                f"the kept runs of {PLAIN_SKIP_DAG} to finish")
+    first = runs[0]
+    assert first["run_type"] == "scheduled" and first["state"] == "success", runs
+    start = pendulum.parse(first["data_interval_start"])
+    # The newest 2 due slots ran (a 5-minute boundary may have passed since): everything from the end of
+    # the run before the outage to the first kept slot was skipped.
+    assert newest.subtract(minutes=10) <= start <= pendulum.now("UTC"), runs
+    skipped = int((start - last_end).total_seconds() // 300)
+    assert skipped >= 286, (skipped, runs)
+
+    def recorded() -> list[dict]:
+        return [e for e in _cli_events(airflow, "skipped_catchup") if e["dag_id"] == PLAIN_SKIP_DAG]
+
+    (event,) = recorded()
+    assert (event["key"], event["run_id"], event["detail"]["count"]) == (PLAIN_SKIP_DAG, first["dag_run_id"], skipped)
+    assert (event["detail"]["first_start"], event["detail"]["last_end"]) == (last_end.isoformat(), start.isoformat())
+    assert event["detail"]["max_backfill"] == 2 and event["task_id"] is None, event
+    assert event["summary"].startswith(f"catch-up skipped {skipped} older slot(s)"), event
+    # The warning the writer of the record logs: the scheduler's.
+    line = f"catch-up: {skipped} older slots of {PLAIN_SKIP_DAG} skipped"
+    assert line in (airflow.logs / "scheduler.log").read_text(errors="replace"), airflow.tails()
+    # Cleared and run again (the scheduler starts it again): still one record, logged and counted once.
+    _rerun(airflow, PLAIN_SKIP_DAG, first, "skip_mode")
+    assert [e["id"] for e in recorded()] == [event["id"]]
+    assert (airflow.logs / "scheduler.log").read_text(errors="replace").count(line) == 1
+    _counted_once(airflow)
+
+
+def test_a_timetable_only_dag_records_its_coalesced_catch_up_once(airflow: Deployment) -> None:
+    """Plain tasks, ``CappedCatchupTimetable(coalesce=True)``, down for a day: the kept run covers the whole
+    gap, and the ledger holds one ``coalesced`` record of it, written by the scheduler, also after the run
+    is cleared and runs again."""
+    api = airflow.api
+    newest = _newest_five_minute_slot()
+    last_end = newest.subtract(days=1)
+    result = subprocess.run(
+        [sys.executable, "-c", STALE, PLAIN_COALESCE_DAG, last_end.add(minutes=5).isoformat(), "5"],
+        env=airflow.env, capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    api.unpause(PLAIN_COALESCE_DAG)
+    runs = wait(lambda: api.runs(PLAIN_COALESCE_DAG),
+                lambda found: found and all(r["state"] in ("success", "failed") for r in found), 150,
+                f"the runs of {PLAIN_COALESCE_DAG} to finish")
+    first = runs[0]
+    assert (first["run_type"], first["state"], first["data_interval_start"]) == ("scheduled", "success", _z(last_end))
+    end = pendulum.parse(first["data_interval_end"])
+    slots = int((end - last_end).total_seconds() // 300) - 1
+
+    def recorded() -> list[dict]:
+        return [e for e in _cli_events(airflow, "coalesced") if e["dag_id"] == PLAIN_COALESCE_DAG]
+
+    (event,) = recorded()
+    assert (event["key"], event["run_id"], event["detail"]["count"]) == (
+        PLAIN_COALESCE_DAG, first["dag_run_id"], slots
+    ), event
+    assert (event["detail"]["coalesced_start"], event["detail"]["coalesced_end"]) == (
+        last_end.isoformat(), end.isoformat()
+    ), event
+    assert [e for e in _cli_events(airflow, "skipped_catchup") if e["dag_id"] == PLAIN_COALESCE_DAG] == []
+    _rerun(airflow, PLAIN_COALESCE_DAG, first, "coalesce_mode")
+    assert [e["id"] for e in recorded()] == [event["id"]]
+    _counted_once(airflow)
 
 
 def _z(moment: datetime.datetime) -> str:

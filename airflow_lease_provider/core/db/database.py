@@ -41,7 +41,12 @@ from airflow_lease_provider.core.db.sqltext import (
 )
 from airflow_lease_provider.core.db.translate import MISSING_STORE_OBJECT, translate
 from airflow_lease_provider.core.db.watchdog import watchdog
-from airflow_lease_provider.core.errors import InvalidArgument, LeaseError, LeaseStoreUnavailable
+from airflow_lease_provider.core.errors import (
+    InvalidArgument,
+    LeaseError,
+    LeaseStoreUnavailable,
+    OutcomeUnknown,
+)
 
 log = logging.getLogger("airflow_lease_provider.core.db")
 
@@ -55,22 +60,41 @@ DEFAULT_STATEMENT_TIMEOUT = timedelta(seconds=5)
 
 class _StoreLock:
     """The store's re-entrant lock. With ``idle_close == 0`` the connection is closed as the outermost
-    holder lets go, i.e. as soon as an operation (a statement, a transaction) is done."""
+    holder lets go, i.e. as soon as an operation (a statement, a transaction) is done.
+
+    Made anew in a forked child (:func:`_after_fork_in_child`) unless the forking thread itself holds it:
+    a lock another thread held at ``fork()`` (a keeper's renewal in flight) would stay held in the child
+    for ever, since that thread does not exist there, and the child's first store call would wait on it.
+    """
 
     def __init__(self, db: Database) -> None:
         self._lock = threading.RLock()
         self._depth = 0  # only the holding thread changes it
+        self._owner: int | None = None  # the holding thread's ident, while _depth > 0
         self._db = weakref.ref(db)
+        _store_locks.add(self)
 
     def acquire(self, blocking: bool = True, timeout: float = -1) -> bool:
         acquired = self._lock.acquire(blocking, timeout)
         if acquired:
             self._depth += 1
+            self._owner = threading.get_ident()
         return acquired
+
+    def _reset_in_child(self) -> None:
+        # In the child the forking thread keeps its ident, so a lock it held itself is still its own (its
+        # with-block lets go of it); one any other thread held has no holder left.
+        if self._depth and self._owner == threading.get_ident():
+            return
+        self._lock = threading.RLock()
+        self._depth = 0
+        self._owner = None
 
     def release(self) -> None:
         try:
             self._depth -= 1
+            if self._depth == 0:
+                self._owner = None
             db = self._db()
             if self._depth == 0 and db is not None and db.idle_close == timedelta(0) and db._conn is not None:
                 db._drop(reuse=True)
@@ -83,6 +107,9 @@ class _StoreLock:
     def __exit__(self, *exc: object) -> None:
         self.release()
 
+
+#: Every store lock of this process, made anew in a forked child.
+_store_locks: weakref.WeakSet[_StoreLock] = weakref.WeakSet()
 
 
 class Database:
@@ -354,10 +381,13 @@ class Database:
 
         :param durable: ``True``: the statement writes lease or fence state that must survive a crash;
             ``None``: a best-effort write that need not wait for the disk; ``False``: a read.
-        :param retry: the statement may be sent again when a reused connection turns out to be dead.
-            Only for statements whose repetition is harmless (a repeated acquire by the same owner just
-            burns a token; a repeated fence advance would reject its own first success, so never that).
+        :param retry: the statement may be sent again when a reused connection turns out to be dead after
+            it was sent. Only for statements whose repetition is harmless whether or not the first send was
+            applied: reads, and the writes docs/core.md lists ("Statements sent again after a lost
+            connection") with why. A write sent with ``retry=False`` whose connection is lost (or cut off
+            by the watchdog) before its answer raises :class:`OutcomeUnknown`: it may have been applied.
         """
+        write = durable is not False
         with self._lock:
             for attempt in (1, 2):
                 fresh = self._conn is None
@@ -366,19 +396,31 @@ class Database:
                 try:
                     return self._send(name, params, durable, conn)
                 except (psycopg2.OperationalError, psycopg2.InterfaceError) as exc:
-                    dead = conn.closed != 0 or isinstance(exc, psycopg2.InterfaceError)
+                    # InterfaceError: psycopg2 refused to send on a connection it knows closed: nothing left.
+                    sent = not isinstance(exc, psycopg2.InterfaceError)
+                    dead = conn.closed != 0 or not sent
                     if dead:
                         self._drop()
                     if self._cut_off:
                         self._cut_off = False
-                        raise LeaseStoreUnavailable(
+                        message = (
                             f"lease store at {self.where} did not answer within the statement timeout "
                             f"({self.statement_timeout.total_seconds():g} s)"
-                        ) from exc
-                    if dead and retry and not fresh and attempt == 1:
+                        )
+                        if write:
+                            raise OutcomeUnknown(f"{message}; {name} was sent and may or may not have been applied"
+                                                 ) from exc
+                        raise LeaseStoreUnavailable(message) from exc
+                    if dead and attempt == 1 and ((retry and not fresh) or not sent):
                         log.info("lease store connection to %s was lost; reconnecting once", self.where)
                         continue
                     error = translate(exc, self.where)
+                    if dead and sent and write:
+                        unknown = OutcomeUnknown(
+                            f"{error}; the connection was lost after {name} was sent, before its answer: it may "
+                            "or may not have been applied"
+                        )
+                        raise unknown from error.__cause__
                     raise error from error.__cause__
                 except psycopg2.Error as exc:
                     error = translate(exc, self.where)
@@ -518,18 +560,35 @@ class Database:
         """
         with self._lock:
             conn = self._begin()
+            committing = False
             try:
                 with conn.cursor() as cur:
                     yield cur
+                committing = True
                 with self._guarded(conn):
                     conn.commit()
             except BaseException as exc:
+                # The commit was sent and its answer never came (the connection died, or the watchdog cut it
+                # off): the transaction may have committed. Before the commit, a lost connection rolls it back.
+                # (An InterfaceError is psycopg2 refusing to send on a closed connection: no commit went out.)
+                lost_commit = (
+                    committing and isinstance(exc, psycopg2.OperationalError) and (conn.closed != 0 or self._cut_off)
+                )
+                self._cut_off = False
                 try:
                     conn.rollback()
                 except psycopg2.Error:
                     self._drop()
                 if _names_missing_store_object(exc):
                     self.schema_current = False  # the next store of this process checks it again
+                if lost_commit:
+                    assert isinstance(exc, psycopg2.Error)
+                    error = translate(exc, self.where)
+                    unknown = OutcomeUnknown(
+                        f"{error}; the connection was lost after the commit was sent, before its answer: the "
+                        "transaction may or may not have committed"
+                    )
+                    raise unknown from error.__cause__
                 if isinstance(exc, psycopg2.Error):
                     error = translate(exc, self.where)
                     raise error from error.__cause__
@@ -571,6 +630,19 @@ _inherited: list[Any] = []
 _shared_lock = threading.Lock()
 _shared: dict[tuple[Any, ...], Database] = {}
 _shared_pid = os.getpid()
+
+
+def _after_fork_in_child() -> None:
+    """Locks held at ``fork()`` by threads the child does not have are never released there: make them
+    anew (the store locks, and the one of the shared databases). What they guarded is handled by the pid
+    checks: the parent's connections are set aside unused (``_inherited``), the shared databases dropped."""
+    global _shared_lock
+    _shared_lock = threading.Lock()
+    for lock in list(_store_locks):
+        lock._reset_in_child()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def shared_database(

@@ -162,6 +162,16 @@ def _check_fork() -> None:
         _registry_pid = os.getpid()
 
 
+def _after_fork_in_child() -> None:
+    # The parent's watchdog thread takes the registry's lock on every tick (reap_all); held at fork(), it
+    # would be held for ever in the child, which has no such thread.
+    global _registry_lock
+    _registry_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
 def shared(key: Hashable, size: int, where: str) -> ConnectionPool:
     """This process's pool for ``key`` (the server and connection settings), made on first use; the first
     caller's ``size`` holds for the process."""

@@ -113,3 +113,12 @@ def _shutdown(fd: int) -> None:
 
 #: The process's one watchdog (every Database publishes its statements to it).
 watchdog = _Watchdog()
+
+
+def _after_fork_in_child() -> None:
+    # The watchdog thread of the parent may have held the lock at fork() (a tick copies the watched set
+    # under it); it does not exist in the child, so the child's first watch() would wait for ever.
+    watchdog._lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)

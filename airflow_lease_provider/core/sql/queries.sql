@@ -146,20 +146,21 @@ SELECT id, at FROM {schema}.lease_event_insert(%(kind)s, %(key)s, %(owner)s, %(t
                                                %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
 
 -- name: record_skipped_catchup
--- One record per gap per DAG in one statement: the unique index of migrations/0004 lets the first writer
--- of a run (dag_id, run_id) insert and every other one insert nothing. A row back means "this call wrote
--- it", and only that caller logs and counts the skipped slots.
+-- One record per gap per DAG in one statement (EventLedger.record_catchup): the unique index on the run
+-- columns (migrations/0016; 0004 made it) lets the first writer of a run (dag_id, run_id) insert and every
+-- other one insert nothing. A row back means "this call wrote it", and only that caller logs and counts
+-- the skipped slots.
 INSERT INTO {schema}.event (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
 VALUES ('skipped_catchup', %(key)s, %(owner)s, NULL, %(detail)s, %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s)
-ON CONFLICT ((detail->>'dag_id'), (detail->>'run_id')) WHERE kind = 'skipped_catchup' DO NOTHING
+ON CONFLICT (dag_id, run_id) WHERE kind = 'skipped_catchup' DO NOTHING
 RETURNING id, at;
 
 -- name: record_coalesced
 -- One record per coalesced run in one statement, as record_skipped_catchup, by the unique index of
--- migrations/0013 (kind 'coalesced'): a row back means "this call wrote it".
+-- migrations/0016 (0013 made it; kind 'coalesced'): a row back means "this call wrote it".
 INSERT INTO {schema}.event (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
 VALUES ('coalesced', %(key)s, %(owner)s, NULL, %(detail)s, %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s)
-ON CONFLICT ((detail->>'dag_id'), (detail->>'run_id')) WHERE kind = 'coalesced' DO NOTHING
+ON CONFLICT (dag_id, run_id) WHERE kind = 'coalesced' DO NOTHING
 RETURNING id, at;
 
 -- name: prune_events
@@ -218,6 +219,60 @@ SELECT old.key, old.owner, old.token, old.ttl, old.acquired_at, old.renewed_at, 
        old.dag_id, old.run_id, old.task_id, old.map_index, old.slot, old.slots
   FROM old;
 
+-- name: force_release_lock
+-- A force-release with the ledger on is one transaction of three statements (LeaseStore.force_release):
+-- this one locks the key's row first, waiting for any statement holding it (a first send of this very
+-- request still running on a connection the client lost included), so that the next statement, with a
+-- snapshot of its own taken after the lock, sees what such a send committed.
+SELECT l.key FROM {schema}.lease l WHERE l.key = %(key)s FOR UPDATE;
+
+-- name: force_release_done
+-- Whether force-release request %(request)s was applied already (by a send whose answer was lost): its
+-- 'force_released' event, written in the same transaction as the release, with the lease as it was just
+-- before and the new token. The key's events of the last hour only (event_key_at_idx): a request is only
+-- sent again by the call that made it, seconds later.
+SELECT p.key, p.owner, p.token, p.ttl, p.acquired_at, p.renewed_at, p.expires_at, p.released_at,
+       (e.detail->>'observed_at')::timestamptz AS observed_at, (e.detail->>'new_token')::bigint AS new_token,
+       p.dag_id, p.run_id, p.task_id, p.map_index, p.slot, p.slots
+  FROM {schema}.event e
+ CROSS JOIN LATERAL pg_catalog.jsonb_populate_record(NULL::{schema}.lease, e.detail->'previous') AS p
+ WHERE e.key = %(key)s AND e.at > clock_timestamp() - interval '1 hour' AND e.kind = 'force_released'
+   AND e.detail->>'request' = %(request)s
+ LIMIT 1;
+
+-- name: force_release_logged
+-- force_release_expected with its 'force_released' event in the same statement (and transaction): the
+-- event carries the request id (%(request)s), the lease as it was just before ('previous', 'observed_at')
+-- and the new token, so a request sent again after a lost answer is found applied (force_release_done)
+-- instead of being applied twice. No event when nothing was released (a token that did not match).
+WITH old AS (
+    SELECT key, owner, token, ttl, acquired_at, renewed_at, expires_at, released_at, dag_id, run_id, task_id,
+           map_index, slot, slots
+      FROM {schema}.lease WHERE key = %(key)s FOR UPDATE
+), upd AS (
+    UPDATE {schema}.lease AS l
+       SET token = greatest(l.token + 1, {schema}.lease_token_floor() + 1),
+           expires_at = LEAST(l.expires_at, clock_timestamp()),
+           released_at = clock_timestamp()
+      FROM old
+     WHERE l.key = old.key AND (%(expected_token)s::bigint IS NULL OR old.token = %(expected_token)s::bigint)
+ RETURNING l.token, l.released_at AS at
+), ev AS (
+    INSERT INTO {schema}.event (kind, key, owner, token, detail, dag_id, run_id, task_id, map_index)
+    SELECT 'force_released', old.key, old.owner, old.token,
+           %(detail)s::jsonb || pg_catalog.jsonb_build_object(
+               'request', %(request)s::text, 'new_token', upd.token, 'observed_at', upd.at,
+               'was_held', old.released_at IS NULL AND old.expires_at > upd.at, 'previous', pg_catalog.to_jsonb(old)),
+           %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s
+      FROM old, upd
+ RETURNING id
+)
+SELECT old.key, old.owner, old.token, old.ttl, old.acquired_at, old.renewed_at, old.expires_at,
+       old.released_at, coalesce((SELECT at FROM upd), clock_timestamp()) AS observed_at,
+       (SELECT token FROM upd) AS new_token, (SELECT count(*) FROM ev) AS logged,
+       old.dag_id, old.run_id, old.task_id, old.map_index, old.slot, old.slots
+  FROM old;
+
 -- name: lease_page
 -- Keyset pagination by key: the keys after %(after)s (NULL: from the first), at most %(limit)s.
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
@@ -242,6 +297,18 @@ SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id
         OR e.dag_id = ANY(%(dag_ids)s::text[]))
  ORDER BY e.at DESC, e.id DESC
  LIMIT %(limit)s;
+
+-- name: fence_refusal
+-- The newest refusal, by any fence, of token %(token)s of lease key %(lease_key)s published by %(owner)s (a
+-- 'fence_rejected' event: its detail's lease_key, its owner and token). One range scan of
+-- event_fence_lease_key_at_idx (migrations/0005): the refusals of that lease key only, newest first, however
+-- long the ledger is (assets.staleness).
+SELECT e.id, e.at, e.kind, e.key, e.owner, e.token, e.detail, e.dag_id, e.run_id, e.task_id, e.map_index
+  FROM {schema}.event e
+ WHERE e.kind = 'fence_rejected' AND (e.detail->>'lease_key') = %(lease_key)s
+   AND e.token = %(token)s AND e.owner = %(owner)s
+ ORDER BY e.at DESC
+ LIMIT 1;
 
 -- name: run_events
 -- The events of one DAG run, newest first, by its run columns (event_run_at_idx, migrations/0007);

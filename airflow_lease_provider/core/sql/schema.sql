@@ -85,12 +85,12 @@ CREATE TABLE {schema}.event (
 );
 CREATE INDEX event_at_idx ON {schema}.event (at);
 CREATE INDEX event_key_at_idx ON {schema}.event (key, at);
--- One skipped-catch-up record per gap (the run after it) per DAG (migrations/0004).
-CREATE UNIQUE INDEX event_skipped_catchup_uq ON {schema}.event ((detail->>'dag_id'), (detail->>'run_id'))
- WHERE kind = 'skipped_catchup';
--- One coalesced-catch-up record per run (the one the missed range was folded into) per DAG (migrations/0013).
-CREATE UNIQUE INDEX event_coalesced_uq ON {schema}.event ((detail->>'dag_id'), (detail->>'run_id'))
- WHERE kind = 'coalesced';
+-- One skipped-catch-up record per gap (the run after it) per DAG (migrations/0004), keyed by the run
+-- columns (migrations/0016).
+CREATE UNIQUE INDEX event_skipped_catchup_uq ON {schema}.event (dag_id, run_id) WHERE kind = 'skipped_catchup';
+-- One coalesced-catch-up record per run (the one the missed range was folded into) per DAG (migrations/0013),
+-- keyed by the run columns (migrations/0016).
+CREATE UNIQUE INDEX event_coalesced_uq ON {schema}.event (dag_id, run_id) WHERE kind = 'coalesced';
 -- One DAG's events by time (migrations/0011): the DAG tab, the DAG's trends and the DAG-scoped reads.
 CREATE INDEX event_dag_at_idx ON {schema}.event (dag_id, at);
 -- Fence rejections by the lease key in their detail (migrations/0005): a key's timeline.
