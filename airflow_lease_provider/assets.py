@@ -210,6 +210,7 @@ def staleness(event: Any, *, conn_id: str | None = None) -> Staleness:
     An event without a lease in its extra raises ``ValueError`` (nothing to check), and so does an event
     whose lease names another lease store (``store_id``): ask that store.
     """
+    # Only where a consumer asks: a DAG file that imports is_stale is parsed without the hooks and the driver.
     from airflow_lease_provider.hooks import LeaseHook
 
     try:

@@ -660,7 +660,7 @@ def _fail(message: str, code: int = EXIT_ERROR, kind: str = "failed", **details:
 def _option(parameter: str, args: argparse.Namespace) -> str:
     """Where a core parameter came from, for error messages: the option, or the connection that set it."""
     if not args.dsn and parameter in ("schema", "dsn"):
-        from airflow_lease_provider import settings
+        from airflow_lease_provider import settings  # imports Airflow: only when Airflow names the store
 
         conn_id = args.conn_id or settings.conn_id()
         if parameter == "dsn":

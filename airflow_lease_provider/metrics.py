@@ -27,13 +27,13 @@ import logging
 from datetime import timedelta
 from typing import Any
 
+from airflow_lease_provider import version_compat
+
 log = logging.getLogger(__name__)
 
 
 def _stats() -> Any:
-    from airflow_lease_provider.version_compat import Stats
-
-    return Stats
+    return version_compat.Stats  # imported on first use
 
 
 def incr(name: str, tags: dict[str, str] | None = None, count: int = 1) -> None:

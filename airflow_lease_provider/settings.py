@@ -10,6 +10,8 @@ import os
 from datetime import timedelta
 from pathlib import Path
 
+from airflow_lease_provider import version_compat
+from airflow_lease_provider.core.keeper import DEFAULT_RENEW_FRACTION
 from airflow_lease_provider.get_provider_info import OPTIONS
 
 #: Each option's fallback when Airflow's config has none: the default the provider declares.
@@ -20,9 +22,7 @@ SINGLE_HOST_EXECUTORS = {"LocalExecutor", "SequentialExecutor", "DebugExecutor"}
 
 
 def _get(option: str, section: str = "lease") -> str:
-    from airflow_lease_provider.version_compat import conf
-
-    value = conf.get(section, option, fallback=DEFAULTS.get(option, ""))
+    value = version_compat.conf.get(section, option, fallback=DEFAULTS.get(option, ""))
     return str(value).strip()
 
 
@@ -44,8 +44,6 @@ def renew_fraction() -> float:
     digits: left at it, the fraction is exactly the keeper's, so a leased task renews as a bare keeper does."""
     raw = _get("renew_fraction")
     if raw == DEFAULTS["renew_fraction"]:
-        from airflow_lease_provider.core.keeper import DEFAULT_RENEW_FRACTION
-
         return DEFAULT_RENEW_FRACTION
     problem = f"[lease] renew_fraction={raw!r}: must be a number from {MIN_RENEW_FRACTION} to below 1"
     try:
@@ -130,10 +128,8 @@ def _metadata_kind() -> str | None:
     """``sqlite`` or ``other``: Airflow's metadata database (``[database] sql_alchemy_conn``) as this process's
     configuration gives it; ``None`` where Airflow hides it from this process (``HIDDEN_METADATA`` in
     :mod:`airflow_lease_provider.version_compat`). Only the kind leaves: the URL may carry the password."""
-    from airflow_lease_provider.version_compat import HIDDEN_METADATA
-
     value = _get("sql_alchemy_conn", section="database")
-    if value.startswith(HIDDEN_METADATA):
+    if value.startswith(version_compat.HIDDEN_METADATA):
         return None
     return "sqlite" if value.partition(":")[0].partition("+")[0].lower() == "sqlite" else "other"
 

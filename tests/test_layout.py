@@ -2,9 +2,14 @@
 
 - Outside ``airflow_lease_provider/version_compat.py`` a module may import from Airflow only its public
   interface (``PUBLIC_AIRFLOW``); every private or internal name goes through the compat module, so that
-  one file says what changes between Airflow versions.
+  one file says what changes between Airflow versions. No private Airflow name (a ``_`` module, class,
+  method or attribute of Airflow's) is used anywhere else, and the compat module stays version flags,
+  conditional imports and the few internals that need a reason (issue 40 item 3).
 - ``airflow_lease_provider.core`` imports nothing from Airflow, nor from the Airflow-facing parts of the
   package, and imports in a process where Airflow cannot be imported at all.
+- The task lease stays the lease's life, its overlap policies strategies beside it; imports of the package's
+  own modules inside functions are few, each with its reason; no two subpackages import each other
+  (issue 40 items 1 and 4).
 """
 
 from __future__ import annotations
@@ -23,8 +28,12 @@ PACKAGE = ROOT / "airflow_lease_provider"
 COMPAT = PACKAGE / "version_compat.py"
 
 #: The Airflow modules any module may import: the Task SDK's top level, the timetable, trigger and
-#: plugin base classes Airflow documents for extension authors, and provider packages.
-PUBLIC_AIRFLOW = ("airflow.sdk", "airflow.timetables.base", "airflow.triggers.base", "airflow.plugins_manager")
+#: plugin base classes Airflow documents for extension authors, the built-in cron timetable (documented for
+#: DAG authors: the capped catch-up describes its schedule as it does), and provider packages.
+PUBLIC_AIRFLOW = (
+    "airflow.sdk", "airflow.timetables.base", "airflow.timetables.trigger", "airflow.triggers.base",
+    "airflow.plugins_manager",
+)
 PUBLIC_AIRFLOW_PREFIXES = ("airflow.providers.",)
 
 
@@ -97,9 +106,129 @@ def test_no_module_but_version_compat_reaches_airflow_internals() -> None:
 
 
 def test_version_compat_is_where_the_internals_are() -> None:
-    # The check above would pass vacuously if the names had simply vanished; they live here instead.
+    # The check above would pass vacuously if the names had simply vanished; they live here instead (imported,
+    # or named for an import on first use).
     internal = {what.partition(":")[0] for _, what in _airflow_imports(COMPAT) if not _is_public(what)}
-    assert {"airflow.timetables._cron", "airflow.models.connection", "airflow.utils.dates"} <= internal
+    assert {"airflow.sdk.bases.decorator", "airflow.sdk.definitions._internal.contextmanager"} <= internal
+    assert {"string 'airflow.models.connection'", "string 'airflow.utils.dates'"} <= internal
+
+
+# -- private Airflow names, and the one door (issue 40 item 3) ------------------------------------------------
+
+#: Private Airflow names this package has used, looked for as names and attributes outside the compat module
+#: (the checks below see any ``_`` import, override or assignment; these catch a bare use as well).
+AIRFLOW_PRIVATE_NAMES = {
+    "_TaskDecorator", "_expand", "_expand_called", "_time_restriction", "_align_to_prev", "_align_to_next",
+    "CronMixin", "DagContext", "TaskGroupContext", "get_merged_defaults", "SUPERVISOR_COMMS",
+}
+
+
+def _private_uses(path: Path) -> list[tuple[int, str]]:
+    """(line, what) of every use in ``path`` of a name in :data:`AIRFLOW_PRIVATE_NAMES` (a name, an attribute, a
+    definition, an imported name), and of every assignment to a ``_`` attribute of an object not ``self``/``cls``
+    (someone else's private state)."""
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        name = None
+        if isinstance(node, ast.Name):
+            name = node.id
+        elif isinstance(node, ast.Attribute):
+            name = node.attr
+        elif isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef):
+            name = node.name
+        elif isinstance(node, ast.alias):
+            name = node.name.rpartition(".")[2]
+        if name in AIRFLOW_PRIVATE_NAMES:
+            found.append((getattr(node, "lineno", 0), name))
+        targets: list[ast.expr] = []
+        if isinstance(node, ast.Assign):
+            targets = list(node.targets)
+        elif isinstance(node, ast.AugAssign | ast.AnnAssign):
+            targets = [node.target]
+        for target in targets:
+            if (
+                isinstance(target, ast.Attribute) and target.attr.startswith("_") and not target.attr.startswith("__")
+                and not (isinstance(target.value, ast.Name) and target.value.id in ("self", "cls"))
+            ):
+                found.append((node.lineno, f"assigns {ast.unparse(target)}"))
+    return sorted(found)
+
+
+def test_no_private_airflow_name_outside_version_compat(tmp_path: Path) -> None:
+    # The core is checked apart (it imports nothing from Airflow; its own objects set each other's state).
+    sources = [p for p in _sources(PACKAGE, ROOT / "dags_examples") if p != COMPAT and PACKAGE / "core" not in p.parents]
+    offenders = [f"{p.relative_to(ROOT)}:{line}: {what}" for p in sources for line, what in _private_uses(p)]
+    assert offenders == [], "behind airflow_lease_provider/version_compat.py, with the reason:\n" + "\n".join(offenders)
+    # The check sees each form the package once had.
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "from x import DagContext\n"
+        "class D(Base):\n    def _expand(self, i):\n        return super()._expand(i)\n"
+        "partial._expand_called = True\n"
+        "self._mine = 1\n"
+        "grid = CronMixin(e, 'UTC')\n"
+    )
+    assert _private_uses(sample) == [
+        (1, "DagContext"), (3, "_expand"), (4, "_expand"), (5, "_expand_called"), (5, "assigns partial._expand_called"),
+        (7, "CronMixin"),
+    ]
+
+
+def test_no_class_of_the_package_overrides_a_private_member_of_an_airflow_class() -> None:
+    """A subclass that redefines Airflow's ``_x`` (``_TaskDecorator._expand``, once) breaks on any change to it."""
+    import importlib
+    import inspect
+    import pkgutil
+    from types import FunctionType
+
+    import airflow_lease_provider
+
+    offenders: list[str] = []
+    names = [m.name for m in pkgutil.walk_packages(airflow_lease_provider.__path__, "airflow_lease_provider.")]
+    for name in names:
+        if name == "airflow_lease_provider.version_compat" or name.endswith((".s3_fence", ".object_fence")):
+            continue  # the one door; the S3 fence needs the s3 extra
+        module = importlib.import_module(name)
+        for cls in vars(module).values():
+            if not inspect.isclass(cls) or cls.__module__ != name:
+                continue
+            airflow_bases = [b for b in cls.__mro__[1:] if b.__module__.split(".")[0] == "airflow"]
+            for member, value in vars(cls).items():
+                code = isinstance(value, FunctionType | property | classmethod | staticmethod)
+                if code and member.startswith("_") and not member.startswith("__"):
+                    owners = [b.__qualname__ for b in airflow_bases if member in vars(b)]
+                    if owners:
+                        offenders.append(f"{name}.{cls.__qualname__}.{member} overrides {owners[0]}.{member}")
+    assert len(names) > 50
+    assert offenders == []
+
+
+#: The compat module's size: version flags, conditional imports, the internals with their reasons (the
+#: standard provider's is about 60 lines).
+COMPAT_MAX_LINES = 120
+
+
+def test_version_compat_is_flags_conditional_imports_and_reasoned_internals() -> None:
+    source = COMPAT.read_text()
+    assert len(source.splitlines()) <= COMPAT_MAX_LINES
+    tree = ast.parse(source)
+    allowed = (ast.Import, ast.ImportFrom, ast.Assign, ast.AnnAssign, ast.If, ast.FunctionDef, ast.Expr)
+    assert [type(n).__name__ for n in tree.body if not isinstance(n, allowed)] == []  # no classes, no loops
+    # Every branch is on a version flag or TYPE_CHECKING, and holds imports only.
+    for node in (n for n in tree.body if isinstance(n, ast.If)):
+        assert ast.unparse(node.test) in ("TYPE_CHECKING", "AIRFLOW_V_3_2_PLUS"), ast.unparse(node.test)
+        assert all(isinstance(n, ast.Import | ast.ImportFrom) for n in (*node.body, *node.orelse))
+    # Every version flag is used: by the compat module itself or by another module.
+    flags = {t.id for n in tree.body if isinstance(n, ast.AnnAssign | ast.Assign)
+             for t in (n.targets if isinstance(n, ast.Assign) else [n.target])
+             if isinstance(t, ast.Name) and t.id.startswith("AIRFLOW_V_")}
+    assert flags
+    others = "".join(p.read_text() for p in _sources(PACKAGE) if p != COMPAT)
+    unused = [f for f in flags if source.count(f) < 2 and f not in others]
+    assert unused == []
+    # Every function says why it is here (the private or internal name it hides, or the version it bridges).
+    for node in (n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name != "__getattr__"):
+        assert ast.get_docstring(node), node.name
 
 
 def test_core_source_imports_nothing_from_airflow_or_the_airflow_layer() -> None:
@@ -486,3 +615,132 @@ def test_the_driver_is_imported_only_by_the_core_s_database_layer() -> None:
     assert offenders == []
     # The check sees an import where there is one.
     assert any(m.startswith("psycopg2") for _, m in _imported_modules(db_layer / "database.py"))
+
+
+# -- the task lease and its policies (issue 40 item 1) ---------------------------------------------------------
+
+TASK_LEASE = PACKAGE / "runtime" / "task_lease.py"
+POLICIES = PACKAGE / "runtime" / "policies.py"
+TASK_LEASE_MAX_LINES = 450
+
+
+def test_the_task_lease_keeps_the_lease_s_life_and_the_policies_are_strategies() -> None:
+    assert len(TASK_LEASE.read_text().splitlines()) <= TASK_LEASE_MAX_LINES
+    from airflow_lease_provider.runtime import policies
+
+    # One class per policy, all of one interface, registered by name; the arguments accept exactly those.
+    assert set(policies.OVERLAP_POLICIES) == {"skip", "wait", "fail", "buffer_one", "replace"}
+    for name, policy in policies.OVERLAP_POLICIES.items():
+        assert isinstance(policy, policies.OverlapPolicy) and policy.name == name
+    assert len({type(p) for p in policies.OVERLAP_POLICIES.values()}) == 5
+    # The hub names no policy: no branch on a policy's name, class or flags in the task lease.
+    branches = []
+    for node in ast.walk(ast.parse(TASK_LEASE.read_text())):
+        if isinstance(node, ast.Compare):
+            values = [c.value for c in (node.left, *node.comparators) if isinstance(c, ast.Constant)]
+            branches += [f"{node.lineno}: compares {v!r}" for v in values if v in policies.OVERLAP_POLICIES]
+        elif isinstance(node, ast.Attribute) and node.attr in ("waits", "replaces", "max_waiting", "outcome"):
+            branches.append(f"{node.lineno}: reads .{node.attr}")
+        elif isinstance(node, ast.Name) and node.id in {type(p).__name__ for p in policies.OVERLAP_POLICIES.values()} - {
+            "OverlapPolicy"  # the interface: what the hub holds
+        }:
+            branches.append(f"{node.lineno}: names {node.id}")
+    assert branches == []
+    # The operator only passes arguments: it neither acquires, holds nor records anything itself.
+    leased = LEASED.read_text()
+    for step in (".acquire(", ".hold(", ".record_catchup(", ".keep_for_run(", ".run_lease("):
+        assert step not in leased, step
+
+
+# -- imports inside functions, and loops between subpackages (issue 40 item 4) --------------------------------
+
+#: At most this many imports of the package's own modules inside functions, each with its reason.
+FUNCTION_IMPORTS_MAX = 15
+
+
+def _function_level_imports(path: Path, package: str = "airflow_lease_provider") -> list[tuple[int, int, str]]:
+    """(first line, last line, module) of every import of ``package``'s own modules inside a function of
+    ``path`` (relative imports included)."""
+    found: list[tuple[int, int, str]] = []
+
+    def visit(node: ast.AST, inside: bool) -> None:
+        for child in ast.iter_child_nodes(node):
+            if inside and isinstance(child, ast.Import | ast.ImportFrom):
+                if isinstance(child, ast.Import):
+                    modules = [a.name for a in child.names]
+                else:
+                    modules = ["." * child.level + (child.module or "")]
+                if any(m == package or m.startswith((package + ".", ".")) for m in modules):
+                    found.append((child.lineno, child.end_lineno or child.lineno, modules[0]))
+            visit(child, inside or isinstance(child, ast.FunctionDef | ast.AsyncFunctionDef | ast.Lambda))
+
+    visit(ast.parse(path.read_text(), filename=str(path)), False)
+    return found
+
+
+def _has_reason(lines: list[str], first: int, last: int) -> bool:
+    """A comment on the import's lines, or in the three lines above it that are not imports of its run."""
+    if any("#" in line for line in lines[first - 1 : last]):
+        return True
+    above, seen = first - 2, 0
+    while above >= 0 and seen < 3:
+        line = lines[above].strip()
+        if line.startswith("#") or ("#" in line and line.startswith(("from ", "import "))):
+            return True
+        if line and not line.startswith(("from ", "import ")):
+            seen += 1
+        above -= 1
+    return False
+
+
+def test_imports_of_the_package_inside_functions_are_few_and_say_why(tmp_path: Path) -> None:
+    found = {p: _function_level_imports(p) for p in _sources(PACKAGE)}
+    total = sum(len(v) for v in found.values())
+    assert 0 < total <= FUNCTION_IMPORTS_MAX, "\n".join(
+        f"{p.relative_to(ROOT)}:{first}: {m}" for p, v in found.items() for first, _, m in v
+    )
+    unexplained = [
+        f"{p.relative_to(ROOT)}:{first}: {module}"
+        for p, imports in found.items()
+        for first, last, module in imports
+        if not _has_reason(p.read_text().splitlines(), first, last)
+    ]
+    assert unexplained == [], "say why this import is inside the function:\n" + "\n".join(unexplained)
+    # The checks see what they look for.
+    sample = tmp_path / "sample.py"
+    sample.write_text(
+        "import airflow_lease_provider\n"
+        "def f():\n"
+        "    # only where it is used: it imports boto3\n"
+        "    from airflow_lease_provider.hooks import s3_fence\n"
+        "    from airflow_lease_provider import settings\n"
+        "    from . import x  # relative\n"
+        "    import json\n"
+        "def g():\n"
+        "    x = 1\n"
+        "    y = 2\n"
+        "    z = 3\n"
+        "    from airflow_lease_provider.core import (\n"
+        "        LeaseStore,\n"
+        "    )\n"
+    )
+    imports = _function_level_imports(sample)
+    assert [(first, module) for first, _, module in imports] == [
+        (4, "airflow_lease_provider.hooks"), (5, "airflow_lease_provider"), (6, "."), (12, "airflow_lease_provider.core"),
+    ]
+    lines = sample.read_text().splitlines()
+    assert [_has_reason(lines, first, last) for first, last, _ in imports] == [True, True, True, False]
+
+
+def test_no_two_subpackages_import_each_other() -> None:
+    """Every import counts (inside functions too). A top-level module of the package is a part of its own.
+    (The last loop, runtime <-> timetables through the catch-up recording, went with issue 40 item 4.)"""
+    graph = _import_graph(_module_files(ROOT, "airflow_lease_provider"))
+    parts: dict[str, set[str]] = {}
+    for module, targets in graph.items():
+        part = ".".join(module.split(".")[:2])
+        parts.setdefault(part, set()).update(".".join(t.split(".")[:2]) for t in targets)
+    for part, targets in parts.items():
+        targets.discard(part)
+    assert len(parts) > 15
+    assert _cycles(parts) == []

@@ -23,8 +23,8 @@ from airflow.providers.standard.operators.python import PythonOperator
 
 from airflow_lease_provider.decorators._python import PythonDecorated, template_fields
 from airflow_lease_provider.operators.leased import LeasedOperator
-from airflow_lease_provider.runtime.arguments import check_lease_arguments, task_defaults
-from airflow_lease_provider.version_compat import TaskDecorator, TaskDecoratorBase
+from airflow_lease_provider.runtime.arguments import check_lease_arguments
+from airflow_lease_provider.version_compat import TaskDecorator, mapping_checked, task_default_args
 
 LeasedPythonOperator = LeasedOperator.wrap(PythonOperator)
 
@@ -42,23 +42,21 @@ def _check(kwargs: dict[str, Any], *, ttl_required: bool) -> None:
     Where no DAG is known yet (a decorator applied outside a DAG) a missing TTL is not an error here
     unless ``ttl_required``: the task's creation or mapping checks it once its DAG is known.
     """
-    defaults = task_defaults(kwargs.get("dag"), kwargs.get("task_group"), kwargs.get("default_args"))
+    defaults = task_default_args(kwargs.get("dag"), kwargs.get("task_group"), kwargs.get("default_args"))
     check_lease_arguments(kwargs, defaults if defaults is not None else kwargs.get("default_args"),
                           ttl_may_be_mapped=defaults is None and not ttl_required,
                           outlets_known=ttl_required)
 
 
-class _LeasedTaskDecorator(TaskDecoratorBase):
-    """What ``@task.leased`` returns: Airflow's TaskFlow decorator, whose mapping checks the lease arguments.
+def _check_mapped(kwargs: dict[str, Any]) -> None:
+    _check(kwargs, ttl_required=True)
 
-    A task made by calling the function is checked by its operator's constructor; a mapped one is never
-    constructed while the DAG is parsed, so ``.expand()`` (also after ``f.override(lease_ttl=...)`` and
-    ``.partial()``, which make new decorators of this class) checks it here.
-    """
 
-    def _expand(self, expand_input: Any, *, strict: bool) -> Any:
-        _check(self.kwargs, ttl_required=True)
-        return super()._expand(expand_input, strict=strict)
+#: What ``@task.leased`` returns: Airflow's TaskFlow decorator, whose mapping checks the lease arguments. A task
+#: made by calling the function is checked by its operator's constructor; a mapped one is never constructed
+#: while the DAG is parsed, so ``.expand()`` (also after ``f.override(lease_ttl=...)`` and ``.partial()``, which
+#: make new decorators of this class) checks it (``version_compat.mapping_checked``: Airflow has no public hook).
+_LeasedTaskDecorator = mapping_checked(_check_mapped)
 
 
 def leased_task(

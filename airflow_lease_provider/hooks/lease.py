@@ -30,7 +30,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_lease_provider import settings
+from airflow_lease_provider import settings, version_compat
 from airflow_lease_provider.core import FenceStore, LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.db import describe_dsn, make_dsn
 from airflow_lease_provider.get_provider_info import CONN_TYPE, CONNECTION_FORM, DEFAULT_CONN_ID, HOOK_NAME
@@ -166,11 +166,9 @@ def _get_connection(conn_id: str) -> Any:
         return BaseHook.get_connection(conn_id)
     # Outside a task (the api-server serving the Leases page, the airflow-lease CLI) the SDK's lookup
     # reads only env vars and external secrets backends, so a connection defined in the UI would look
-    # missing. The core lookup reads those and the metadata database. Resolved here, not at import: the
-    # name imports Airflow's core model, which a task process (the branch above) never needs.
-    from airflow_lease_provider.version_compat import Connection
-
-    return Connection.get_connection_from_secrets(conn_id)
+    # missing. The core lookup reads those and the metadata database. The model is imported on first use
+    # (version_compat): a task process (the branch above) never imports it.
+    return version_compat.Connection.get_connection_from_secrets(conn_id)
 
 
 #: How errors name a lease store's connection (a fence's says what it is instead).
@@ -268,10 +266,9 @@ def _location(conn: Any, conn_id: str, schema: str | None, role: str = LEASE_ROL
 def _hostname() -> str | None:
     """This worker's host name as Airflow reports it ([core] hostname_callable), recorded with leases."""
     try:
-        # Resolved inside the try: an Airflow where the name is not found falls back too, never fails the hook.
-        from airflow_lease_provider.version_compat import get_hostname
-
-        return str(get_hostname())
+        # Resolved inside the try (version_compat imports it on first use): an Airflow where the name is not
+        # found falls back too, never fails the hook.
+        return str(version_compat.get_hostname())
     except Exception:  # an unimportable or failing callable: the core falls back to the machine's name
         log.debug("lease: [core] hostname_callable failed; recording the machine's host name", exc_info=True)
         return None

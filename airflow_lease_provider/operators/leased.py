@@ -28,11 +28,11 @@ from typing import Any, ClassVar
 
 from airflow.sdk import BaseOperator, BaseSensorOperator
 
-from airflow_lease_provider.core import InvalidArgument
 from airflow_lease_provider.operators.wrap import init_parameters, leased_subclass
 from airflow_lease_provider.runtime.arguments import check_lease_arguments
 from airflow_lease_provider.runtime.signals import Terminate, stop_on_terminate
-from airflow_lease_provider.runtime.task_lease import TaskLease, await_store, prepare_store
+from airflow_lease_provider.runtime.task_lease import TaskLease
+from airflow_lease_provider.version_compat import task_default_args
 
 
 class LeasedOperator(BaseOperator):
@@ -122,23 +122,19 @@ class LeasedOperator(BaseOperator):
 
     @classmethod
     def partial(cls, **kwargs: Any) -> Any:
-        """``.partial(...)`` checks the lease arguments when the DAG is parsed, as the constructor does.
+        """``.partial(...)`` checks the lease arguments when the DAG is parsed, as the constructor does, with
+        the ``default_args`` the task gets (its DAG's, its task group's, its own).
 
-        (Airflow builds a mapped task without calling the constructor until the task runs.)
+        (Airflow builds a mapped task without calling the constructor until the task runs.) Checked before
+        the partial is made: a refused one leaves no partial behind to warn that it "was never mapped".
         """
-        task_defaults = kwargs.get("default_args") or {}
-        partial = super().partial(**kwargs)  # BaseOperator's partial (a descriptor)
-        dag = partial.kwargs.get("dag")
-        defaults = {**(getattr(dag, "default_args", None) or {}), **task_defaults}
-        try:
-            # A TTL left out here may still come from expand(); it is then checked when each instance runs.
-            check_lease_arguments(
-                kwargs, defaults, sensor=issubclass(cls, BaseSensorOperator), ttl_may_be_mapped=True
-            )
-        except InvalidArgument:
-            partial._expand_called = True  # no "was never mapped" warning on top of the real error
-            raise
-        return partial
+        defaults = task_default_args(kwargs.get("dag"), kwargs.get("task_group"), kwargs.get("default_args"))
+        # A TTL left out here may still come from expand(); it is then checked when each instance runs.
+        check_lease_arguments(
+            kwargs, defaults if defaults is not None else kwargs.get("default_args"),
+            sensor=issubclass(cls, BaseSensorOperator), ttl_may_be_mapped=True,
+        )
+        return super().partial(**kwargs)  # BaseOperator's partial (a descriptor)
 
     @classmethod
     def wrap(cls, operator_class: type[BaseOperator]) -> type[LeasedOperator]:
@@ -149,43 +145,34 @@ class LeasedOperator(BaseOperator):
 
     # -- the lease around execute: one TaskLease per execute (airflow_lease_provider.runtime) ---------------
 
-    #: Whether this task's lease belongs to the DAG run (owner ``dag_id/run_id``) or to the task instance.
-    _run_owned: ClassVar[bool] = False
+    #: The run lease's acquire task: its lease belongs to the DAG run and is left held after the task.
+    _keeps_for_run: ClassVar[bool] = False
 
     def render_template_fields(self, context: Any, jinja_env: Any = None) -> None:
         """Render the templates; in a task process, also start opening the lease store's connection and
-        checking its schema while Airflow finishes getting the task ready (:func:`prepare_store`)."""
+        checking its schema while Airflow finishes getting the task ready (:meth:`TaskLease.prepare`)."""
         super().render_template_fields(context, jinja_env)
-        prepare_store(self)
-
-    def _task_lease(self, context: Any, terminate: Terminate | None = None) -> TaskLease:
-        return TaskLease.of(
-            self, context, lease_key=self.lease_key, conn_id=self.lease_conn_id, store=await_store(self, terminate),
-            run_scoped=self._run_owned or self.lease_scope == "run",
-            outlets=self.outlets if getattr(self, "lease_on", "key") == "outlets" else None,
-        )
+        TaskLease.prepare(self, context)
 
     def execute(self, context: Any) -> Any:
         # From the first step: a SIGTERM while the task looks up its store, records a catch-up, acquires or
         # gets ready is noted, and the task stops before the body (giving back a lease it took).
         with stop_on_terminate() as terminate:
-            lease = self._task_lease(context, terminate)
-            lease.record_catchup(context)
-            if self.lease_scope == "run":  # renew the run's lease while this task runs; never release it
-                return lease.hold(
-                    lease.run_lease(), lambda: super(LeasedOperator, self).execute(context), context,
-                    release=False, terminate=terminate,
-                )
-            return self._hold(lease, lease.acquire(terminate), context, terminate)
+            lease: TaskLease = self._task_lease(context, terminate)
+            return lease.execute(lambda: super(LeasedOperator, self).execute(context), context, terminate)
 
     def execute_after_wait(self, context: Any, event: dict[str, Any] | None = None, deadline: str = "") -> Any:
         """Resumed after the deferred wait: take the lease if it is free now, or wait again."""
         with stop_on_terminate() as terminate:
-            lease = self._task_lease(context, terminate)
-            return self._hold(lease, lease.acquire(terminate, waited=deadline), context, terminate)
+            lease: TaskLease = self._task_lease(context, terminate)
+            return lease.execute(
+                lambda: super(LeasedOperator, self).execute(context), context, terminate, waited=deadline
+            )
 
-    def _hold(self, lease: TaskLease, acquired: Any, context: Any, terminate: Terminate) -> Any:
-        """Run the wrapped operator under the lease this task acquired, and release it after."""
-        return lease.hold(
-            acquired, lambda: super(LeasedOperator, self).execute(context), context, release=True, terminate=terminate
+    def _task_lease(self, context: Any, terminate: Terminate) -> TaskLease:
+        role = "join" if self.lease_scope == "run" else "keep" if self._keeps_for_run else "task"
+        return TaskLease.of(
+            self, context, lease_key=self.lease_key, conn_id=self.lease_conn_id, run_scoped=role != "task",
+            outlets=self.outlets if getattr(self, "lease_on", "key") == "outlets" else None, role=role,
+            terminate=terminate,
         )

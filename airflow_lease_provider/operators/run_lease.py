@@ -23,14 +23,13 @@ from airflow.sdk import BaseOperator
 from airflow_lease_provider.core import InvalidArgument
 from airflow_lease_provider.operators.leased import LeasedOperator
 from airflow_lease_provider.runtime.arguments import check_name
-from airflow_lease_provider.runtime.signals import Terminate
 from airflow_lease_provider.runtime.task_lease import TaskLease
 
 
 class AcquireRunLeaseOperator(LeasedOperator):
     """Setup task of a run-scoped lease: acquires it for the DAG run and leaves it held."""
 
-    _run_owned = True
+    _keeps_for_run = True
     ui_color = "#e8f4ea"
 
     def __init__(self, **kwargs: Any) -> None:
@@ -41,11 +40,6 @@ class AcquireRunLeaseOperator(LeasedOperator):
                 "on_overlap", "replace", "is not available for a run lease (only for a task's own lease)"
             )
         super().__init__(**kwargs)
-
-    def _hold(self, lease: TaskLease, acquired: Any, context: Any, terminate: Terminate) -> Any:
-        """Leave the lease held for the run; but if this task fails (or is told to stop) before it is done,
-        free it."""
-        return lease.keep_for_run(acquired, terminate)
 
 
 class ReleaseRunLeaseOperator(BaseOperator):

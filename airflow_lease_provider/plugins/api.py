@@ -22,7 +22,7 @@ from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse, Resp
 from pydantic import BaseModel, Field, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from airflow_lease_provider import reading
+from airflow_lease_provider import reading, version_compat
 from airflow_lease_provider.core import (
     InvalidArgument,
     LeaseError,
@@ -164,8 +164,7 @@ def run_window(session: Any, dag_id: str, run_id: str) -> tuple[datetime | None,
     """When the DAG run was alive, by Airflow's metadata, with a margin; (None, None) if unknown."""
     from sqlalchemy import select
 
-    from airflow_lease_provider.version_compat import DagRun
-
+    DagRun = version_compat.DagRun  # noqa: N806 - the model's own name
     run = session.scalar(select(DagRun).where(DagRun.dag_id == dag_id, DagRun.run_id == run_id))
     if run is None:
         return None, None

@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from airflow_lease_provider import version_compat
+
 #: The resource name the auth manager is asked about.
 RESOURCE_NAME = "Leases"
 FORCE_RELEASE_METHOD = "DELETE"
@@ -45,13 +47,8 @@ def may_force_release(auth_manager: Any, user: Any) -> bool:
         method=FORCE_RELEASE_METHOD, resource_name=RESOURCE_NAME, user=user
     ):
         return False
-    from airflow_lease_provider.version_compat import (
-        SimpleAuthManager,
-        SimpleAuthManagerRole,
-    )
-
-    if isinstance(auth_manager, SimpleAuthManager):
-        return str(getattr(user, "role", None) or "").upper() == SimpleAuthManagerRole.ADMIN.name
+    if isinstance(auth_manager, version_compat.SimpleAuthManager):
+        return str(getattr(user, "role", None) or "").upper() == version_compat.SimpleAuthManagerRole.ADMIN.name
     return True
 
 
@@ -63,12 +60,10 @@ def scope(auth_manager: Any, user: Any) -> Scope:
 
 
 def may_read_dag(auth_manager: Any, user: Any, dag_id: str) -> bool:
-    from airflow_lease_provider.version_compat import DagDetails
-
-    return bool(auth_manager.is_authorized_dag(method="GET", details=DagDetails(id=dag_id), user=user))
+    details = version_compat.DagDetails(id=dag_id)
+    return bool(auth_manager.is_authorized_dag(method="GET", details=details, user=user))
 
 
 def may_edit_dag(auth_manager: Any, user: Any, dag_id: str) -> bool:
-    from airflow_lease_provider.version_compat import DagDetails
-
-    return bool(auth_manager.is_authorized_dag(method="PUT", details=DagDetails(id=dag_id), user=user))
+    details = version_compat.DagDetails(id=dag_id)
+    return bool(auth_manager.is_authorized_dag(method="PUT", details=details, user=user))

@@ -14,8 +14,10 @@ from typing import Annotated, Any
 from fastapi import Depends, Request
 from fastapi.responses import HTMLResponse
 
+from airflow_lease_provider import version_compat
 from airflow_lease_provider.core import LeaseStore
 from airflow_lease_provider.core.db import redact
+from airflow_lease_provider.hooks import LeaseHook
 from airflow_lease_provider.plugins import authz
 from airflow_lease_provider.plugins.authz import Scope
 from airflow_lease_provider.version_compat import GetUserDep
@@ -36,8 +38,6 @@ def get_store() -> LeaseStore:
     global _store
     with _store_lock:
         if _store is None:
-            from airflow_lease_provider.hooks import LeaseHook
-
             # Read-only: the page never creates a store where its connection points (a typo in it says
             # "no lease store there"); the tasks create it.
             hook = LeaseHook(read_only=True)
@@ -78,9 +78,7 @@ def user_name(user: Any) -> str:
 
 
 def auth_manager() -> Any:
-    from airflow_lease_provider.version_compat import get_auth_manager
-
-    return get_auth_manager()
+    return version_compat.get_auth_manager()  # imported on first use: the api-server's app is built by then
 
 
 def get_scope(user: GetUserDep) -> Scope:

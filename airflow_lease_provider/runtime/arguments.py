@@ -14,6 +14,7 @@ from collections.abc import Mapping
 from datetime import timedelta
 from typing import Any
 
+from airflow_lease_provider.assets import LEASE_ON, LEASE_ON_OUTLETS, check_outlets
 from airflow_lease_provider.core import InvalidArgument, validation
 from airflow_lease_provider.core.lease import MAX_SLOTS
 from airflow_lease_provider.runtime.policies import OVERLAP_POLICIES
@@ -184,8 +185,6 @@ def check_slots(given: Mapping[str, Any]) -> None:
 
 def check_lease_on(given: Mapping[str, Any], *, outlets_known: bool = True) -> None:
     """``lease_on``: ``"key"`` or ``"outlets"``; the latter needs asset outlets, no key, the task scope."""
-    from airflow_lease_provider.assets import LEASE_ON, LEASE_ON_OUTLETS, check_outlets
-
     lease_on = given.get("lease_on", "key")
     if lease_on not in LEASE_ON:
         raise InvalidArgument("lease_on", lease_on, f"must be one of {', '.join(LEASE_ON)}")
@@ -228,21 +227,3 @@ def check_publish_arguments(
     check_name("lease_key", lease_key, optional=True)
     check_name("idempotency_key", idempotency_key, optional=True)
     return {"resource": resource, "idempotency_key": idempotency_key, "lease_key": lease_key, **others}
-
-
-def task_defaults(dag: Any = None, task_group: Any = None, task_default_args: Any = None) -> dict[str, Any] | None:
-    """The ``default_args`` a task made here gets: its DAG's, its task group's, then its own, merged.
-
-    ``dag`` and ``task_group`` are the ones given to the task, else the DAG and task group whose ``with``
-    block is open. ``None`` when no DAG is known yet (a decorator applied outside a DAG): the task's
-    defaults are then not known until it is created.
-    """
-    from airflow_lease_provider.version_compat import DagContext, TaskGroupContext, get_merged_defaults
-
-    dag = dag or DagContext.get_current()
-    if dag is None:
-        return None
-    task_group = task_group or TaskGroupContext.get_current(dag)
-    merged, _ = get_merged_defaults(dag=dag, task_group=task_group, task_params=None,
-                                    task_default_args=task_default_args)
-    return dict(merged)

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
+from airflow_lease_provider.assets import asset_lease_key
 from airflow_lease_provider.core import (
     DuplicatePublish,
     EventKind,
@@ -119,8 +120,6 @@ class LeaseContext:
         """The lease of ``asset`` (an outlet of a task with ``lease_on="outlets"``): fence and publish what
         you write to that asset with it, so the fence sees that asset's token. The context the task gets
         (``lease``, ``current_lease()``) is the one of the first key in sorted order."""
-        from airflow_lease_provider.assets import asset_lease_key
-
         uri = getattr(asset, "uri", None)
         if not isinstance(uri, str):
             raise InvalidArgument("asset", asset, "must be an Asset, one of this task's outlets")
@@ -264,7 +263,7 @@ class LeaseContext:
         under the lease of that outlet asset (a task with ``lease_on="outlets"`` holds one per asset; default
         this context's lease, the first key's in sorted order).
         """
-        from airflow_lease_provider.hooks.s3_fence import S3FenceHook
+        from airflow_lease_provider.hooks.s3_fence import S3FenceHook  # needs the s3 extra (botocore)
 
         if asset is not None:
             return self.for_asset(asset).fenced_put(
@@ -297,7 +296,7 @@ class LeaseContext:
     def _fences(self, conn_id: str | None) -> Any:
         """The fence kept in the database of ``conn_id`` (default the lease store's): the store's own fence
         on PostgreSQL, the DB-API fence on another DbApiHook connection (hooks/dbapi_fence.py)."""
-        from airflow_lease_provider.hooks.dbapi_fence import fence_store
+        from airflow_lease_provider.hooks.dbapi_fence import fence_store  # not paid by tasks that never fence
 
         return fence_store(conn_id, default_conn_id=self.conn_id, lease_store=self.store)
 

@@ -25,9 +25,10 @@ from collections.abc import Iterator
 from typing import TYPE_CHECKING, NamedTuple, Protocol
 
 import pendulum
+from airflow.timetables.trigger import CronTriggerTimetable
 from croniter import croniter
 
-from airflow_lease_provider.version_compat import CronMixin, cron_presets
+from airflow_lease_provider.version_compat import cron_presets
 
 if TYPE_CHECKING:
     from pendulum import DateTime
@@ -372,8 +373,9 @@ def _parsed(expression: str) -> croniter:
 
 @functools.lru_cache(maxsize=256)
 def _description(expression: str) -> str:
-    """Airflow's description of the expression (``CronMixin.description``), once per expression."""
-    return CronMixin(expression, "UTC").description
+    """Airflow's description of the expression, as its cron timetables give it in the UI (cron_descriptor,
+    with Airflow's day-of-month-or-week wording), once per expression."""
+    return CronTriggerTimetable(expression, timezone="UTC").description
 
 
 class _GridState(NamedTuple):
@@ -386,7 +388,7 @@ class _GridState(NamedTuple):
 _GRID_STATE: dict[tuple[str, str], _GridState] = {}
 
 
-class CronGrid(CronMixin):
+class CronGrid:
     """Slots of a cron expression in a timezone: one well-defined set of instants, across every offset change.
 
     The slots are croniter's wall-clock matches (naive, exact) read in the zone, with three rules where the
@@ -394,7 +396,7 @@ class CronGrid(CronMixin):
 
     * a wall-clock time that exists once is that instant;
     * a wall-clock time that exists twice (a fall-back fold) is its later instant, or both for a schedule
-      that fires every hour (hour field ``*``): Airflow's own rule (``CronMixin``, ``make_aware(fold=1)``);
+      that fires every hour (hour field ``*``): Airflow's own rule (its cron timetables, ``make_aware(fold=1)``);
     * the wall-clock times a spring-forward gap skips run once, together, at the first of them moved forward
       by the gap (``02:30`` becomes ``03:30``, as Airflow moves it), unless a real slot after the gap comes
       first or at the same time, which then stands for them (never a slot after a real slot it would skip).
@@ -413,7 +415,7 @@ class CronGrid(CronMixin):
     """
 
     def __init__(self, expression: str, timezone: Timezone | FixedTimezone) -> None:
-        # CronMixin's own __init__ parses the expression and describes it (cron_descriptor): both cached
+        # Airflow's cron timetables parse the expression and describe it (cron_descriptor) when made: both cached
         # per expression here, as a scheduler builds the timetable again for each DAG it deserializes.
         self._expression = cron_presets.get(expression, expression)
         self._timezone = timezone

@@ -16,6 +16,8 @@ from __future__ import annotations
 import datetime
 from typing import TYPE_CHECKING, Any
 
+from airflow_lease_provider import version_compat
+
 if TYPE_CHECKING:
     from airflow.timetables.base import TimeRestriction
 
@@ -27,19 +29,13 @@ def dag_time_restriction(dag_model: Any) -> TimeRestriction | None:
     (``SerializedDagModel.get``), and the restriction Airflow's own ``next_dagrun_info`` applies. None
     when ``dag_model`` has no session or the DAG is not serialized.
     """
-    from airflow_lease_provider.version_compat import (
-        SerializedDagModel,
-        scheduler_session,
-        time_restriction_of,
-    )
-
-    session = scheduler_session(dag_model)
+    session = version_compat.scheduler_session(dag_model)
     if session is None:
         return None
-    serialized = SerializedDagModel.get(dag_id=dag_model.dag_id, session=session)
+    serialized = version_compat.SerializedDagModel.get(dag_id=dag_model.dag_id, session=session)
     if serialized is None:
         return None
-    return time_restriction_of(serialized.dag)
+    return version_compat.time_restriction_of(serialized.dag)
 
 
 def taken_logical_dates(dag_model: Any, since: datetime.datetime) -> set[datetime.datetime] | None:
@@ -52,11 +48,10 @@ def taken_logical_dates(dag_model: Any, since: datetime.datetime) -> set[datetim
     """
     from sqlalchemy import select
 
-    from airflow_lease_provider.version_compat import DagRun, scheduler_session
-
-    session = scheduler_session(dag_model)
+    session = version_compat.scheduler_session(dag_model)
     if session is None:
         return None
+    DagRun = version_compat.DagRun  # noqa: N806 - the model's own name
     taken = session.scalars(
         select(DagRun.logical_date).where(DagRun.dag_id == dag_model.dag_id, DagRun.logical_date >= since)
     ).all()

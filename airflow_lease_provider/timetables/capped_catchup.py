@@ -47,7 +47,9 @@ from croniter import CroniterBadCronError, CroniterBadDateError, CroniterError, 
 
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.errors import InvalidArgument
+from airflow_lease_provider.timetables import _scheduler
 from airflow_lease_provider.timetables._grid import CronGrid, DeltaGrid, Grid, to_utc
+from airflow_lease_provider.version_compat import cron_presets
 
 if TYPE_CHECKING:
     from airflow.timetables.base import TimeRestriction
@@ -113,8 +115,6 @@ def _schedule_arg(value: object, timezone: Timezone | FixedTimezone) -> CronGrid
     expression = value.strip()
     if expression.lower() in _NOT_PERIODIC:
         raise InvalidArgument("schedule", value, "is not a periodic schedule; there is nothing to catch up")
-    from airflow_lease_provider.version_compat import cron_presets
-
     expression = cron_presets.get(expression, expression)
     try:
         # One step proves the expression can fire at all ("0 0 30 2 *" parses but never matches).
@@ -596,8 +596,6 @@ class CappedCatchupTimetable(Timetable):
         # hands us neither the DAG's catchup flag nor its end_date, so read them where it reads them (its
         # session; nothing when detached). catchup=False keeps only the newest slot, as next_dagrun_info
         # does: keeping max_backfill here would let one older run in before the schedule jumps to the newest.
-        from airflow_lease_provider.timetables import _scheduler
-
         restriction = _scheduler.dag_time_restriction(dag_model)
         cap = self._max_backfill if restriction is None or restriction.catchup else 1
         latest = restriction.latest if restriction is not None else None

@@ -28,6 +28,10 @@ from typing import Any
 
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
+from airflow_lease_provider import settings
+from airflow_lease_provider.core import LeaseError, LeaseStore, RunRef
+from airflow_lease_provider.hooks.lease import _idle, location_async
+
 # How long after a deferral a waiting task may be resumed at the earliest: long enough for the deferring
 # process to exit and the scheduler to read its report first (seconds under load on 2 cores, measured),
 # short next to the TTLs a wait is for.
@@ -95,8 +99,6 @@ class LeaseFreeTrigger(BaseTrigger):
 
     def _claim(self, store: Any) -> bool:
         """Claim the waiting place again (renewing it); whether it is still this waiter's."""
-        from airflow_lease_provider.core import RunRef
-
         waiter = self.waiter or {}
         run = RunRef.from_columns(waiter)
         claim = store.wait_claim(
@@ -106,10 +108,6 @@ class LeaseFreeTrigger(BaseTrigger):
         return bool(claim.claimed)
 
     def _store(self, location: Any) -> Any:
-        from airflow_lease_provider import settings
-        from airflow_lease_provider.core import LeaseStore
-        from airflow_lease_provider.hooks.lease import _idle
-
         # Like the hooks' stores: no connection held between polls (a triggerer may wait on many).
         return LeaseStore(
             location.dsn, schema=location.schema, record_events=False, idle_close=_idle(),
@@ -120,8 +118,6 @@ class LeaseFreeTrigger(BaseTrigger):
         """The deferred task was killed by a user (Airflow 3.3+): give its waiting place back."""
         if not self.waiter:
             return
-        from airflow_lease_provider.hooks.lease import location_async
-
         store = self._store(await location_async(self.conn_id, self.schema))
         try:
             await asyncio.to_thread(store.wait_release, self.key, self.waiter["owner"])
@@ -131,9 +127,6 @@ class LeaseFreeTrigger(BaseTrigger):
             await asyncio.to_thread(store.close)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        from airflow_lease_provider.core import LeaseError
-        from airflow_lease_provider.hooks.lease import location_async
-
         store = self._store(await location_async(self.conn_id, self.schema))
         end = datetime.fromisoformat(self.deadline)
         claim_every = float(self.waiter["ttl_seconds"]) / 3 if self.waiter else 0.0

@@ -411,6 +411,37 @@ def test_partial_reads_lease_arguments_from_default_args_like_the_constructor() 
             LeasedPython.partial(task_id="mapped", python_callable=print).expand(op_args=[[1]])
 
 
+def test_a_partial_refused_at_parse_time_leaves_no_never_mapped_warning(dag) -> None:
+    """The refusal is the DAG's import error, alone: no "Task ... was never mapped!" warning from a partial left
+    behind (it was silenced through Airflow's private ``_expand_called`` until issue 40; now the arguments are
+    checked before the partial is made)."""
+    import gc
+    import warnings
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        with pytest.raises(InvalidArgument, match="on_overlap='queue'"):
+            LeasedPython.partial(task_id="refused", python_callable=print, lease_ttl=TTL, on_overlap="queue")
+        gc.collect()
+    assert [str(w.message) for w in caught if "never mapped" in str(w.message)] == []
+
+
+def test_partial_reads_the_task_group_s_default_args_like_the_constructor() -> None:
+    """``.partial()`` checks with the default_args the mapped task gets: its DAG's, its task group's and its own
+    (before issue 40 it left out the task group's, which Airflow merges and the constructor and ``@task.leased``
+    read: a bad policy there was found only when the first instance ran)."""
+    from airflow.sdk import TaskGroup
+
+    with DAG("group_partial", schedule=None, start_date=datetime(2026, 1, 1)):
+        with TaskGroup("g", default_args={"lease_ttl": TTL, "on_overlap": "queue"}):
+            with pytest.raises(InvalidArgument, match="on_overlap='queue'"):
+                LeasedPython(task_id="made", python_callable=print)
+            with pytest.raises(InvalidArgument, match="on_overlap='queue'"):
+                LeasedPython.partial(task_id="mapped", python_callable=print).expand(op_args=[[1]])
+        with TaskGroup("ok", default_args={"lease_ttl": TTL}):
+            LeasedPython.partial(task_id="mapped", python_callable=print).expand(op_args=[[1]])
+
+
 def test_task_leased_reads_the_dags_and_task_groups_default_args_like_the_constructor() -> None:
     """A DAG-wide ``default_args={"lease_ttl": ...}`` (or ``execution_timeout``) is the TTL of ``@task.leased()``
     too, mapped or not, as it is for ``LeasedOperator.wrap(X)`` (a user's DAG was refused with "lease_ttl=None:
@@ -580,14 +611,14 @@ def test_in_a_task_process_the_store_connects_and_checks_its_schema_while_templa
     overlap Airflow's own steps before execute; the execute then connects no more and checks nothing again,
     and the acquire and release are its own, durable, as before."""
     from airflow_lease_provider.hooks import LeaseHook
-    from airflow_lease_provider.runtime import current_lease, task_lease
-    from airflow_lease_provider.runtime.task_lease import connection_grace
+    from airflow_lease_provider.runtime import current_lease
+    from airflow_lease_provider.runtime.store import CONTEXT_KEY, connection_grace
 
     _in_a_task_process(monkeypatch)
     op = leased("early", lambda: (current_lease().store, current_lease().token), lease_key="etl-early")
     ti = TaskInstance("etl", RUN, "early")
-    _render(op, ti)
-    prepared = task_lease._preparing.get(id(op))
+    context = _render(op, ti)  # Airflow hands the same context to the rendering and to the execute
+    prepared = context.get(CONTEXT_KEY)
     assert prepared is not None and prepared.thread is not None, "rendering the templates started nothing"
     prepared.thread.join(10)
     copy.deepcopy(op)  # Airflow and listeners may copy the task between rendering and execute
@@ -596,38 +627,35 @@ def test_in_a_task_process_the_store_connects_and_checks_its_schema_while_templa
     assert execute(pg_dsn, "SELECT 1 FROM pg_namespace WHERE nspname = %s", (schema,)), "no schema yet"
     connects = db.connects
     assert LeaseStore(pg_dsn, schema=schema).holder("etl-early") is None  # nothing is taken before execute
-    used, token = run_task(op, ti)
-    assert id(op) not in task_lease._preparing  # the execute took it
+    used, token = op.execute(context)
+    assert CONTEXT_KEY not in context  # the execute took it
     assert used is prepared.store and used.db is db and db.connects == connects, "the execute connected again"
     checker = LeaseStore(pg_dsn, schema=schema)
     assert token == 1 and checker.holder("etl-early") is None  # acquired and released by the execute
     assert [e.token for e in checker.events.query(key="etl-early", kind=EventKind.RELEASED)] == [1]
     # The next leased task of this process (dag.test()) finds the database checked: no thread, one lookup.
     again = leased("again", lambda: current_lease().token, lease_key="etl-early")
-    _render(again, TaskInstance("etl", RUN, "again"))
-    assert task_lease._preparing[id(again)].thread is None
-    assert run_task(again, TaskInstance("etl", RUN, "again")) == 2 and db.connects == connects
+    again_context = _render(again, TaskInstance("etl", RUN, "again"))
+    assert again_context[CONTEXT_KEY].thread is None
+    assert again.execute(again_context) == 2 and db.connects == connects
     assert checker.holder("etl-early") is None
     checker.close()
 
 
 def test_a_store_prepared_for_another_task_object_is_never_handed_to_this_one(lease_env, monkeypatch) -> None:
-    """What the rendering prepared is found by the task object's ``id()``, which Python reuses once that object
-    is gone: an entry made for another object (here put under this one's id) is not this task's store."""
+    """What the rendering prepared is found in the context, with the task object it was made for: one made for
+    another object (here put in this task's context) is not this task's store, and is taken out all the same."""
     import weakref
 
-    from airflow_lease_provider.runtime import task_lease
+    from airflow_lease_provider.runtime import store
 
     _in_a_task_process(monkeypatch)
     other = leased("other", lambda: None, lease_key="etl-other", lease_conn_id="some_other_store")
     this = leased("this", lambda: None, lease_key="etl-this")
     sentinel = object()
-    task_lease._preparing[id(this)] = task_lease._Prepared(weakref.ref(other), sentinel, None)  # type: ignore[arg-type]
-    try:
-        assert task_lease.await_store(this) is None
-        assert id(this) not in task_lease._preparing
-    finally:
-        task_lease._preparing.pop(id(this), None)
+    context = {store.CONTEXT_KEY: store.Prepared(weakref.ref(other), sentinel, None)}  # type: ignore[arg-type]
+    assert store.take(this, context) is None
+    assert store.CONTEXT_KEY not in context
 
 
 def test_a_store_that_cannot_be_prepared_fails_the_execute_closed(lease_env, monkeypatch) -> None:
@@ -640,9 +668,9 @@ def test_a_store_that_cannot_be_prepared_fails_the_execute_closed(lease_env, mon
     ran: list[bool] = []
     op = leased("down", lambda: ran.append(True), lease_key="etl-down")
     ti = TaskInstance("etl", RUN, "down")
-    _render(op, ti)
+    context = _render(op, ti)
     with pytest.raises(LeaseStoreUnavailable):
-        run_task(op, ti)
+        op.execute(context)
     assert ran == []
 
 
@@ -670,9 +698,9 @@ def test_sigterm_while_the_store_is_looked_up_at_render_time_takes_no_lease(leas
     try:
         op = leased("termed", lambda: ran.append(True), lease_key="etl-termed")
         ti = TaskInstance("etl", RUN, "termed")
-        _render(op, ti)
+        context = _render(op, ti)
         with pytest.raises(TaskTerminated):
-            run_task(op, ti)
+            op.execute(context)
     finally:
         signal.signal(signal.SIGTERM, previous)
     assert killed == [signal.SIGTERM] and ran == []
@@ -680,11 +708,10 @@ def test_sigterm_while_the_store_is_looked_up_at_render_time_takes_no_lease(leas
 
 
 def test_outside_a_task_process_rendering_opens_no_store_connection(lease_env) -> None:
-    from airflow_lease_provider.runtime import task_lease
+    from airflow_lease_provider.runtime.store import CONTEXT_KEY
 
     op = leased("cli", lambda: None)
-    _render(op, TaskInstance("etl", RUN, "cli"))
-    assert id(op) not in task_lease._preparing
+    assert CONTEXT_KEY not in _render(op, TaskInstance("etl", RUN, "cli"))
 
 
 def test_the_lease_xcom_is_not_pushed_by_default_and_push_lease_xcom_true_pushes_it(

@@ -48,7 +48,7 @@ def test_every_name_of_the_compat_module_resolves(home: Home) -> None:
     code = textwrap.dedent(
         """
         import airflow_lease_provider.version_compat as c
-        for name in c._LOCATIONS:
+        for name in c.__all__:
             value = getattr(c, name)
             print("RESOLVED", name, getattr(value, "__module__", type(value).__module__))
         """
@@ -57,7 +57,7 @@ def test_every_name_of_the_compat_module_resolves(home: Home) -> None:
     resolved = dict(line.split(" ", 2)[1:] for line in lines)
     import airflow_lease_provider.version_compat as compat
 
-    assert set(resolved) == set(compat._LOCATIONS)
+    assert set(resolved) == set(compat.__all__)
 
 
 def test_providers_list_shows_the_provider(home: Home) -> None:

@@ -1,0 +1,120 @@
+"""A leased task's store: looked up, connected and checked while Airflow renders its templates.
+
+Under an executor each task is a fresh process that starts with no server connection; the connect and the
+schema check were a third of what a leased task added (issue 28). :func:`prepare` starts them in the
+background when the task's templates are rendered, while Airflow finishes getting the task ready (it sends
+the rendered fields to the API server, runs its listeners), and leaves what it started in the task's context:
+the one dict Airflow hands both to ``render_template_fields`` and to ``execute`` (Airflow 3.1 to 3.3). The
+execute's :class:`~.task_lease.TaskLease` takes it from there (:func:`take`) and owns the store from then on.
+Nothing is kept beside the task (a thread cannot be deep-copied, and Airflow and listeners may copy the task),
+and nothing outlives the context.
+
+Nothing is taken here, and nothing is decided: the acquire, its durable commit and every outcome stay in the
+execute, which waits for the thread and does again, failing closed, whatever failed here.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import weakref
+from collections.abc import MutableMapping
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any
+
+from airflow_lease_provider import settings
+from airflow_lease_provider.core import LeaseStore
+from airflow_lease_provider.core.db import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT
+from airflow_lease_provider.hooks import LeaseHook
+from airflow_lease_provider.runtime.signals import Terminate, stop_on_terminate
+from airflow_lease_provider.version_compat import in_task_process
+
+log = logging.getLogger(__name__)
+
+#: How long a task's store connection may stay open once idle, at most: the acquire, a short task's release
+#: and the next leased task this process runs (``dag.test()`` runs them all in one) share one connection
+#: (``LeaseHook.get_task_store``: this process's shared database). Never more than half the renewal
+#: interval, so a lease between two renewals still holds no server connection (``[lease] hold_connection``
+#: unset), and a process whose tasks are done holds none after it. The watchdog that closes it ticks every
+#: 0.25 s.
+CONNECTION_GRACE = timedelta(seconds=1)
+
+#: The context key under which the rendering leaves the :class:`Prepared` store for the execute.
+CONTEXT_KEY = "lease_prepared_store"
+
+
+def connection_grace(ttl: timedelta | None, renew_every: timedelta | None) -> timedelta:
+    """How long a task's store connection stays open once idle: :data:`CONNECTION_GRACE`, at most half the
+    renewal interval (a lease between two renewals holds no server connection)."""
+    grace = CONNECTION_GRACE
+    if isinstance(ttl, timedelta) and ttl > timedelta(0):
+        every = renew_every if isinstance(renew_every, timedelta) and renew_every > timedelta(0) else None
+        every = every or ttl * settings.renew_fraction()
+        grace = min(grace, every / 2)
+    return max(grace, timedelta(milliseconds=1))
+
+
+def task_store(task: Any, conn_id: str | None) -> LeaseStore:
+    """The store of ``task``'s lease connection: this process's shared one, closed once idle for its grace."""
+    grace = connection_grace(getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
+    return LeaseHook(conn_id).get_task_store(grace)
+
+
+@dataclass
+class Prepared:
+    """What :func:`prepare` started for one task, until its execute :func:`take`\\ s it."""
+
+    #: The task object it was made for: a store made for another task (another connection) is never
+    #: handed to this one.
+    task: weakref.ref[Any]
+    store: LeaseStore | None
+    thread: threading.Thread | None
+    #: SIGTERM came while the store was looked up (as it is noted from the execute's first step on).
+    terminated: bool = False
+
+
+def prepare(task: Any, context: Any) -> None:
+    """In a task process, start getting ``task``'s store ready (connected, its schema checked) in the
+    background, and leave it in ``context`` for the execute. No thread where this process's database for the
+    store is checked already (``dag.test()``'s next tasks). Nothing is made outside a task process, with
+    ``[lease] hold_connection`` (the task's store is a connection of its own), or when the connection cannot
+    be read (the execute reads it again and says why)."""
+    if not in_task_process() or not isinstance(context, MutableMapping):
+        return
+    store: LeaseStore | None = None
+    # The lookup (an API call for a connection Airflow keeps) was under the execute's SIGTERM note: so it is here.
+    with stop_on_terminate() as noted:
+        try:
+            if not settings.hold_connection():
+                store = task_store(task, getattr(task, "lease_conn_id", None))
+        except Exception:  # the execute reads it again and reports what is wrong
+            log.debug("lease: the store could not be prepared before execute", exc_info=True)
+    thread = None
+    if store is not None and not noted.requested and not store.db.schema_current:
+        thread = threading.Thread(target=_ready, args=(store,), name="lease-store-prepare", daemon=True)
+        thread.start()
+    if store is not None or noted.requested:
+        context[CONTEXT_KEY] = Prepared(weakref.ref(task), store, thread, noted.requested)
+
+
+def _ready(store: LeaseStore) -> None:
+    try:
+        store._ready()  # the shared database's connection, and its schema check (remembered by that database)
+    except Exception:  # the execute's own check does it again, and fails closed
+        log.debug("lease: the store could not be prepared before execute", exc_info=True)
+
+
+def take(task: Any, context: Any, terminate: Terminate | None = None) -> LeaseStore | None:
+    """The store :func:`prepare` left in ``context`` for ``task`` (None: none), once its thread is done, or has
+    taken as long as its connect and two statements may (each bounded by the store): the execute goes on
+    either way. A SIGTERM noted while it was looked up is noted in ``terminate``: the task then takes no lease."""
+    prepared = context.pop(CONTEXT_KEY, None) if isinstance(context, MutableMapping) else None
+    if not isinstance(prepared, Prepared) or prepared.task() is not task:  # none, or made for another object
+        return None
+    if prepared.terminated and terminate is not None:
+        terminate.requested = True
+    thread = prepared.thread
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout=(DEFAULT_CONNECT_TIMEOUT + 2 * DEFAULT_STATEMENT_TIMEOUT).total_seconds() + 2)
+    return prepared.store
