@@ -208,9 +208,9 @@ def check_superseded_publishes(grants: Iterable[Grant], targets: Iterable[dict[s
     rows = sorted(targets, key=lambda t: (when(t.get("committed_at") or t["at"]), t["id"]))
     newest: dict[tuple[str, str], tuple[Grant, dict[str, Any]]] = {}
     for row in rows:
-        grant = index.get((row["key"], int(row["token"])))
+        grant = index.get((row.get("key", ""), int(row["token"])))
         if grant is None:
-            continue  # never granted: publish-not-holder says so
+            continue  # never granted (publish-not-holder says so), or a history from before per-key fences
         ident = (row["resource"], grant.base)
         top = newest.get(ident)
         if top is not None and grant.era < top[0].era:

@@ -116,10 +116,14 @@ class Nemesis:
         return found
 
     def _pick(self, holders: list[tuple[int, str, int]]) -> tuple[int, str, int]:
-        """A holder; half the time one of a semaphore key's slots or replaces when there is one (they
-        are fewer than the plain keys' holders, and their zombies are what the slot properties are about)."""
+        """A holder; half the time one of a semaphore key's when there is one (they are fewer than the
+        plain keys' holders, and their zombies are what the slot properties are about), and then a slot
+        above 1 when there is one (the slots a lower count drops)."""
         pooled = [h for h in holders if h[1].startswith("pool-")]
-        return self.rng.choice(pooled if pooled and self.rng.random() < 0.5 else holders)
+        if not pooled or self.rng.random() >= 0.5:
+            return self.rng.choice(holders)
+        upper = [h for h in pooled if "#" in h[1]]
+        return self.rng.choice(upper if upper and self.rng.random() < 0.7 else pooled)
 
     def fault_zombie(self) -> None:
         holders = [h for h in self._holders() if h[0] not in self.stopped]
