@@ -468,8 +468,10 @@ class Checker:
 
     def _valid_refused(self) -> None:
         """A refused publish must have had a reason: the fence accepted a token at least as large of its own
-        lease key, or a grant of a later slot-count era of its key; a ``superseded`` refusal (the fence in
-        the lease store) also when its row was granted past it, or its key's count changed after it."""
+        lease key, or a grant of a later slot-count era of its key, or one whose count epoch (the token
+        floor of a later holding period of its key) is at least its token; a refusal by the fence in the
+        lease store (``superseded``, ``count_epoch``) also when its row was granted past it, or its key was
+        granted since under another count or in a holding period above its token."""
         # Only what the fence accepted while the workers ran: the probe publishes after they all crashed.
         crashes = self.by_type["crash_all"]
         crashed = when(crashes[0].get("db_time")) if crashes else None
@@ -487,24 +489,37 @@ class Checker:
         grants = {(g.row, g.token): g for g in self.grants}
         row_top: dict[str, int] = {}
         last_era: dict[str, int] = {}
+        top_epoch: dict[str, int] = {}
         for g in self.grants:
             row_top[g.row] = max(row_top.get(g.row, 0), g.token)
             last_era[g.base] = max(last_era.get(g.base, 0), g.era)
+            top_epoch[g.base] = max(top_epoch.get(g.base, 0), g.epoch)
+        published_epoch: dict[tuple[str, str], int] = {}
+        for row in fenced:
+            g = grants.get((row.get("key", ""), int(row["token"])))
+            if g is not None:
+                ident = (row["resource"], g.base)
+                published_epoch[ident] = max(published_epoch.get(ident, 0), g.epoch)
         for row in self.by_type["audit_lease"]:  # a force-release moves the row's token too
             row_top[row["key"]] = max(row_top.get(row["key"], 0), int(row["token"]))
         for op in self.ops:
             outcome = op.get("outcome")
-            if op["op"] != "publish" or outcome not in ("stale", "superseded", "other_store") or "key" not in op:
+            refusals = ("stale", "superseded", "count_epoch", "other_store")
+            if op["op"] != "publish" or outcome not in refusals or "key" not in op:
                 continue
             token = int(op["token"])
             accepted = top.get((op["resource"], op["key"]), 0)
             if accepted >= token:
                 continue
             grant = grants.get((op["key"], token))
-            if grant is not None and later_era.get((op["resource"], grant.base), -1) > grant.era:
+            if grant is not None and (
+                later_era.get((op["resource"], grant.base), -1) > grant.era
+                or published_epoch.get((op["resource"], grant.base), 0) >= token
+            ):
                 continue
-            if outcome == "superseded" and (
-                row_top.get(op["key"], 0) > token or (grant is not None and last_era[grant.base] > grant.era)
+            if outcome in ("superseded", "count_epoch") and (
+                row_top.get(op["key"], 0) > token
+                or (grant is not None and (last_era[grant.base] > grant.era or top_epoch[grant.base] >= token))
             ):
                 continue
             self.report.violate(

@@ -23,8 +23,9 @@ from datetime import datetime
 from typing import Any
 
 #: The lease row's column that orders grants across slot-count changes, where the store has one (read
-#: from the audit's ``extra``: every column the harness does not name). Without it the token alone.
-EPOCH_COLUMNS = ("slots_epoch",)
+#: from the audit's ``extra``: every column the harness does not name): the count epoch of migration 15,
+#: the token floor of the key's holding period. Without it the token alone.
+EPOCH_COLUMNS = ("count_epoch",)
 
 Violate = Callable[[str, str], None]
 

@@ -64,6 +64,7 @@ def lease_fields(lease: Lease) -> dict[str, Any]:
         "key": lease.key, "owner": lease.owner, "token": lease.token,
         "acquired_at": lease.acquired_at, "renewed_at": lease.renewed_at,
         "expires_at": lease.expires_at, "observed_at": lease.observed_at, "slot": lease.slot, "slots": lease.slots,
+        **({"count_epoch": lease.count_epoch} if hasattr(lease, "count_epoch") else {}),
     }
 
 

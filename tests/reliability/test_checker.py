@@ -49,13 +49,14 @@ class Story:
             "renewed_at": row["renewed_at"], "expires_at": row["expires_at"], "released_at": row.get("released_at"),
             "old_owner": old and old["owner"], "old_token": old and old["token"],
             "old_expires_at": old and old["expires_at"], "old_released_at": old and old.get("released_at"),
-            **{name: row[name] for name in ("slots", "slot", "slot_of", "run_after", "replaced_token")}, "extra": {},
+            **{name: row[name] for name in ("slots", "slot", "slot_of", "run_after", "replaced_token")},
+            "extra": {"count_epoch": row.get("count_epoch", 0)},
         })
         self.rows[key] = row
 
     def acquire(
         self, key: str, token: int, owner: str, t: float, w: int = 0, *, committed: bool = True, slots: int = 1,
-        slot: int = 1, replaced: int | None = None, replace: bool = False,
+        slot: int = 1, replaced: int | None = None, replace: bool = False, epoch: int = 0,
     ) -> None:
         """A grant; ``slots`` > 1: slot ``slot`` of the semaphore ``key`` (its row ``key#slot``); ``replace``:
         a replace's grant (``replaced``: the token it took over)."""
@@ -69,7 +70,8 @@ class Story:
         if committed:
             self.audit(row, t, owner=owner, token=token, released_at=None, slots=slots, slot=slot,
                        slot_of=key if slot > 1 else None, run_after=at(t) if replace else None,
-                       replaced_token=replaced, **{k: v for k, v in fields.items() if k != "observed_at"})
+                       replaced_token=replaced, count_epoch=epoch,
+                       **{k: v for k, v in fields.items() if k != "observed_at"})
 
     def force_release(self, key: str, t: float) -> None:
         """The admin's force-release: the row's token bumped, the lease ended now."""
@@ -423,4 +425,20 @@ def test_a_refused_publish_is_justified_by_a_newer_count_or_a_newer_grant_of_its
     s.acquire("pool-0", 8, "w2-1", 5.0, w=2, slots=2)
     s.op("publish", 2, 5.1, outcome="superseded", resource="target-9", current=7, key="pool-0", token=8,
          owner="w2-1")  # the newest grant of its row, in the newest count: nothing superseded it
+    assert kinds(s.check()) == {"valid-refused"}
+
+
+def test_a_refusal_by_count_epoch_is_justified_by_a_later_holding_period_of_the_key() -> None:
+    """The store's count epoch (migration 15): a grant after a time with no holder of its count starts a
+    holding period above every earlier token; the fence refuses tokens at or below a published one."""
+    s = Story()
+    s.acquire("pool-0", 1, "w0-1", 0.0, slots=2, slot=2)  # lapses at 2.0
+    s.acquire("pool-0", 2, "w1-1", 2.5, w=1, slots=2, epoch=1)  # the same count, a new holding period
+    s.publish("target-9", 2, "w1-1", 2.6, w=1, key="pool-0")
+    s.op("publish", 0, 2.7, outcome="count_epoch", resource="target-9", current=None, key="pool-0#2", token=1,
+         owner="w0-1")
+    s.crash_and_probe()
+    assert s.check().violations == []
+    s.op("publish", 1, 2.8, outcome="count_epoch", resource="target-9", current=None, key="pool-0", token=2,
+         owner="w1-1")  # the newest period's own grant: nothing is above it
     assert kinds(s.check()) == {"valid-refused"}
