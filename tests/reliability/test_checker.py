@@ -439,6 +439,7 @@ def test_a_refusal_by_count_epoch_is_justified_by_a_later_holding_period_of_the_
          owner="w0-1")
     s.crash_and_probe()
     assert s.check().violations == []
-    s.op("publish", 1, 2.8, outcome="count_epoch", resource="target-9", current=None, key="pool-0", token=2,
-         owner="w1-1")  # the newest period's own grant: nothing is above it
+    s.acquire("pool-0", 3, "w2-1", 2.7, w=2, slots=2, slot=2, epoch=1)  # the period's second holder
+    s.op("publish", 2, 2.8, outcome="count_epoch", resource="target-9", current=2, key="pool-0#2", token=3,
+         owner="w2-1")  # a holder of the newest period, refused: nothing is above it
     assert kinds(s.check()) == {"valid-refused"}
