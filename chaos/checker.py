@@ -627,27 +627,47 @@ class Checker:
             1 for op in self.ops if op["op"] in ("acquire", "replace") and op.get("outcome") == "mismatch"
         )
         r.figures["force-releases"] = r.faults.get("force_release", 0)
-        # Refused publishes of a grant whose own slot row was never granted past it nor accepted past it at
-        # that fence: refused because the key's slot count changed (zombies of a dropped slot or an older count).
+        r.figures["semaphore keys: publishes by a grant whose key changed its slot count since"] = (
+            self._publishes_after_count_change(pooled)
+        )
+
+    def _publishes_after_count_change(self, pooled: list[exclusion.Grant]) -> dict[str, int]:
+        """What became of the publishes of issue 38's third defect: by a grant whose key has been granted
+        under another count since (by the database clock, mapped from the host's monotonic clock at the
+        run's start) while its own slot was not granted again. Split by whether a holder of the later count
+        had already published to that resource (then the publish must be refused), and by outcome."""
+        t = self.meta.get("t")
+        db_start = when(self.meta.get("db_time"))
+        if t is None or db_start is None:
+            return {}
+        offset = db_start.timestamp() - float(t)
         grants = {(g.row, g.token): g for g in pooled}
-        row_top: dict[str, int] = {}
-        for g in self.grants:
-            row_top[g.row] = max(row_top.get(g.row, 0), g.token)
-        accepted: dict[tuple[str, str], int] = {}
+        by_base = exclusion.by_base(pooled)
+        by_row: dict[str, list[exclusion.Grant]] = defaultdict(list)
+        for g in pooled:
+            by_row[g.row].append(g)
+        published: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)  # (resource, base) -> (at, era)
         for row in self.by_type["target"]:
-            ident = (row["resource"], row["key"])
-            accepted[ident] = max(accepted.get(ident, 0), int(row["token"]))
-        by_count: Counter[str] = Counter()
+            g = grants.get((row.get("key", ""), int(row["token"])))
+            if g is not None:
+                at = when(row.get("committed_at") or row["at"])
+                if at is not None:
+                    published[(row["resource"], g.base)].append((at.timestamp(), g.era))
+        outcomes: Counter[str] = Counter()
         for op in self.ops:
-            if op["op"] != "publish" or "key" not in op or (op["key"], int(op["token"])) not in grants:
+            if op["op"] != "publish" or "key" not in op:
                 continue
-            grant = grants[(op["key"], int(op["token"]))]
-            if grant.era == eras[grant.base]:
-                continue  # its era is the key's last: nothing superseded it by a count change
-            if row_top.get(grant.row, 0) > grant.token or accepted.get((op["resource"], op["key"]), 0) > grant.token:
-                continue  # its own slot moved on: the per-slot fence order decides
-            by_count[str(op.get("outcome"))] += 1
-        r.figures["semaphore keys: publishes of an earlier slot count, own slot never granted again"] = dict(by_count)
+            g = grants.get((op["key"], int(op["token"])))
+            if g is None:
+                continue
+            sent = float(op["t0"]) + offset
+            if not any(h.era > g.era and h.start.timestamp() < sent for h in by_base[g.base]):
+                continue
+            if any(h.token > g.token and h.start.timestamp() < sent for h in by_row[g.row]):
+                continue  # its own slot was granted again: the per-slot fence order decides
+            after = any(at < sent and era > g.era for at, era in published[(op["resource"], g.base)])
+            outcomes[f"{'after' if after else 'before'} a holder of the later count published: {op.get('outcome')}"] += 1
+        return dict(sorted(outcomes.items()))
 
     def _zombies(self) -> None:
         """What woken workers did with the token they held before they were paused."""
