@@ -9,6 +9,11 @@ every dialect below runs as they are:
 1. open a writing transaction (the only per-dialect step: SQLite's ``BEGIN IMMEDIATE`` takes the
    database's write lock at once; PostgreSQL's first ``UPDATE`` locks the fence row);
 2. claim the idempotency key: ``INSERT ... ON CONFLICT DO NOTHING`` (no row inserted: ``duplicate``);
+2a. with a count epoch (``count_epoch=``, ``base_key=``: docs/core.md, "The fence"), the count epoch of the
+   base key: its row made if missing (``INSERT ... ON CONFLICT DO NOTHING``), raised to the publish's
+   (``UPDATE ... WHERE count_epoch < :count_epoch``: only a later holding period's first publish writes),
+   then read (PostgreSQL: ``FOR SHARE``, so a raise waits for the publishes deciding and they for it); a
+   token at or below it is ``count_epoch``;
 3. make sure the key's fence row exists (``INSERT ... ON CONFLICT DO NOTHING`` of a token-0 row);
 4. the fence itself, one conditional ``UPDATE ... WHERE token < :token OR (same grant)``: one row
    changed is ``accepted``, none is ``stale``. No read-then-write window: the database evaluates the
@@ -32,14 +37,21 @@ from typing import Any
 
 from airflow_lease_provider.core.errors import InvalidArgument, LeaseStoreUnavailable, StaleFencingToken
 from airflow_lease_provider.core.events import EventLedger
-from airflow_lease_provider.core.fence import FenceDecision, publish_params, record_rejection
+from airflow_lease_provider.core.fence import (
+    FenceDecision,
+    count_epoch_params,
+    publish_params,
+    record_rejection,
+)
 from airflow_lease_provider.core.identity import RunRef
 
 log = logging.getLogger(__name__)
 
-#: The fence's two tables in the target database (beside the caller's own; a schema may be given).
+#: The fence's tables in the target database (beside the caller's own; a schema may be given).
 FENCE_TABLE = "lease_fence"
 PUBLISH_TABLE = "lease_fence_publish"
+#: Per (resource, lease key): the largest count epoch the key's holders told the fence (version 15).
+COUNT_EPOCH_TABLE = "lease_fence_count_epoch"
 
 
 class UnsupportedDialect(InvalidArgument):
@@ -60,12 +72,16 @@ class SqlDialect:
     timestamp: str
     #: ``named`` (``:name``, sqlite3) or ``pyformat`` (``%(name)s``, psycopg2).
     paramstyle: str
+    #: What a read of the count epoch adds to lock its row until the transaction ends (PostgreSQL's
+    #: ``FOR SHARE``); empty where the writing transaction holds the whole database (SQLite's ``BEGIN
+    #: IMMEDIATE``).
+    share_lock: str = ""
 
 
 #: The dialects the fence is known to work on (tests/core/test_fence_dbapi.py runs every statement on each).
 DIALECTS: dict[str, SqlDialect] = {
-    "sqlite": SqlDialect("sqlite", "BEGIN IMMEDIATE", "TEXT", "INTEGER", "TIMESTAMP", "named"),
-    "postgres": SqlDialect("postgres", None, "text", "bigint", "timestamptz", "pyformat"),
+    "sqlite": SqlDialect("sqlite", "BEGIN IMMEDIATE", "TEXT", "INTEGER", "TIMESTAMP", "named", ""),
+    "postgres": SqlDialect("postgres", None, "text", "bigint", "timestamptz", "pyformat", " FOR SHARE"),
 }
 
 _DIALECT_ALIASES = {"sqlite3": "sqlite", "postgresql": "postgres", "psycopg2": "postgres"}
@@ -115,10 +131,23 @@ _CREATE = (
         published_at     {timestamp} NOT NULL,
         PRIMARY KEY (resource, idempotency_key)
     )""",
+    """CREATE TABLE IF NOT EXISTS {count_epoch} (
+        resource     {text}      NOT NULL,
+        lease_key    {text}      NOT NULL,
+        count_epoch  {bigint}    NOT NULL,
+        accepted_at  {timestamp} NOT NULL,
+        PRIMARY KEY (resource, lease_key)
+    )""",
 )
 _CLAIM = """INSERT INTO {publish} (resource, idempotency_key, token, owner, published_at)
     VALUES (:resource, :idempotency_key, :token, :owner, CURRENT_TIMESTAMP)
     ON CONFLICT (resource, idempotency_key) DO NOTHING"""
+_EPOCH_ROW = """INSERT INTO {count_epoch} (resource, lease_key, count_epoch, accepted_at)
+    VALUES (:resource, :base_key, :count_epoch, CURRENT_TIMESTAMP)
+    ON CONFLICT (resource, lease_key) DO NOTHING"""
+_EPOCH_RAISE = """UPDATE {count_epoch} SET count_epoch = :count_epoch, accepted_at = CURRENT_TIMESTAMP
+    WHERE resource = :resource AND lease_key = :base_key AND count_epoch < :count_epoch"""
+_EPOCH_READ = """SELECT count_epoch FROM {count_epoch} WHERE resource = :resource AND lease_key = :base_key{share_lock}"""
 _ROW = """INSERT INTO {fence} (resource, lease_key, token, owner, store_id, accepted_at)
     VALUES (:resource, :key, 0, NULL, NULL, CURRENT_TIMESTAMP)
     ON CONFLICT (resource, lease_key) DO NOTHING"""
@@ -172,7 +201,9 @@ class DbApiFence:
         self._schema = schema
         self._names = {
             "fence": prefix + _quoted("table", FENCE_TABLE), "publish": prefix + _quoted("table", PUBLISH_TABLE),
+            "count_epoch": prefix + _quoted("table", COUNT_EPOCH_TABLE),
             "text": self.dialect.text, "bigint": self.dialect.bigint, "timestamp": self.dialect.timestamp,
+            "share_lock": self.dialect.share_lock,
         }
         self._connect = connect
         self.ledger = ledger
@@ -272,8 +303,16 @@ class DbApiFence:
         if self.dialect.begin is not None:
             cur.execute(self.dialect.begin)
         outcome = "accepted"
+        floor: int | None = None
         if params["idempotency_key"] is not None and self._run(cur, _CLAIM, params) == 0:
             outcome = "duplicate"
+        if outcome == "accepted" and params["count_epoch"] is not None:
+            self._run(cur, _EPOCH_ROW, params)
+            self._run(cur, _EPOCH_RAISE, params)
+            self._run(cur, _EPOCH_READ, params)
+            floor = int(cur.fetchone()[0])
+            if params["token"] <= floor:
+                outcome = "count_epoch"
         if outcome == "accepted":
             self._run(cur, _ROW, params)
             if self._run(cur, _ADVANCE, params) != 1:
@@ -283,7 +322,7 @@ class DbApiFence:
         current, store = (None, None) if row is None else (int(row[0]), None if row[1] is None else str(row[1]))
         return FenceDecision(
             params["resource"], params["token"], outcome, current, params["idempotency_key"], params["key"],
-            params["store_id"], store,
+            params["store_id"], store, floor if outcome == "count_epoch" else None,
         )
 
     @contextmanager
@@ -297,6 +336,8 @@ class DbApiFence:
         idempotency_key: str | None = None,
         run: RunRef | None = None,
         store_id: str | None = None,
+        count_epoch: int | None = None,
+        base_key: str | None = None,
     ) -> Iterator[Any]:
         """Advance the fence and write in one transaction of the target: exactly once.
 
@@ -305,7 +346,7 @@ class DbApiFence:
         ``idempotency_key``) with nothing written; an error of your own SQL reaches you as the driver's
         exception, after the rollback; an unreachable or failing target is :class:`LeaseStoreUnavailable`.
         """
-        params = publish_params(resource, key, token, owner, idempotency_key, store_id)
+        params = _publish(resource, key, token, owner, idempotency_key, store_id, count_epoch, base_key)
         self._ready()
         rejected: FenceDecision | None = None
         with self._connection("publish") as conn:
@@ -343,11 +384,13 @@ class DbApiFence:
         idempotency_key: str | None = None,
         run: RunRef | None = None,
         store_id: str | None = None,
+        count_epoch: int | None = None,
+        base_key: str | None = None,
     ) -> FenceDecision:
         """Advance the fence of ``resource`` for lease ``key`` to ``token`` (committed at once) and return the
         decision, refusals included (see :meth:`FenceStore.advance
         <airflow_lease_provider.core.fence.FenceStore.advance>`, the same rule). Not retried."""
-        params = publish_params(resource, key, token, owner, idempotency_key, store_id)
+        params = _publish(resource, key, token, owner, idempotency_key, store_id, count_epoch, base_key)
         self._ready()
         with self._connection("advance the fence") as conn:
             try:
@@ -377,11 +420,14 @@ class DbApiFence:
         idempotency_key: str | None = None,
         run: RunRef | None = None,
         store_id: str | None = None,
+        count_epoch: int | None = None,
+        base_key: str | None = None,
     ) -> FenceDecision:
         """:meth:`advance`, raising :class:`StaleFencingToken` (or ``DuplicatePublish``) when refused; the
         decision is a context manager that gives the idempotency claim back if its block raises."""
         decision = self.advance(
-            resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run, store_id=store_id
+            resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run, store_id=store_id,
+            count_epoch=count_epoch, base_key=base_key,
         )
         decision.raise_if_rejected()
         return decision
@@ -437,6 +483,14 @@ class DbApiFence:
                 ledger=self.ledger if self.record_events else None,
             )
         return decision
+
+
+def _publish(
+    resource: str, key: str, token: int, owner: str | None, idempotency_key: str | None, store_id: str | None,
+    count_epoch: int | None, base_key: str | None,
+) -> dict[str, Any]:
+    params = publish_params(resource, key, token, owner, idempotency_key, store_id)
+    return {**params, **count_epoch_params(params, count_epoch, base_key)}
 
 
 def _commit(conn: Any) -> None:

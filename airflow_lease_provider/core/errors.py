@@ -48,9 +48,12 @@ class StaleFencingToken(LeaseError):
 
     :ivar reason: ``stale`` (the fence accepted a larger token, or an equal one of another holder),
         ``superseded`` (the lease has been granted past this token: the fence is kept in the lease store
-        that issued it), ``other_store`` (the fence's token came from another lease store: the store
+        that issued it), ``count_epoch`` (the token is at or below the count epoch of a later holding period
+        of its lease key: a holder of an earlier period, such as a zombie of a slot dropped when the slot
+        count was lowered), ``other_store`` (the fence's token came from another lease store: the store
         appears to have been recreated) or ``duplicate``.
-    :ivar newest: the key's newest grant, when the fence could see it (``superseded``).
+    :ivar newest: the key's newest grant, when the fence could see it (``superseded``), or the count epoch
+        the token is at or below (``count_epoch``).
     """
 
     def __init__(
@@ -70,6 +73,12 @@ class StaleFencingToken(LeaseError):
             message = (
                 f"fence {resource!r} rejected token {token}{of_key}: the lease has been granted again since "
                 f"(token {newest}), so this holder no longer holds it"
+            )
+        elif reason == "count_epoch":
+            message = (
+                f"fence {resource!r} rejected token {token}{of_key}: its lease key has been granted since in a "
+                f"later holding period, every token of which is above {newest} (the key's count epoch: its slot "
+                "count changed, or all its holders had ended), so this holder no longer holds it"
             )
         elif reason == "other_store":
             message = (

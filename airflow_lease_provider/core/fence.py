@@ -39,13 +39,15 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class FenceDecision:
-    """What the fence said. ``outcome`` is ``accepted``, ``stale``, ``superseded`` or ``duplicate``.
+    """What the fence said. ``outcome`` is ``accepted``, ``stale``, ``superseded``, ``count_epoch`` or
+    ``duplicate``.
 
     :ivar current_token: the largest token the resource has accepted for this lease key, after this decision.
     :ivar store_id: the lease store the publish said its token came from (``None``: not said).
     :ivar current_store: the lease store the fence's current token came from (``None``: unknown).
     :ivar newest_grant: the key's newest grant, where the fence is kept in the lease store that issued the
-        token (``superseded``: the token is below it).
+        token (``superseded``: the token is below it); for ``count_epoch``, the key's count epoch the token
+        is at or below (a later holding period of the key began above it).
 
     Also a context manager for a side effect outside the database, with an idempotency key: the claim of
     the key is given back when the block raises, so a failed side effect can be retried (see
@@ -77,7 +79,8 @@ class FenceDecision:
 
     @property
     def reason(self) -> str:
-        """Why it was refused: ``stale``, ``superseded``, ``other_store``, ``duplicate`` (``accepted`` if not)."""
+        """Why it was refused: ``stale``, ``superseded``, ``count_epoch``, ``other_store``, ``duplicate``
+        (``accepted`` if not)."""
         return "other_store" if self.other_store else self.outcome
 
     def raise_if_rejected(self) -> None:
@@ -134,6 +137,14 @@ def publish_params(
         "resource": resource, "key": key, "token": token, "owner": owner, "idempotency_key": idempotency_key,
         "store_id": _store_id(store_id),
     }
+
+
+def count_epoch_params(params: dict[str, Any], count_epoch: int | None, base_key: str | None) -> dict[str, Any]:
+    """The count epoch a publish names, checked against its :func:`publish_params`
+    (:func:`validation.count_epoch <airflow_lease_provider.core.validation.count_epoch>`): what every fence is
+    asked with besides them."""
+    epoch, base = validation.count_epoch(params["key"], params["token"], count_epoch, base_key)
+    return {"count_epoch": epoch, "base_key": base}
 
 
 def record_rejection(
@@ -220,6 +231,14 @@ class FenceStore(Store):
     def _records(self) -> bool:
         return self.record_events and (self._own_ledger or self.events.db is not self.db)
 
+    def _publish(
+        self, resource: str, key: str, token: int, owner: str | None, idempotency_key: str | None,
+        store_id: str | None, count_epoch: int | None, base_key: str | None,
+    ) -> dict[str, Any]:
+        """A publish's checked arguments: :attr:`_params`' and the count epoch's (:func:`count_epoch_params`)."""
+        params = self._params(resource, key, token, owner, idempotency_key, store_id)
+        return {**params, **count_epoch_params(params, count_epoch, base_key)}
+
     def _decision(self, params: dict[str, Any], row: Row) -> FenceDecision:
         """The decision of a ``fence_advance`` row (outcome, current_token, current_store, newest_grant)."""
         release = None
@@ -275,6 +294,8 @@ class FenceStore(Store):
         idempotency_key: str | None = None,
         run: RunRef | None = None,
         store_id: str | None = None,
+        count_epoch: int | None = None,
+        base_key: str | None = None,
     ) -> FenceDecision:
         """Advance the fence of ``resource`` for lease ``key`` to ``token`` if it is larger than every token
         of that key accepted so far, or equal to the largest and published by its ``owner`` again (the
@@ -290,7 +311,7 @@ class FenceStore(Store):
         no read-then-write window. Never retried automatically: a resend after a lost reply would refuse
         its own first success.
         """
-        params = self._params(resource, key, token, owner, idempotency_key, store_id)
+        params = self._publish(resource, key, token, owner, idempotency_key, store_id, count_epoch, base_key)
         rows = self._ready().run("fence_advance", params, durable=True, retry=False)
         return self._reported(params, self._decision(params, rows[0]), run)
 
@@ -304,10 +325,13 @@ class FenceStore(Store):
         idempotency_key: str | None = None,
         run: RunRef | None = None,
         store_id: str | None = None,
+        count_epoch: int | None = None,
+        base_key: str | None = None,
     ) -> bool:
         """True iff the fence accepted ``token`` (see :meth:`advance`) and the idempotency key was unused."""
         return self.advance(
-            resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run, store_id=store_id
+            resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run, store_id=store_id,
+            count_epoch=count_epoch, base_key=base_key,
         ).accepted
 
     def guard(
@@ -320,6 +344,8 @@ class FenceStore(Store):
         idempotency_key: str | None = None,
         run: RunRef | None = None,
         store_id: str | None = None,
+        count_epoch: int | None = None,
+        base_key: str | None = None,
     ) -> FenceDecision:
         """Like :meth:`advance`, but raise :class:`StaleFencingToken` (or :class:`DuplicatePublish`).
 
@@ -335,7 +361,8 @@ class FenceStore(Store):
         which the same holder may publish with again.
         """
         decision = self.advance(
-            resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run, store_id=store_id
+            resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run, store_id=store_id,
+            count_epoch=count_epoch, base_key=base_key,
         )
         decision.raise_if_rejected()
         return decision
@@ -365,6 +392,8 @@ class FenceStore(Store):
         timeout: timedelta | None = None,
         run: RunRef | None = None,
         store_id: str | None = None,
+        count_epoch: int | None = None,
+        base_key: str | None = None,
     ) -> Iterator[Any]:
         """Advance the fence and write in one transaction: exactly once when the target is this database.
 
@@ -384,7 +413,7 @@ class FenceStore(Store):
         one of your statements (the server crashed or was cut off): nothing of the transaction committed,
         since its commit was never sent.
         """
-        params = self._params(resource, key, token, owner, idempotency_key, store_id)
+        params = self._publish(resource, key, token, owner, idempotency_key, store_id, count_epoch, base_key)
         if timeout is not None:
             validation.positive_timedelta("timeout", timeout)
         db = self._ready()
@@ -418,13 +447,15 @@ class FenceStore(Store):
         idempotency_key: str | None = None,
         run: RunRef | None = None,
         store_id: str | None = None,
+        count_epoch: int | None = None,
+        base_key: str | None = None,
     ) -> FenceDecision:
         """Advance the fence inside the caller's own transaction (a psycopg2 cursor on this database).
 
         Raises :class:`StaleFencingToken` when refused; the caller's transaction should then roll back.
         The schema must already exist in that database (any store operation or ``ensure_schema`` makes it).
         """
-        params = self._params(resource, key, token, owner, idempotency_key, store_id)
+        params = self._publish(resource, key, token, owner, idempotency_key, store_id, count_epoch, base_key)
         decision = replace(self._decision(params, self.db.run_in(cursor, "fence_advance", params)[0]), _release=None)
         self._reported(params, decision, run)
         decision.raise_if_rejected()

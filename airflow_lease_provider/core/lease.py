@@ -77,9 +77,9 @@ def slot_count(value: object, parameter: str = "slots") -> int:
 
 
 class SlotCountMismatch(InvalidArgument):
-    """An acquire with ``slots=N`` found the key's slots held with another slot count (or the key held as a
-    single-holder lease while a semaphore's slot is held): a key's slot count changes only while none of
-    its slots is held. Nothing was written.
+    """An acquire with ``slots=N`` found the key's slots held with another slot count (or a single-holder
+    acquire or replace found a semaphore's slot of the key held): a key's slot count changes only while
+    none of its slots is held. Nothing was written.
 
     :ivar holders: the live holders of the key, by slot.
     """
@@ -237,8 +237,13 @@ class LeaseStore(Store):
         lease is granted (with ``run_after``), and a held one is answered with ``holder_older`` saying
         whether its run is older (whether a takeover would take it).
 
+        A replace is a single-holder grant (docs/core.md, "Who may hold a key"): a semaphore's slot holder is
+        never taken over (its slot 1 answers as a held lease), and while another slot of the key is held the
+        replace is refused with :class:`SlotCountMismatch`, as :meth:`try_acquire` is.
+
         :returns: the new lease with ``replaced`` set to the holder taken over (None: it was free), or the
             holder that keeps it.
+        :raises SlotCountMismatch: a slot i > 1 of the key is held.
         """
         key = validation.name("key", key)
         owner = validation.owner("owner", owner)
@@ -261,6 +266,10 @@ class LeaseStore(Store):
         if not row["acquired"]:
             if not lease.held:
                 return Acquisition(None, self.holder(key))
+            if lease.key != key:
+                # Another slot of the key is held: a replace is a single-holder grant, refused as try_acquire's
+                # (migrations/0015; a semaphore's holder is never taken over).
+                raise SlotCountMismatch(key, 1, self.slot_holders(key))
             return Acquisition(None, lease, holder_older=bool(row["older"]))
         if self.record_events:
             self._logged(row["logged"], EventKind.ACQUIRED, key)

@@ -147,6 +147,8 @@ class _State:
     etag: str | None
     fence: dict[str, FenceEntry]
     writer: str | None  # the write id of the put that made this version
+    #: Per lease key, the largest count epoch its holders' writes named (version 15).
+    epochs: dict[str, int] = field(default_factory=dict)
 
 
 def _resource(bucket: str, key: str) -> str:
@@ -184,7 +186,20 @@ def parse_fence(metadata: dict[str, str] | None) -> tuple[dict[str, FenceEntry],
     return keys, (str(last) if last is not None else None), (str(writer) if writer is not None else None)
 
 
-def _encode_fence(fence: dict[str, FenceEntry], last: str, writer: str) -> str:
+def parse_count_epochs(metadata: dict[str, str] | None) -> dict[str, int]:
+    """Per lease key, the largest count epoch its holders' writes of the object named (docs/core.md, "The
+    fence"): a token of that key (any slot) at or below it is refused. Empty for an object without them."""
+    raw = (metadata or {}).get(FENCE_METADATA)
+    if not raw:
+        return {}
+    try:
+        return {str(k): int(v) for k, v in dict(json.loads(raw).get("e", {})).items()}
+    except (ValueError, TypeError, AttributeError):
+        log.warning("object fence: the count epochs in metadata %r do not parse; treating them as none", FENCE_METADATA)
+        return {}
+
+
+def _encode_fence(fence: dict[str, FenceEntry], last: str, writer: str, epochs: dict[str, int] | None = None) -> str:
     keys = {}
     for k, entry in sorted(fence.items()):
         item: dict[str, Any] = {"t": entry.token}
@@ -193,8 +208,11 @@ def _encode_fence(fence: dict[str, FenceEntry], last: str, writer: str) -> str:
         if entry.store_id is not None:
             item["s"] = entry.store_id
         keys[k] = item
+    data: dict[str, Any] = {"v": 1, "k": keys, "l": last, "w": writer}
+    if epochs:
+        data["e"] = dict(sorted(epochs.items()))
     # ASCII only: metadata travels as HTTP headers.
-    return json.dumps({"v": 1, "k": keys, "l": last, "w": writer}, ensure_ascii=True, separators=(",", ":"))
+    return json.dumps(data, ensure_ascii=True, separators=(",", ":"))
 
 
 def decide(
@@ -287,7 +305,7 @@ class ObjectFence:
         except BotoCoreError as exc:
             raise self._failure(exc, "reading the fence", bucket, key) from None
         fence, _, writer = parse_fence(head.get("Metadata"))
-        return _State(True, head.get("ETag"), fence, writer)
+        return _State(True, head.get("ETag"), fence, writer, parse_count_epochs(head.get("Metadata")))
 
     def current(self, bucket: str, key: str, *, lease_key: str) -> int | None:
         """The largest token of ``lease_key`` the object has accepted (``None``: none, or no object)."""
@@ -332,6 +350,8 @@ class ObjectFence:
         owner: str | None = None,
         store_id: str | None = None,
         idempotency_key: str | None = None,
+        count_epoch: int | None = None,
+        base_key: str | None = None,
         metadata: dict[str, str] | None = None,
         content_type: str | None = None,
         extra_args: dict[str, Any] | None = None,
@@ -352,6 +372,11 @@ class ObjectFence:
             ``If-None-Match: *``); a key already claimed raises :class:`DuplicatePublish` whatever the
             token. Given back when the write is refused or definitely failed; kept when the write may have
             happened (the store stopped answering mid-request): at most once.
+        :param count_epoch: the grant's count epoch (:attr:`Lease.count_epoch`), with ``base_key`` the lease key
+            whose slot ``lease_key`` is (:attr:`Lease.lease_key`; default ``lease_key``): the object keeps per
+            base key the largest count epoch written and refuses a token at or below it (``count_epoch``), so a
+            zombie of a dropped slot is refused once a holder of the key's later period wrote. ``None``: not
+            checked (the rule before version 15).
         :param metadata: your own user metadata (names must not start with ``lease-``).
         :param extra_args: more ``PutObject`` arguments (``ServerSideEncryption``, ``CacheControl``, ...).
         :raises StaleFencingToken: refused; nothing was written. :raises DuplicatePublish: the key was used.
@@ -363,6 +388,7 @@ class ObjectFence:
         if owner is not None:
             validation.owner("owner", owner)
         store = _store_id(store_id)
+        epoch = validation.count_epoch(lease_key, token, count_epoch, base_key)
         if idempotency_key is not None:
             idempotency_key = validation.name("idempotency_key", idempotency_key)
         data = _body(body)
@@ -372,7 +398,7 @@ class ObjectFence:
         if idempotency_key is not None:
             claim = self._claim(bucket, key, idempotency_key, token, lease_key, owner, write_id)
         try:
-            return self._cas(bucket, key, data, args, token, lease_key, owner, store, idempotency_key, write_id)
+            return self._cas(bucket, key, data, args, token, lease_key, owner, store, idempotency_key, write_id, epoch)
         except (ReadTimeoutError, ConnectionClosedError) as exc:
             # The request may have reached the store: keep the claim (at most once).
             if claim is not None:
@@ -411,6 +437,7 @@ class ObjectFence:
     def _cas(
         self, bucket: str, key: str, data: bytes, args: dict[str, Any], token: int, lease_key: str,
         owner: str | None, store: str | None, idempotency_key: str | None, write_id: str,
+        epoch: tuple[int | None, str | None] = (None, None),
     ) -> ObjectPublish:
         put_args = {k: v for k, v in args.items() if k != "_user_metadata"}
         user_metadata: dict[str, str] = args["_user_metadata"]
@@ -422,6 +449,20 @@ class ObjectFence:
                 # compare-and-swap to our own first send. The object is ours.
                 return ObjectPublish(bucket, key, token, lease_key, state.etag or "", None, idempotency_key, attempt)
             entry = state.fence.get(lease_key)
+            count_epoch, base = epoch
+            epochs = dict(state.epochs)
+            if count_epoch is not None and base is not None:
+                floor = epochs.get(base, 0)
+                if token <= floor:
+                    log.warning(
+                        "object fence %s (lease key %r) rejected token %s: at or below the count epoch %s of %r",
+                        resource, lease_key, token, floor, base,
+                    )
+                    raise StaleFencingToken(
+                        resource, token, entry.token if entry is not None else None, "count_epoch", newest=floor,
+                        key=lease_key,
+                    )
+                epochs[base] = max(floor, count_epoch)
             accepted, reason = decide(entry, token, owner, store)
             if not accepted:
                 assert entry is not None
@@ -433,7 +474,7 @@ class ObjectFence:
             fence = dict(state.fence)
             kept_store = store if entry is None or token > entry.token else (entry.store_id or store)
             fence[lease_key] = FenceEntry(token, owner, kept_store)
-            meta = {**user_metadata, FENCE_METADATA: _encode_fence(fence, lease_key, write_id),
+            meta = {**user_metadata, FENCE_METADATA: _encode_fence(fence, lease_key, write_id, epochs),
                     TOKEN_METADATA: str(token)}
             size = sum(len(k.encode()) + len(str(v).encode()) for k, v in meta.items())
             if size > MAX_METADATA_BYTES:

@@ -56,13 +56,32 @@ def current_schema_sql() -> str:
     return resources.files("airflow_lease_provider.core.sql").joinpath("schema.sql").read_text()
 
 
-#: The version of the fence-only layout (``fence_schema.sql``): the store version whose fence it matches.
-FENCE_ONLY_VERSION = 10
+#: The version of the fence-only layout: the store version whose fence it matches. ``fence_schema.sql`` is
+#: version 10's; the files of ``sql/fence_migrations`` bring it to this one (a new target runs them all).
+FENCE_ONLY_VERSION = 15
+#: The version ``fence_schema.sql`` creates.
+FENCE_ONLY_BASE = 10
 
 
 def fence_schema_sql() -> str:
-    """``fence_schema.sql``: what a fence needs in a database without a lease store."""
+    """``fence_schema.sql``: what a fence needs in a database without a lease store (version 10's layout)."""
     return resources.files("airflow_lease_provider.core.sql").joinpath("fence_schema.sql").read_text()
+
+
+@cache
+def fence_migrations() -> tuple[Migration, ...]:
+    """The upgrades of the fence-only layout after :data:`FENCE_ONLY_BASE`, in version order (each numbered
+    like the store migration that changed the fence the same way)."""
+    folder = resources.files("airflow_lease_provider.core.sql.fence_migrations")
+    found = [
+        Migration(int(match.group(1)), match.group(2), entry.read_text())
+        for entry in folder.iterdir() if (match := _FILE_RE.match(entry.name))
+    ]
+    found.sort(key=lambda m: m.version)
+    if not found or found[-1].version != FENCE_ONLY_VERSION or found[0].version <= FENCE_ONLY_BASE:
+        raise SchemaError(f"the fence-only migrations must end at version {FENCE_ONLY_VERSION}, found "
+                          f"{[m.version for m in found]}")
+    return tuple(found)
 
 
 def _run(cur: Any, text: str, schema: str, params: Any = None) -> None:
@@ -135,7 +154,13 @@ def ensure_fence_schema(db: Database) -> int:
                 _create_schema(cur, db.schema)
                 _run(cur, fence_schema_sql(), db.schema)
                 _run(cur, "INSERT INTO {schema}.fence_schema_version (version, name) VALUES (%s, 'fence_only')",
-                     db.schema, (FENCE_ONLY_VERSION,))
+                     db.schema, (FENCE_ONLY_BASE,))
+                found = FENCE_ONLY_BASE
+            for migration in fence_migrations():
+                if migration.version > found:
+                    _run(cur, migration.sql, db.schema)
+                    _run(cur, "INSERT INTO {schema}.fence_schema_version (version, name) VALUES (%s, %s)",
+                         db.schema, (migration.version, migration.name))
             return FENCE_ONLY_VERSION
     # A whole store appeared meanwhile (another process made it): migrate it as every user does.
     return ensure_schema(db)

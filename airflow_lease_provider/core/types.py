@@ -51,6 +51,15 @@ class Lease:
     #: slot's own key (:func:`slot_key`): the key the holder renews, releases and fences under.
     slot: int = 1
     slots: int = 1
+    #: The grant's count epoch (migration 0015; docs/core.md, "Who may hold a key"): the token floor of the key's
+    #: holding period the grant belongs to. A grant of a key none of whose grants with its slot count is live
+    #: begins a period (every change of the slot count does); every token of the period is above this, every
+    #: token the key issued before the period (any slot) at or below it. A publish passes it to the fence
+    #: (``count_epoch=``, with ``base_key=`` :attr:`lease_key`), which then refuses every token of the key at
+    #: or below it: a zombie of a dropped slot is refused once a holder of the new count published. 0 where
+    #: unknown (a lease made by hand, or read from a row that predates the migration). Not the token epoch of a
+    #: failover (:class:`TokenEpoch`). Not part of equality or ``repr`` (the token says which grant it is).
+    count_epoch: int = field(default=0, compare=False, repr=False)
 
     @property
     def lease_key(self) -> str:
@@ -86,6 +95,7 @@ class Lease:
             "observed_at": self.observed_at.isoformat(),
             # A semaphore's slot (a single-holder lease's dict is unchanged).
             **({"slot": self.slot, "slots": self.slots, "lease_key": self.lease_key} if self.slots > 1 else {}),
+            "count_epoch": self.count_epoch,
         }
 
     @classmethod
@@ -98,6 +108,7 @@ class Lease:
             released_at=row["released_at"], observed_at=row["observed_at"], sent_at=sent_at,
             run=RunRef.from_columns(row) if "dag_id" in row else None,
             slot=int(row["slot"]) if "slot" in row else 1, slots=int(row["slots"]) if "slots" in row else 1,
+            count_epoch=int(row["count_epoch"]) if row.get("count_epoch") is not None else 0,
         )
 
     @classmethod
@@ -116,6 +127,7 @@ class Lease:
             released_at=when("released_at") if data.get("released_at") else None,
             observed_at=when("observed_at"),
             slot=int(data.get("slot", 1)), slots=int(data.get("slots", 1)),
+            count_epoch=int(data.get("count_epoch", 0)),
         )
 
     def describe(self) -> str:

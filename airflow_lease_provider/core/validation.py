@@ -205,3 +205,34 @@ def dsn(value: object, parameter: str = "dsn") -> str:
     if not isinstance(value, str) or not value.strip():
         raise InvalidArgument(parameter, "<hidden>", "must be a non-empty libpq connection string or URI")
     return value
+
+
+#: The part of a slot's row key after its semaphore's key: ``#`` and the slot, 2 or more (types.slot_key).
+_SLOT_SUFFIX = re.compile(r"#(?:[2-9]|[1-9][0-9]+)")
+
+
+def count_epoch(key: str, token: int, epoch: object, base_key: object) -> tuple[int | None, str | None]:
+    """The count epoch a publish of lease row ``key`` with ``token`` names, and the lease key it is of
+    (docs/core.md, "The fence"): ``epoch`` is the grant's (:attr:`Lease.count_epoch`), ``base_key`` the lease
+    key whose slot ``key`` is (:attr:`Lease.lease_key`; default ``key`` itself). Every fence keeps per
+    (resource, base key) the largest count epoch it accepted and refuses a token at or below it. ``(None,
+    None)``: the publish names none, and no count epoch is checked (the rule before version 15, kept for a
+    core caller that passes none)."""
+    if epoch is None:
+        if base_key is not None:
+            raise InvalidArgument("base_key", base_key, "is given only with count_epoch (the lease's count_epoch and lease_key)")
+        return None, None
+    if isinstance(epoch, bool) or not isinstance(epoch, int) or not 0 <= epoch < token:
+        raise InvalidArgument(
+            "count_epoch", epoch,
+            f"must be an integer from 0 to below the token ({token}): the lease's count_epoch, below every token "
+            "of its grant's holding period",
+        )
+    base = key if base_key is None else lookup_name("base_key", base_key)
+    if base != key and not (key.startswith(base) and _SLOT_SUFFIX.fullmatch(key[len(base):])):
+        raise InvalidArgument(
+            "base_key", base_key,
+            f"must be the lease key whose slot {key!r} is (the lease's lease_key): {key!r} itself, or it without "
+            "its '#<slot>'",
+        )
+    return epoch, base

@@ -274,7 +274,8 @@ class LeaseContext:
         try:
             return S3FenceHook(aws_conn_id).put(
                 bucket, key, body, token=self.token, lease_key=self.key, owner=self.owner,
-                store_id=self.store.store_id, idempotency_key=idempotency_key, **put_args,
+                store_id=self.store.store_id, idempotency_key=idempotency_key,
+                count_epoch=self.lease.count_epoch, base_key=self.lease.lease_key, **put_args,
             )
         except StaleFencingToken as refused:
             resource = f"s3://{bucket}/{key}"
@@ -301,10 +302,13 @@ class LeaseContext:
         return fence_store(conn_id, default_conn_id=self.conn_id, lease_store=self.store)
 
     def _as_holder(self, idempotency_key: str | None) -> dict[str, Any]:
-        """Who asks the fence: this lease's key, owner, task instance and store, with the slot's key."""
+        """Who asks the fence: this lease's key (the slot's), owner, task instance and store, and its grant's
+        count epoch with the lease key it is of, so the fence refuses a holder of an earlier holding period of
+        the key (a zombie of a slot dropped when the slot count was lowered: docs/core.md, "The fence")."""
+        lease = self.lease
         return {
             "key": self.key, "owner": self.owner, "idempotency_key": idempotency_key, "run": self.run,
-            "store_id": self.store.store_id,
+            "store_id": self.store.store_id, "count_epoch": lease.count_epoch, "base_key": lease.lease_key,
         }
 
     @contextmanager

@@ -126,7 +126,7 @@ def test_giving_a_claim_back_never_frees_another_publishes_claim(fences: FenceSt
 
 def test_a_fence_only_target_holds_the_fence_and_nothing_else(target: FenceStore, pg_dsn: str) -> None:
     assert target.accept("warehouse", 2, key="etl", owner="etl/run")
-    assert _tables(pg_dsn, target.schema) == ["fence", "fence_publish", "fence_schema_version"]
+    assert _tables(pg_dsn, target.schema) == ["fence", "fence_count_epoch", "fence_publish", "fence_schema_version"]
     with target.transaction("warehouse", 2, key="etl", owner="etl/run", idempotency_key="s") as cur:
         cur.execute("SELECT 1")
     assert target.advance("warehouse", 1, key="etl").outcome == "stale"
@@ -136,7 +136,7 @@ def test_a_fence_only_target_holds_the_fence_and_nothing_else(target: FenceStore
         LeaseStore(pg_dsn, schema=target.schema).ensure_schema()
     with pytest.raises(SchemaMissing, match="holds only fences"):
         LeaseStore(pg_dsn, schema=target.schema, read_only=True).leases()
-    assert _tables(pg_dsn, target.schema) == ["fence", "fence_publish", "fence_schema_version"]
+    assert _tables(pg_dsn, target.schema) == ["fence", "fence_count_epoch", "fence_publish", "fence_schema_version"]
 
 
 def test_a_target_that_already_has_the_whole_schema_keeps_it(store: LeaseStore, pg_dsn: str) -> None:
@@ -158,7 +158,7 @@ def test_the_fence_only_layout_has_the_stores_fence_tables(
     store.ensure_schema()
     columns = (
         "SELECT table_name, column_name, data_type, is_nullable, column_default, ordinal_position"
-        " FROM information_schema.columns WHERE table_schema = %s AND table_name IN ('fence', 'fence_publish')"
+        " FROM information_schema.columns WHERE table_schema = %s AND table_name IN ('fence', 'fence_count_epoch', 'fence_publish')"
         " ORDER BY 1, 6"
     )
     functions = (

@@ -42,6 +42,7 @@ CATALOG_QUERIES = {
 HOT_FUNCTIONS = {
     "lease_acquire", "lease_acquire_logged", "lease_renew", "lease_release", "lease_release_logged",
     "lease_event_insert", "lease_token_floor", "fence_advance", "fence_token", "lease_acquire_slots",
+    "lease_count_epoch",
 }
 
 

@@ -8,7 +8,7 @@ import psycopg2
 from psycopg2 import sql
 
 #: The store's tables, compared row by row.
-STORE_TABLES = ("lease", "fence", "fence_publish", "event")
+STORE_TABLES = ("lease", "fence", "fence_count_epoch", "fence_publish", "event")
 
 
 class Rows:

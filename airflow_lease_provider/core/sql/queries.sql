@@ -32,11 +32,13 @@ SELECT * FROM {schema}.lease_acquire_slots(%(key)s, %(owner)s, %(ttl)s, %(slots)
                                            %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
 
 -- name: slot_holders
--- The live holders of a semaphore's slots (its key's own row and its rows key#i), by slot.
+-- The live holders of a semaphore's slots (its key's own row and its rows key#i held as its slots; a row
+-- key#i held as a key of its own is not one), by slot.
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots,
+       l.count_epoch
   FROM {schema}.lease l
- WHERE (l.key = %(key)s OR l.slot_of = %(key)s) AND l.expires_at > clock_timestamp()
+ WHERE (l.key = %(key)s OR (l.slot_of = %(key)s AND l.slot > 1)) AND l.expires_at > clock_timestamp()
  ORDER BY l.slot, l.key;
 
 -- name: replace [prepared]
@@ -87,7 +89,7 @@ UPDATE {schema}.lease AS l
  WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s
    AND l.expires_at > pg_catalog.clock_timestamp() AND l.released_at IS NULL
 RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-          pg_catalog.clock_timestamp() AS observed_at, l.slot, l.slots;
+          pg_catalog.clock_timestamp() AS observed_at, l.slot, l.slots, l.count_epoch;
 
 -- name: release [prepared]
 -- Frees the lease only if owner and token still match (decision 7). The row and its token stay.
@@ -107,7 +109,8 @@ SELECT * FROM {schema}.lease_release_logged(%(key)s, %(owner)s, %(token)s, %(det
 
 -- name: holder [prepared]
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots,
+       l.count_epoch
   FROM {schema}.lease l
  WHERE l.key = %(key)s AND l.expires_at > clock_timestamp();
 
@@ -115,10 +118,12 @@ SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at
 -- A fence per (resource, lease key): the token is compared only with tokens of the same lease key. A larger
 -- token is accepted, or an equal one from the same owner of the same lease store (%(store_id)s: the
 -- issuer's lease_epoch.store_id, or NULL); in the issuing store's own schema a token below the key's
--- newest grant is 'superseded' (migrations/0010).
+-- newest grant is 'superseded' (migrations/0010). With %(count_epoch)s (the grant's, migrations/0015) a token
+-- at or below the largest count epoch the lease key %(base_key)s's holders told this fence is 'count_epoch',
+-- and so is one at or below the key's count epoch in the issuing store's own schema.
 SELECT outcome, current_token, current_store, newest_grant
   FROM {schema}.fence_advance(%(resource)s, %(key)s, %(token)s, %(owner)s, %(idempotency_key)s,
-                              %(store_id)s::uuid);
+                              %(store_id)s::uuid, %(base_key)s::text, %(count_epoch)s::bigint);
 
 -- name: fence_claim_release
 -- Gives back the idempotency claim of an external publish whose side effect failed: only that publish's
@@ -192,7 +197,8 @@ SELECT coalesce(max(version), 0) AS version FROM {schema}.schema_version;
 -- name: lease_by_key [prepared]
 -- The row of one key, held or not (see Lease.held): one index lookup, however many keys there are.
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots,
+       l.count_epoch
   FROM {schema}.lease l
  WHERE l.key = %(key)s;
 
@@ -202,7 +208,7 @@ SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at
 -- token (NULL when the token did not match: nothing was written). No row: the key was never acquired.
 WITH old AS (
     SELECT key, owner, token, ttl, acquired_at, renewed_at, expires_at, released_at, dag_id, run_id, task_id,
-           map_index, slot, slots
+           map_index, slot, slots, count_epoch
       FROM {schema}.lease WHERE key = %(key)s FOR UPDATE
 ), upd AS (
     UPDATE {schema}.lease AS l
@@ -215,13 +221,14 @@ WITH old AS (
 )
 SELECT old.key, old.owner, old.token, old.ttl, old.acquired_at, old.renewed_at, old.expires_at,
        old.released_at, clock_timestamp() AS observed_at, (SELECT token FROM upd) AS new_token,
-       old.dag_id, old.run_id, old.task_id, old.map_index, old.slot, old.slots
+       old.dag_id, old.run_id, old.task_id, old.map_index, old.slot, old.slots, old.count_epoch
   FROM old;
 
 -- name: lease_page
 -- Keyset pagination by key: the keys after %(after)s (NULL: from the first), at most %(limit)s.
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots,
+       l.count_epoch
   FROM {schema}.lease l
  WHERE (%(after)s::text IS NULL OR l.key > %(after)s::text)
    AND (NOT %(held_only)s OR (l.released_at IS NULL AND l.expires_at > clock_timestamp()))
@@ -381,7 +388,8 @@ SELECT CASE WHEN e.kind = 'fence_rejected' THEN coalesce(e.detail->>'lease_key',
 -- name: dag_leases
 -- The lease rows held (or last held) by one DAG's runs (lease_dag_key_idx, migrations/0011).
 SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots,
+       l.count_epoch
   FROM {schema}.lease l
  WHERE l.dag_id = %(dag_id)s
  ORDER BY l.key

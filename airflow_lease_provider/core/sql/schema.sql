@@ -34,9 +34,14 @@ CREATE TABLE {schema}.lease (
     replaced_token bigint,
     -- Semaphores (migrations/0014): the slot count of the grant (1: a single-holder lease), its slot, and
     -- for slot i > 1 (the row p_key || '#' || i) the semaphore's key. Slot 1 is the key's own row.
+    -- slot_of is kept when the row is later granted as a key of its own (a plain key spelled like a slot,
+    -- k#2; migrations/0015): it says whose slot the row ever was, so its tokens count in that key's epochs.
     slots          integer     NOT NULL DEFAULT 1,
     slot           integer     NOT NULL DEFAULT 1,
     slot_of        text,
+    -- The count epoch of the grant (migrations/0015): the token floor of the key's holding period it belongs
+    -- to; every token of the period is above it, every token the key issued before the period at or below.
+    count_epoch    bigint      NOT NULL DEFAULT 0,
     CONSTRAINT lease_slot_check CHECK (slot >= 1 AND slot <= slots)
 ) WITH (fillfactor = 50);
 -- The leases of one DAG (migrations/0011): the DAG-scoped status pages and the DAG tab.
@@ -56,6 +61,17 @@ CREATE TABLE {schema}.fence (
     -- The lease store the accepted token came from (lease_epoch.store_id; migrations/0010), NULL when
     -- unknown (accepted before version 10, or by a caller that passed none).
     store_id     uuid,
+    PRIMARY KEY (resource, key)
+) WITH (fillfactor = 50);
+
+-- Per (resource, lease key): the largest count epoch a publish of the key's holders told the fence
+-- (migrations/0015); a token of the key, of any slot, at or below it is refused ('count_epoch'). The same
+-- table as fence_schema.sql's.
+CREATE TABLE {schema}.fence_count_epoch (
+    resource     text        NOT NULL,
+    key          text        NOT NULL,
+    count_epoch  bigint      NOT NULL,
+    accepted_at  timestamptz NOT NULL,
     PRIMARY KEY (resource, key)
 ) WITH (fillfactor = 50);
 
@@ -201,63 +217,97 @@ BEGIN
 END;
 $$;
 
--- acquire (migrations/0008, 0011, 0012): the read first (a key someone else holds costs one index lookup, no
--- row lock, no write), then the conditional UPDATE takes a free, expired or own lease, or the INSERT
--- creates a new key; each statement takes its own READ COMMITTED snapshot, and an UPDATE that finds
--- nothing starts over, at most three times. The token floor is computed only for a row written. The
--- holder's run columns are written with every grant; its run order (run_after) is unknown: cleared.
+-- The count epoch a grant of p_key with p_slots slots takes (migrations/0015), under the key's grant lock:
+-- the epoch of the key's live grants with this slot count (a grant while they hold belongs to their
+-- holding period), else, the key being taken up afresh (none of its grants live with this count; a count
+-- changes only then), the largest token any row of the key ever had (its own row, and every row that was
+-- ever one of its slots: slot_of is never cleared), so every token of the new period is larger than every
+-- token the key issued before it, whichever slot. A grant of a plain key that never had slots takes its
+-- row's last token: its tokens count on as before.
+CREATE FUNCTION {schema}.lease_count_epoch(p_key text, p_slots integer)
+RETURNS bigint
+LANGUAGE sql VOLATILE
+AS $$
+    SELECT coalesce(
+        (SELECT l.count_epoch FROM {schema}.lease l
+          WHERE ((l.key = p_key AND l.slot = 1) OR (l.slot_of = p_key AND l.slot > 1))
+            AND l.slots = p_slots AND l.expires_at > pg_catalog.clock_timestamp()
+          LIMIT 1),
+        (SELECT pg_catalog.max(l.token) FROM {schema}.lease l WHERE l.key = p_key OR l.slot_of = p_key),
+        0)
+$$;
+
+-- acquire (migrations/0008, 0011, 0012, 0015): the read first (a key someone else holds costs one index
+-- lookup, no lock, no write). Otherwise the key's grant lock (the transaction-scoped advisory lock of class
+-- 0x1EA60 on the key's hash, which every grant of the key takes: lease_acquire_slots, lease_replace): then
+-- a live slot of the key (a semaphore's slot i > 1, any owner) refuses the single holder, answered by that
+-- slot's row; else the conditional UPDATE takes a free, expired or own lease, or the INSERT creates a new
+-- key, with a token above the key's count epoch. Each statement after the lock takes its own READ
+-- COMMITTED snapshot, so it sees every grant of the key committed before the lock was granted. A row taken
+-- meanwhile (only a grant of another key sharing it can: a plain key spelled like a slot) is answered as
+-- held. The token floor is computed only for a row written. The holder's run columns are written with
+-- every grant; its run order (run_after) is unknown: cleared.
 CREATE FUNCTION {schema}.lease_acquire(p_key text, p_owner text, p_ttl interval, p_dag_id text,
                                        p_run_id text, p_task_id text, p_map_index integer)
 RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
-               renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz)
+               renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz,
+               count_epoch bigint)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
+DECLARE
+    v_epoch bigint;
 BEGIN
-    FOR attempt IN 1..3 LOOP
-        RETURN QUERY
-        SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-               pg_catalog.clock_timestamp()
-          FROM {schema}.lease l
-         WHERE l.key = p_key AND l.expires_at > pg_catalog.clock_timestamp() AND l.owner <> p_owner;
-        IF FOUND THEN
-            RETURN;
-        END IF;
-        RETURN QUERY
-        UPDATE {schema}.lease AS l
-           SET owner = p_owner, token = greatest(l.token + 1, {schema}.lease_token_floor() + 1), ttl = p_ttl,
-               acquired_at = pg_catalog.clock_timestamp(), renewed_at = pg_catalog.clock_timestamp(),
-               expires_at = pg_catalog.clock_timestamp() + p_ttl, released_at = NULL,
-               dag_id = p_dag_id, run_id = p_run_id, task_id = p_task_id, map_index = p_map_index,
-               run_after = NULL, replaced_token = NULL, slots = 1, slot = 1, slot_of = NULL
-         WHERE l.key = p_key AND (l.expires_at <= pg_catalog.clock_timestamp() OR l.owner = p_owner)
-           AND (l.slots = 1 OR NOT EXISTS (SELECT 1 FROM {schema}.lease s
-                                            WHERE s.slot_of = p_key AND s.expires_at > pg_catalog.clock_timestamp()))
-        RETURNING true, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-                  pg_catalog.clock_timestamp();
-        IF FOUND THEN
-            RETURN;
-        END IF;
-        RETURN QUERY
-        INSERT INTO {schema}.lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at,
-                                         dag_id, run_id, task_id, map_index)
-        VALUES (p_key, p_owner, {schema}.lease_token_floor() + 1, p_ttl, pg_catalog.clock_timestamp(),
-                pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() + p_ttl,
-                p_dag_id, p_run_id, p_task_id, p_map_index)
-        ON CONFLICT (key) DO NOTHING
-        RETURNING true, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-                  pg_catalog.clock_timestamp();
-        IF FOUND THEN
-            RETURN;
-        END IF;
-    END LOOP;
     RETURN QUERY
     SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-           pg_catalog.clock_timestamp()
+           pg_catalog.clock_timestamp(), l.count_epoch
       FROM {schema}.lease l
-     WHERE l.key = p_key OR (l.slot_of = p_key AND l.expires_at > pg_catalog.clock_timestamp())
-     ORDER BY l.expires_at > pg_catalog.clock_timestamp() DESC, l.slot
+     WHERE l.key = p_key AND l.expires_at > pg_catalog.clock_timestamp() AND l.owner <> p_owner;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    PERFORM pg_catalog.pg_advisory_xact_lock(125536, pg_catalog.hashtext(p_key));
+    RETURN QUERY
+    SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+           pg_catalog.clock_timestamp(), l.count_epoch
+      FROM {schema}.lease l
+     WHERE l.slot_of = p_key AND l.slot > 1 AND l.expires_at > pg_catalog.clock_timestamp()
+     ORDER BY l.slot
      LIMIT 1;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    v_epoch := {schema}.lease_count_epoch(p_key, 1);
+    RETURN QUERY
+    UPDATE {schema}.lease AS l
+       SET owner = p_owner, token = greatest(l.token + 1, {schema}.lease_token_floor() + 1, v_epoch + 1),
+           ttl = p_ttl, acquired_at = pg_catalog.clock_timestamp(), renewed_at = pg_catalog.clock_timestamp(),
+           expires_at = pg_catalog.clock_timestamp() + p_ttl, released_at = NULL,
+           dag_id = p_dag_id, run_id = p_run_id, task_id = p_task_id, map_index = p_map_index,
+           run_after = NULL, replaced_token = NULL, slots = 1, slot = 1, count_epoch = v_epoch
+     WHERE l.key = p_key AND (l.expires_at <= pg_catalog.clock_timestamp() OR l.owner = p_owner)
+    RETURNING true, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+              pg_catalog.clock_timestamp(), l.count_epoch;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    INSERT INTO {schema}.lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at,
+                                     dag_id, run_id, task_id, map_index, count_epoch)
+    VALUES (p_key, p_owner, greatest({schema}.lease_token_floor(), v_epoch) + 1, p_ttl, pg_catalog.clock_timestamp(),
+            pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() + p_ttl,
+            p_dag_id, p_run_id, p_task_id, p_map_index, v_epoch)
+    ON CONFLICT (key) DO NOTHING
+    RETURNING true, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+              pg_catalog.clock_timestamp(), l.count_epoch;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+           pg_catalog.clock_timestamp(), l.count_epoch
+      FROM {schema}.lease l
+     WHERE l.key = p_key;
 END;
 $$;
 
@@ -268,8 +318,10 @@ RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interva
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz)
 LANGUAGE sql
 AS $$
-    SELECT * FROM {schema}.lease_acquire(p_key, p_owner, p_ttl, NULL::pg_catalog.text, NULL::pg_catalog.text,
-                                         NULL::pg_catalog.text, NULL::pg_catalog.int4)
+    SELECT a.acquired, a.key, a.owner, a.token, a.ttl, a.acquired_at, a.renewed_at, a.expires_at, a.released_at,
+           a.observed_at
+      FROM {schema}.lease_acquire(p_key, p_owner, p_ttl, NULL::pg_catalog.text, NULL::pg_catalog.text,
+                                  NULL::pg_catalog.text, NULL::pg_catalog.int4) a
 $$;
 
 -- renew: extends a lease only while it is still this owner's, with this token, and unexpired (decision 6).
@@ -330,7 +382,7 @@ CREATE FUNCTION {schema}.lease_acquire_logged(p_key text, p_owner text, p_ttl in
                                               p_dag_id text, p_run_id text, p_task_id text, p_map_index integer)
 RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz,
-               logged boolean)
+               count_epoch bigint, logged boolean)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -351,7 +403,7 @@ BEGIN
         END IF;
         acquired := r.acquired; key := r.key; owner := r.owner; token := r.token; ttl := r.ttl;
         acquired_at := r.acquired_at; renewed_at := r.renewed_at; expires_at := r.expires_at;
-        released_at := r.released_at; observed_at := r.observed_at;
+        released_at := r.released_at; observed_at := r.observed_at; count_epoch := r.count_epoch;
         RETURN NEXT;
     END LOOP;
 END;
@@ -398,12 +450,14 @@ AS $$
      ORDER BY f.key = '' LIMIT 1
 $$;
 
--- fence advance (migrations/0003, 0010): the idempotency claim, the newest-grant check where the fence
--- is kept in the lease store that issued the token, the conditional upsert (a larger token, or an equal
--- one from the same owner of the same store), the claim given back when refused. fence_schema.sql has
--- the same function without the newest-grant check.
+-- fence advance (migrations/0003, 0010, 0015): the idempotency claim, the newest-grant check where the
+-- fence is kept in the lease store that issued the token (the row's newest token, and the key's count
+-- epoch), the count epoch the publish names (p_base: the lease key whose slot p_key is; p_count_epoch: the
+-- grant's count epoch; NULL: not named, not checked), the conditional upsert (a larger token, or an equal
+-- one from the same owner of the same store), the claim given back when refused. fence_schema.sql (with its
+-- migrations) has the same function without the newest-grant check.
 CREATE FUNCTION {schema}.fence_advance(p_resource text, p_key text, p_token bigint, p_owner text,
-                                       p_idempotency_key text, p_store uuid)
+                                       p_idempotency_key text, p_store uuid, p_base text, p_count_epoch bigint)
 RETURNS TABLE (outcome text, current_token bigint, current_store uuid, newest_grant bigint)
 LANGUAGE plpgsql
 AS $$
@@ -411,6 +465,8 @@ DECLARE
     v_token bigint;
     v_store pg_catalog.uuid;
     v_newest bigint;
+    v_base pg_catalog.text;
+    v_floor bigint;
     v_outcome pg_catalog.text;
 BEGIN
     IF p_idempotency_key IS NOT NULL THEN
@@ -422,13 +478,40 @@ BEGIN
         END IF;
     END IF;
     IF v_outcome IS NULL AND p_store IS NOT NULL THEN
-        -- Kept in the lease store that issued the token: a token below the key's newest grant belongs to
-        -- a holder the lease has moved past (granted again, or force-released), refused before any later
-        -- token has published here.
-        SELECT l.token INTO v_newest FROM {schema}.lease l
+        -- Kept in the lease store that issued the token: a token below the row's newest grant belongs to a
+        -- holder the lease has moved past (granted again, or force-released); one at or below the key's
+        -- count epoch to a holder of an earlier holding period (a dropped slot of a lowered slot count is
+        -- never granted again). Both refused before any later token has published here.
+        SELECT l.token, CASE WHEN l.slot > 1 THEN l.slot_of ELSE l.key END INTO v_newest, v_base
+          FROM {schema}.lease l
          WHERE l.key = p_key AND EXISTS (SELECT 1 FROM {schema}.lease_epoch e WHERE e.store_id = p_store);
         IF p_token < v_newest THEN
             v_outcome := 'superseded';
+        ELSIF v_base IS NOT NULL THEN
+            SELECT pg_catalog.max(l.count_epoch) INTO v_floor FROM {schema}.lease l
+             WHERE (l.key = v_base AND l.slot = 1) OR (l.slot_of = v_base AND l.slot > 1);
+            IF p_token <= v_floor THEN
+                v_outcome := 'count_epoch';
+                v_newest := v_floor;
+            END IF;
+        END IF;
+    END IF;
+    IF v_outcome IS NULL AND p_count_epoch IS NOT NULL THEN
+        -- The key's count epoch, as its holders told it: raised by the first publish of a later period (the
+        -- row locked, so a publish of an earlier period waits for it and then reads it), read under a share
+        -- lock by every other (so a raise waits for the publishes already deciding). A token at or below it
+        -- is refused.
+        INSERT INTO {schema}.fence_count_epoch (resource, key, count_epoch, accepted_at)
+        VALUES (p_resource, coalesce(p_base, p_key), p_count_epoch, pg_catalog.clock_timestamp())
+        ON CONFLICT DO NOTHING;
+        UPDATE {schema}.fence_count_epoch AS e
+           SET count_epoch = p_count_epoch, accepted_at = pg_catalog.clock_timestamp()
+         WHERE e.resource = p_resource AND e.key = coalesce(p_base, p_key) AND e.count_epoch < p_count_epoch;
+        SELECT e.count_epoch INTO v_floor FROM {schema}.fence_count_epoch e
+         WHERE e.resource = p_resource AND e.key = coalesce(p_base, p_key) FOR SHARE;
+        IF p_token <= v_floor THEN
+            v_outcome := 'count_epoch';
+            v_newest := v_floor;
         END IF;
     END IF;
     IF v_outcome IS NULL THEN
@@ -463,6 +546,18 @@ BEGIN
 END;
 $$;
 
+-- The call of version 10 (version 9's calls it), for processes still running its code: a publish that names
+-- no count epoch (the fence of its time).
+CREATE FUNCTION {schema}.fence_advance(p_resource text, p_key text, p_token bigint, p_owner text,
+                                       p_idempotency_key text, p_store uuid)
+RETURNS TABLE (outcome text, current_token bigint, current_store uuid, newest_grant bigint)
+LANGUAGE sql
+AS $$
+    SELECT a.outcome, a.current_token, a.current_store, a.newest_grant
+      FROM {schema}.fence_advance(p_resource, p_key, p_token, p_owner, p_idempotency_key, p_store,
+                                  NULL::pg_catalog.text, NULL::bigint) a
+$$;
+
 -- The five-argument call of version 9 (migrations/0010), for processes still running its code.
 CREATE FUNCTION {schema}.fence_advance(p_resource text, p_key text, p_token bigint, p_owner text,
                                        p_idempotency_key text)
@@ -476,10 +571,12 @@ $$;
 -- replace (migrations/0012): the replace policy's acquire, one statement. A lease held by a run that is not
 -- provably older (its run_after not strictly before p_run_after, or unknown), or by any other run when
 -- p_takeover is false (a replace_grace not over yet), is answered by one read: no row lock, nothing written;
--- older says whether that holder's run is older (it would have been taken over). Otherwise the row is locked and decided again: a free, expired or own lease is
--- granted as lease_acquire grants it, a lease held by an older run is taken over; either way with a token
--- larger than the row's and than the epoch's floor, the grant's run order and (a takeover) the token it
--- replaced. With p_detail (the ledger on) the grant's 'acquired' event and, for a takeover, a 'replaced'
+-- older says whether that holder's run is older (it would have been taken over). Otherwise, under the key's
+-- grant lock (as lease_acquire: a replace is a single-holder grant, migrations/0015), a live slot i > 1 of
+-- the key refuses it (answered by that slot's row), then the row is locked and decided again: a free,
+-- expired or own lease is granted as lease_acquire grants it, a single-holder lease held by an older run is
+-- taken over (a semaphore's slot never is); either way with a token larger than the row's, than the epoch's
+-- floor and than the key's count epoch, the grant's run order and (a takeover) the token it replaced. With p_detail (the ledger on) the grant's 'acquired' event and, for a takeover, a 'replaced'
 -- event about the old holder (its owner, token and run columns; the new holder's in its detail) are written
 -- in the same transaction; logged says whether they were.
 CREATE FUNCTION {schema}.lease_replace(p_key text, p_owner text, p_ttl interval, p_run_after timestamptz,
@@ -487,7 +584,7 @@ CREATE FUNCTION {schema}.lease_replace(p_key text, p_owner text, p_ttl interval,
                                        p_map_index integer)
 RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz,
-               replaced_owner text, replaced_token bigint, logged boolean, older boolean)
+               replaced_owner text, replaced_token bigint, logged boolean, older boolean, count_epoch bigint)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -496,29 +593,43 @@ DECLARE
     v_new record;
     v_inserted boolean := false;
     v_taking boolean := false;
+    v_epoch bigint;
 BEGIN
     RETURN QUERY
     SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
            pg_catalog.clock_timestamp(), NULL::pg_catalog.text, NULL::bigint, false,
-           coalesce(l.run_after < p_run_after, false)
+           coalesce(l.run_after < p_run_after, false), l.count_epoch
       FROM {schema}.lease l
      WHERE l.key = p_key AND l.expires_at > pg_catalog.clock_timestamp() AND l.owner <> p_owner
        AND (NOT p_takeover OR NOT coalesce(l.run_after < p_run_after, false));
     IF FOUND THEN
         RETURN;
     END IF;
+    PERFORM pg_catalog.pg_advisory_xact_lock(125536, pg_catalog.hashtext(p_key));
+    RETURN QUERY
+    SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+           pg_catalog.clock_timestamp(), NULL::pg_catalog.text, NULL::bigint, false, false, l.count_epoch
+      FROM {schema}.lease l
+     WHERE l.slot_of = p_key AND l.slot > 1 AND l.expires_at > pg_catalog.clock_timestamp()
+     ORDER BY l.slot
+     LIMIT 1;
+    IF FOUND THEN
+        RETURN;
+    END IF;
+    v_epoch := {schema}.lease_count_epoch(p_key, 1);
     LOOP
         SELECT l.owner, l.token, l.expires_at, l.released_at, l.run_after, l.dag_id, l.run_id, l.task_id,
-               l.map_index
+               l.map_index, l.slots, l.slot
           INTO v_old FROM {schema}.lease l WHERE l.key = p_key FOR UPDATE;
         EXIT WHEN FOUND;
         INSERT INTO {schema}.lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at,
-                                         dag_id, run_id, task_id, map_index, run_after)
-        VALUES (p_key, p_owner, {schema}.lease_token_floor() + 1, p_ttl, pg_catalog.clock_timestamp(),
-                pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() + p_ttl,
-                p_dag_id, p_run_id, p_task_id, p_map_index, p_run_after)
+                                         dag_id, run_id, task_id, map_index, run_after, count_epoch)
+        VALUES (p_key, p_owner, greatest({schema}.lease_token_floor(), v_epoch) + 1, p_ttl,
+                pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() + p_ttl,
+                p_dag_id, p_run_id, p_task_id, p_map_index, p_run_after, v_epoch)
         ON CONFLICT (key) DO NOTHING
-        RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at
+        RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+                  l.count_epoch
              INTO v_new;
         IF FOUND THEN
             v_inserted := true;
@@ -527,13 +638,14 @@ BEGIN
     END LOOP;
     IF NOT v_inserted THEN
         v_taking := v_old.expires_at > pg_catalog.clock_timestamp() AND v_old.owner <> p_owner;
-        IF v_taking AND (NOT p_takeover OR NOT coalesce(v_old.run_after < p_run_after, false)) THEN
+        IF v_taking AND (NOT p_takeover OR NOT coalesce(v_old.run_after < p_run_after, false)
+                         OR v_old.slots > 1 OR v_old.slot > 1) THEN
             -- Granted to a run that is not older while this call waited for the row (or no takeover
-            -- asked): it holds.
+            -- asked), or held as a slot (a semaphore's, or another key's sharing this row): it holds.
             RETURN QUERY
             SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at,
                    l.released_at, pg_catalog.clock_timestamp(), NULL::pg_catalog.text, NULL::bigint, false,
-                   coalesce(v_old.run_after < p_run_after, false)
+                   coalesce(v_old.run_after < p_run_after, false), l.count_epoch
               FROM {schema}.lease l WHERE l.key = p_key;
             RETURN;
         END IF;
@@ -543,14 +655,15 @@ BEGIN
         v_taking := v_taking OR (v_old.owner <> p_owner AND v_old.released_at IS NULL
                                  AND coalesce(v_old.run_after < p_run_after, false));
         UPDATE {schema}.lease AS l
-           SET owner = p_owner, token = greatest(l.token + 1, {schema}.lease_token_floor() + 1), ttl = p_ttl,
-               acquired_at = pg_catalog.clock_timestamp(), renewed_at = pg_catalog.clock_timestamp(),
+           SET owner = p_owner, token = greatest(l.token + 1, {schema}.lease_token_floor() + 1, v_epoch + 1),
+               ttl = p_ttl, acquired_at = pg_catalog.clock_timestamp(), renewed_at = pg_catalog.clock_timestamp(),
                expires_at = pg_catalog.clock_timestamp() + p_ttl, released_at = NULL,
                dag_id = p_dag_id, run_id = p_run_id, task_id = p_task_id, map_index = p_map_index,
                run_after = p_run_after, replaced_token = CASE WHEN v_taking THEN v_old.token END,
-               slots = 1, slot = 1, slot_of = NULL
+               slots = 1, slot = 1, count_epoch = v_epoch
          WHERE l.key = p_key
-        RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at
+        RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+                  l.count_epoch
              INTO v_new;
     END IF;
     logged := false;
@@ -582,7 +695,7 @@ BEGIN
     released_at := v_new.released_at; observed_at := pg_catalog.clock_timestamp();
     replaced_owner := CASE WHEN v_taking THEN v_old.owner END;
     replaced_token := CASE WHEN v_taking THEN v_old.token END;
-    older := false;
+    older := false; count_epoch := v_new.count_epoch;
     RETURN NEXT;
 END;
 $$;
@@ -623,18 +736,21 @@ $$;
 -- one statement. Slot 1 is the row of p_key itself (the row a single-holder lease uses); slot i > 1 is the
 -- row p_key || '#' || i (its slot_of is p_key). Each slot row has its own token, strictly increasing per
 -- slot, and a holder fences, renews and releases under its slot's key. When every slot is held by others
--- with this slot count, one read answers (no lock, no write). Otherwise the acquirers of the key are
--- serialized by a transaction-scoped advisory lock (class 0x1EA60, the key's hash), the live slots are
--- read again, and: a slot held with another slot count (or p_key held as a single lease) refuses the
--- acquire (the caller names both counts); the owner's own slot is granted again with a larger token;
--- else the lowest free slot is granted (its row updated or inserted). Returns the grant (acquired, with
--- the 'acquired' event when p_detail is given: logged), or every live holder of the key, by slot.
+-- with this slot count, one read answers (no lock, no write). Otherwise the key's grant lock (a
+-- transaction-scoped advisory lock, class 0x1EA60, the key's hash: every grant of the key takes it,
+-- lease_acquire and lease_replace too, migrations/0015), the live slots are read again, and: a slot held
+-- with another slot count (or p_key held as a single lease) refuses the acquire (the caller names both
+-- counts); the owner's own slot is granted again with a larger token; else the lowest free slot is granted
+-- (its row updated or inserted), with a token above the key's count epoch. The key's slots are the rows
+-- p_key with slot 1 and p_key#i with slot i and slot_of p_key: a row held as a key of its own (a plain key
+-- spelled like a slot) is skipped. Returns the grant (acquired, with the 'acquired' event when p_detail is
+-- given: logged), or every live holder of the key (and whoever holds its own row), by slot.
 CREATE FUNCTION {schema}.lease_acquire_slots(p_key text, p_owner text, p_ttl interval, p_slots integer,
                                              p_detail jsonb, p_dag_id text, p_run_id text, p_task_id text,
                                              p_map_index integer)
 RETURNS TABLE (acquired boolean, key text, owner text, token bigint, ttl interval, acquired_at timestamptz,
                renewed_at timestamptz, expires_at timestamptz, released_at timestamptz, observed_at timestamptz,
-               slot integer, slots integer, logged boolean)
+               slot integer, slots integer, logged boolean, count_epoch bigint)
 LANGUAGE plpgsql
 AS $$
 #variable_conflict use_column
@@ -645,88 +761,96 @@ DECLARE
     v_key pg_catalog.text;
     v_tried integer[] := '{}';
     v_new record;
+    v_epoch bigint;
 BEGIN
     SELECT pg_catalog.count(*) FILTER (WHERE l.owner <> p_owner AND l.slots = p_slots),
            pg_catalog.count(*) FILTER (WHERE l.owner = p_owner OR l.slots <> p_slots)
       INTO v_full, v_other
       FROM {schema}.lease l
-     WHERE (l.key = p_key OR l.slot_of = p_key) AND l.expires_at > pg_catalog.clock_timestamp();
+     WHERE ((l.key = p_key AND l.slot = 1) OR (l.slot_of = p_key AND l.slot > 1))
+       AND l.expires_at > pg_catalog.clock_timestamp();
     IF v_full < p_slots OR v_other > 0 THEN
         PERFORM pg_catalog.pg_advisory_xact_lock(125536, pg_catalog.hashtext(p_key));
-        FOR attempt IN 1..p_slots + 2 LOOP
-            -- The live slots now (a new snapshot: this statement starts after the lock was granted).
-            SELECT s.slot INTO v_slot FROM {schema}.lease s
-             WHERE (s.key = p_key OR s.slot_of = p_key) AND s.expires_at > pg_catalog.clock_timestamp()
-               AND s.slots <> p_slots
-             LIMIT 1;
-            EXIT WHEN FOUND;
-            SELECT s.slot INTO v_slot FROM {schema}.lease s
-             WHERE (s.key = p_key OR s.slot_of = p_key) AND s.expires_at > pg_catalog.clock_timestamp()
-               AND s.owner = p_owner
-             ORDER BY s.slot LIMIT 1;
-            IF NOT FOUND THEN
-                SELECT i INTO v_slot FROM pg_catalog.generate_series(1, p_slots) i
-                 WHERE i <> ALL (v_tried)
-                   AND NOT EXISTS (SELECT 1 FROM {schema}.lease s
-                                    WHERE (s.key = p_key OR s.slot_of = p_key) AND s.slot = i
-                                      AND s.expires_at > pg_catalog.clock_timestamp())
-                 ORDER BY i LIMIT 1;
-                EXIT WHEN NOT FOUND;
-            END IF;
-            v_tried := v_tried || v_slot;
-            v_key := CASE WHEN v_slot = 1 THEN p_key ELSE p_key || '#' || v_slot END;
-            UPDATE {schema}.lease AS l
-               SET owner = p_owner, token = greatest(l.token + 1, {schema}.lease_token_floor() + 1), ttl = p_ttl,
-                   acquired_at = pg_catalog.clock_timestamp(), renewed_at = pg_catalog.clock_timestamp(),
-                   expires_at = pg_catalog.clock_timestamp() + p_ttl, released_at = NULL,
-                   dag_id = p_dag_id, run_id = p_run_id, task_id = p_task_id, map_index = p_map_index,
-                   run_after = NULL, replaced_token = NULL, slots = p_slots, slot = v_slot,
-                   slot_of = CASE WHEN v_slot = 1 THEN NULL ELSE p_key END
-             WHERE l.key = v_key AND (l.expires_at <= pg_catalog.clock_timestamp() OR l.owner = p_owner)
-            RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at
-                 INTO v_new;
-            IF NOT FOUND THEN
-                INSERT INTO {schema}.lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at,
-                                                 dag_id, run_id, task_id, map_index, slots, slot, slot_of)
-                VALUES (v_key, p_owner, {schema}.lease_token_floor() + 1, p_ttl, pg_catalog.clock_timestamp(),
-                        pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() + p_ttl,
-                        p_dag_id, p_run_id, p_task_id, p_map_index, p_slots, v_slot,
-                        CASE WHEN v_slot = 1 THEN NULL ELSE p_key END)
-                ON CONFLICT (key) DO NOTHING
+        -- The live slots now (a new snapshot: this statement starts after the lock was granted). One held
+        -- with another slot count (or the key held by a single holder) refuses the acquire.
+        PERFORM 1 FROM {schema}.lease s
+         WHERE ((s.key = p_key AND s.slot = 1) OR (s.slot_of = p_key AND s.slot > 1))
+           AND s.expires_at > pg_catalog.clock_timestamp() AND s.slots <> p_slots;
+        IF NOT FOUND THEN
+            v_epoch := {schema}.lease_count_epoch(p_key, p_slots);
+            FOR attempt IN 1..p_slots + 1 LOOP
+                SELECT s.slot INTO v_slot FROM {schema}.lease s
+                 WHERE ((s.key = p_key AND s.slot = 1) OR (s.slot_of = p_key AND s.slot > 1))
+                   AND s.expires_at > pg_catalog.clock_timestamp() AND s.owner = p_owner AND s.slot <> ALL (v_tried)
+                 ORDER BY s.slot LIMIT 1;
+                IF NOT FOUND THEN
+                    SELECT i INTO v_slot FROM pg_catalog.generate_series(1, p_slots) i
+                     WHERE i <> ALL (v_tried)
+                       AND NOT EXISTS (SELECT 1 FROM {schema}.lease s
+                                        WHERE ((s.key = p_key AND s.slot = 1) OR (s.slot_of = p_key AND s.slot > 1))
+                                          AND s.slot = i AND s.expires_at > pg_catalog.clock_timestamp())
+                     ORDER BY i LIMIT 1;
+                    EXIT WHEN NOT FOUND;
+                END IF;
+                v_tried := v_tried || v_slot;
+                v_key := CASE WHEN v_slot = 1 THEN p_key ELSE p_key || '#' || v_slot END;
+                UPDATE {schema}.lease AS l
+                   SET owner = p_owner, token = greatest(l.token + 1, {schema}.lease_token_floor() + 1, v_epoch + 1),
+                       ttl = p_ttl, acquired_at = pg_catalog.clock_timestamp(),
+                       renewed_at = pg_catalog.clock_timestamp(), expires_at = pg_catalog.clock_timestamp() + p_ttl,
+                       released_at = NULL, dag_id = p_dag_id, run_id = p_run_id, task_id = p_task_id,
+                       map_index = p_map_index, run_after = NULL, replaced_token = NULL, slots = p_slots,
+                       slot = v_slot, slot_of = CASE WHEN v_slot = 1 THEN l.slot_of ELSE p_key END,
+                       count_epoch = v_epoch
+                 WHERE l.key = v_key AND (l.expires_at <= pg_catalog.clock_timestamp() OR l.owner = p_owner)
                 RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at
                      INTO v_new;
-            END IF;
-            IF FOUND THEN
-                logged := false;
-                IF p_detail IS NOT NULL THEN
-                    BEGIN
-                        PERFORM {schema}.lease_event_insert(
-                            'acquired', v_key, p_owner, v_new.token,
-                            p_detail || pg_catalog.jsonb_build_object(
-                                'expires_at', v_new.expires_at, 'slot', v_slot, 'slots', p_slots,
-                                'lease_key', p_key),
-                            p_dag_id, p_run_id, p_task_id, p_map_index);
-                        logged := true;
-                    EXCEPTION WHEN OTHERS THEN
-                        logged := false;
-                    END;
+                IF NOT FOUND THEN
+                    INSERT INTO {schema}.lease AS l (key, owner, token, ttl, acquired_at, renewed_at, expires_at,
+                                                     dag_id, run_id, task_id, map_index, slots, slot, slot_of,
+                                                     count_epoch)
+                    VALUES (v_key, p_owner, greatest({schema}.lease_token_floor(), v_epoch) + 1, p_ttl,
+                            pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp(),
+                            pg_catalog.clock_timestamp() + p_ttl, p_dag_id, p_run_id, p_task_id, p_map_index,
+                            p_slots, v_slot, CASE WHEN v_slot = 1 THEN NULL ELSE p_key END, v_epoch)
+                    ON CONFLICT (key) DO NOTHING
+                    RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at,
+                              l.released_at
+                         INTO v_new;
                 END IF;
-                acquired := true; key := v_new.key; owner := v_new.owner; token := v_new.token;
-                ttl := v_new.ttl; acquired_at := v_new.acquired_at; renewed_at := v_new.renewed_at;
-                expires_at := v_new.expires_at; released_at := v_new.released_at;
-                observed_at := pg_catalog.clock_timestamp(); slot := v_slot; slots := p_slots;
-                RETURN NEXT;
-                RETURN;
-            END IF;
-            -- The slot's row was taken under another lock (p_key as a single lease, or a key spelled like
-            -- this slot's held as a lease of its own): the next slot.
-        END LOOP;
+                IF FOUND THEN
+                    logged := false;
+                    IF p_detail IS NOT NULL THEN
+                        BEGIN
+                            PERFORM {schema}.lease_event_insert(
+                                'acquired', v_key, p_owner, v_new.token,
+                                p_detail || pg_catalog.jsonb_build_object(
+                                    'expires_at', v_new.expires_at, 'slot', v_slot, 'slots', p_slots,
+                                    'lease_key', p_key),
+                                p_dag_id, p_run_id, p_task_id, p_map_index);
+                            logged := true;
+                        EXCEPTION WHEN OTHERS THEN
+                            logged := false;
+                        END;
+                    END IF;
+                    acquired := true; key := v_new.key; owner := v_new.owner; token := v_new.token;
+                    ttl := v_new.ttl; acquired_at := v_new.acquired_at; renewed_at := v_new.renewed_at;
+                    expires_at := v_new.expires_at; released_at := v_new.released_at;
+                    observed_at := pg_catalog.clock_timestamp(); slot := v_slot; slots := p_slots;
+                    count_epoch := v_epoch;
+                    RETURN NEXT;
+                    RETURN;
+                END IF;
+                -- The slot's row is held as a key of its own (a plain key spelled like this slot, or a slot
+                -- of another key this one is spelled after): the next slot.
+            END LOOP;
+        END IF;
     END IF;
     RETURN QUERY
     SELECT false, l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
-           pg_catalog.clock_timestamp(), l.slot, l.slots, false
+           pg_catalog.clock_timestamp(), l.slot, l.slots, false, l.count_epoch
       FROM {schema}.lease l
-     WHERE (l.key = p_key OR l.slot_of = p_key) AND l.expires_at > pg_catalog.clock_timestamp()
+     WHERE (l.key = p_key OR (l.slot_of = p_key AND l.slot > 1)) AND l.expires_at > pg_catalog.clock_timestamp()
      ORDER BY l.slot, l.key;
 END;
 $$;
