@@ -306,7 +306,7 @@ class NoFenceStore(FenceStore):
     @contextmanager
     def transaction(  # type: ignore[override]
         self, resource: str, token: int, *, key: str, owner: str | None = None, idempotency_key: str | None = None,
-        timeout: timedelta | None = None, run: RunRef | None = None,
+        timeout: timedelta | None = None, run: RunRef | None = None, **fence_args: Any,
     ) -> Iterator[Any]:
         conn = self._own.get()
         try:

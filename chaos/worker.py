@@ -371,14 +371,15 @@ class Worker:
             # Where the store has count epochs (issue 38), a publish that names the lease store also names its
             # grant's count epoch and the key acquired, as the Airflow layer's publishes do: the fence then
             # refuses a zombie of an earlier holding period of the key (a slot a count change dropped).
-            epoch: dict[str, Any] = {}
-            if store_id is not None and hasattr(lease, "count_epoch"):
-                epoch = {"count_epoch": lease.count_epoch, "base_key": lease.lease_key}
-                fields["count_epoch"] = lease.count_epoch
+            grant: dict[str, Any] = {}
+            if store_id is not None:
+                grant["store_id"] = store_id
+                if hasattr(lease, "count_epoch"):
+                    grant.update(count_epoch=lease.count_epoch, base_key=lease.lease_key)
+                    fields["count_epoch"] = lease.count_epoch
             try:
                 with self.fences.transaction(
-                    resource, lease.token, key=lease.key, owner=lease.owner, idempotency_key=idem,
-                    store_id=store_id, **epoch,
+                    resource, lease.token, key=lease.key, owner=lease.owner, idempotency_key=idem, **grant
                 ) as cur:
                     cur.execute(self.insert, {
                         "resource": resource, "key": lease.key, "token": lease.token, "owner": lease.owner,
