@@ -23,6 +23,17 @@ committed (the audit triggers and the publish target):
 ``recovery``            after the faults stopped and every worker crashed at once, a fresh client did
                         not acquire a key (and publish) within TTL + 1 s
 
+Where several grants of one key may coexist (semaphore slots, single holders, replaces, slot-count
+changes; see :mod:`chaos.exclusion`):
+
+``exclusion``           a grant the workers were told of joined live grants of its key against the rule
+                        (one single holder, or up to N holders of one count N); ``exclusion-db``: the same,
+                        in the committed rows
+``count-token-order``   a grant under a new slot count did not carry a larger fencing order than every
+                        grant of its key before the change
+``superseded-publish``  a grant of an earlier slot-count era published to a resource after a grant of a
+                        later era of its key had (commit order): a zombie of a dropped slot let through
+
 Exit status: 0 when clean, 1 on any violation, 2 when clean but the run was too small to count
 (fewer operations than the profile requires, or a fault kind that never happened).
 """
@@ -39,11 +50,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from chaos import history
+from chaos import exclusion, history
 
 #: Fault kinds and the profile field that schedules them (plus ``clock_skew``, set by ``skewed``).
 FAULT_SCHEDULE = {
     "sigstop": "zombie_every", "terminate": "terminate_every", "kill9": "kill_every", "stmt_timeout": "lock_every",
+    "force_release": "force_every",
 }
 FAULT_KINDS = (*FAULT_SCHEDULE, "clock_skew")
 #: How many violations of each kind are printed (all are counted).
@@ -143,6 +155,13 @@ class Lease:
     #: Whether the committed history (the audit) is at hand, and when it says the release committed.
     audited: bool = False
     released_at: datetime | None = None
+    #: The grant's shape: its slot count (1 for a single holder or a replace), whether it is a replace, and
+    #: the key that was acquired (a semaphore's key for a slot row).
+    slots: int = 1
+    replace: bool = False
+    base: str = ""
+    #: When it ended without its holder's doing: a force-release, or a replace taking it over.
+    cut_at: datetime | None = None
 
     @property
     def held_until(self) -> datetime:
@@ -157,6 +176,18 @@ class Lease:
             return min(self.released_at, self.expires_max)
         return self.last_seen if self.release_attempted and not self.audited else self.expires_max
 
+    @property
+    def valid_until(self) -> datetime:
+        """:attr:`held_until`, or earlier when the lease was force-released or taken over by a replace (which
+        its holder only learns at its next renewal or check of the store)."""
+        return self.held_until if self.cut_at is None else min(self.held_until, self.cut_at)
+
+    def grant(self) -> exclusion.Grant:
+        return exclusion.Grant(
+            base=self.base or self.key, row=self.key, token=self.token, owner=self.owner, slots=self.slots,
+            kind=exclusion.kind_of(self.slots, self.replace), start=self.acquired_at, end=self.valid_until,
+        )
+
 
 class Checker:
     def __init__(self, records: list[dict[str, Any]]) -> None:
@@ -170,6 +201,8 @@ class Checker:
         self.resources: dict[str, Any] = self.meta.get("resources", {})
         self.ops = self.by_type["op"]
         self.report = Report()
+        #: Every grant the database committed, with when it ended and its slot-count era.
+        self.grants = exclusion.committed_grants(self.by_type["audit_lease"])
 
     # -- entry point -------------------------------------------------------------------------------
 
@@ -182,6 +215,7 @@ class Checker:
         self._acks_committed()
         self._fence(owners, leases)
         self._stale_checks(leases)
+        self._exclusion(leases)
         self._valid_refused()
         self._errors()
         self._probe()
@@ -209,12 +243,16 @@ class Checker:
 
     def _client_leases(self) -> dict[tuple[str, int], list[Lease]]:
         leases: dict[tuple[str, int], list[Lease]] = defaultdict(list)
+        taken: dict[tuple[str, int, str], datetime | None] = {}  # what the replaces said they took over
         for op in self.ops:
-            if op["op"] == "acquire" and op.get("outcome") == "ok":
+            if op["op"] in ("acquire", "replace") and op.get("outcome") == "ok":
                 leases[(op["key"], int(op["token"]))].append(Lease(
                     op["key"], int(op["token"]), op["owner"], int(op["w"]), when(op["acquired_at"]),
-                    when(op["expires_at"]), when(op["observed_at"]),
+                    when(op["expires_at"]), when(op["observed_at"]), slots=int(op.get("slots") or 1),
+                    replace=op["op"] == "replace", base=op.get("lease_key") or op["key"],
                 ))
+                if op.get("replaced_token") is not None:
+                    taken[(op["key"], int(op["replaced_token"]), op["replaced_owner"])] = when(op["acquired_at"])
         for op in self.ops:
             if op["op"] not in ("renew", "release") or "token" not in op:
                 continue
@@ -226,16 +264,19 @@ class Checker:
                     lease.last_seen = max(lease.last_seen, when(op["observed_at"]))
                 elif op["op"] == "release":
                     lease.release_attempted = True
-        # With the audit at hand, a release is known exactly: committed (and when), or not at all.
+        # With the audit at hand, a release is known exactly: committed (and when), or not at all; and so
+        # is a force-release or a takeover that ended a lease early.
         audit = self.by_type["audit_lease"]
         released = {
             (r["key"], int(r["token"]), r["owner"]): when(r["released_at"])
             for r in audit if r["released_at"] is not None
         }
+        cuts: dict[tuple[str, int, str], datetime | None] = {**taken, **exclusion.cut_short(audit)}
         for acks in leases.values():
             for lease in acks:
                 lease.audited = bool(audit)
                 lease.released_at = released.get((lease.key, lease.token, lease.owner))
+                lease.cut_at = cuts.get((lease.key, lease.token, lease.owner))
         return leases
 
     def _client_tokens(self, leases: dict[tuple[str, int], list[Lease]]) -> None:
@@ -266,14 +307,14 @@ class Checker:
             items.sort(key=lambda lease: lease.token)
             latest: Lease | None = None  # the earlier lease valid the longest
             for lease in items:
-                if latest is not None and latest.owner != lease.owner and lease.acquired_at < latest.held_until:
+                if latest is not None and latest.owner != lease.owner and lease.acquired_at < latest.valid_until:
                     self.report.violate(
                         "overlap",
                         f"{key}: token {lease.token} granted to {lease.owner} at {lease.acquired_at}, while "
-                        f"token {latest.token} of {latest.owner} was valid until {latest.held_until} "
-                        f"({(latest.held_until - lease.acquired_at).total_seconds():.3f}s of overlap)",
+                        f"token {latest.token} of {latest.owner} was valid until {latest.valid_until} "
+                        f"({(latest.valid_until - lease.acquired_at).total_seconds():.3f}s of overlap)",
                     )
-                if latest is None or lease.held_until > latest.held_until:
+                if latest is None or lease.valid_until > latest.valid_until:
                     latest = lease
 
     # -- what the database committed -------------------------------------------------------------------
@@ -295,9 +336,12 @@ class Checker:
                     self.report.violate("token-regressed", f"{key}: token went from {top} to {token}")
                 if token > top:
                     owners[key][token] = row["owner"]
+                    # A replace that took the lease over (replaced_token: the token it took) ends the old
+                    # grant as it starts its own: not an overlap.
+                    takeover = row.get("replaced_token") is not None and row["replaced_token"] == row["old_token"]
                     old_valid = (
                         row["op"] == "UPDATE" and row["old_released_at"] is None
-                        and row["released_at"] is None
+                        and row["released_at"] is None and not takeover
                         and when(row["old_expires_at"]) > when(row["acquired_at"])
                     )
                     if old_valid and row["old_owner"] != row["owner"]:
@@ -321,9 +365,9 @@ class Checker:
         for op in self.ops:
             kind, outcome = op["op"], op.get("outcome")
             missing = None
-            if kind == "acquire" and outcome == "ok":
+            if kind in ("acquire", "replace") and outcome == "ok":
                 if (op["key"], int(op["token"]), op["owner"], when(op["acquired_at"])) not in granted:
-                    missing = f"acquire of {op['key']} token {op['token']} by {op['owner']}"
+                    missing = f"{kind} of {op['key']} token {op['token']} by {op['owner']}"
             elif kind == "renew" and outcome == "ok":
                 if (op["key"], int(op["token"]), when(op["renewed_at"])) not in renewed:
                     missing = f"renewal of {op['key']} token {op['token']} at {op['renewed_at']}"
@@ -415,29 +459,75 @@ class Checker:
                         f"{op.get('start', '?')})",
                     )
 
+    def _exclusion(self, leases: dict[tuple[str, int], list[Lease]]) -> None:
+        violate = self.report.violate
+        exclusion.check_exclusion([lease.grant() for acks in leases.values() for lease in acks], violate, "exclusion")
+        exclusion.check_exclusion(self.grants, violate, "exclusion-db")
+        exclusion.check_count_tokens(self.grants, violate)
+        exclusion.check_superseded_publishes(self.grants, self.by_type["target"], violate)
+
     def _valid_refused(self) -> None:
+        """A refused publish must have had a reason: the fence accepted a token at least as large of its own
+        lease key, or a grant of a later slot-count era of its key, or one whose count epoch (the token
+        floor of a later holding period of its key) is at least its token; a refusal by the fence in the
+        lease store (``superseded``, ``count_epoch``) also when its row was granted past it, or its key was
+        granted since under another count or in a holding period above its token."""
         # Only what the fence accepted while the workers ran: the probe publishes after they all crashed.
         crashes = self.by_type["crash_all"]
         crashed = when(crashes[0].get("db_time")) if crashes else None
         top: dict[tuple[str, str], int] = {}
+        fenced = []
         for row in self.by_type["audit_fence"]:
             if crashed is not None and when(row["at"]) >= crashed:
                 continue
+            fenced.append(row)
             ident = (row["resource"], row.get("key", ""))
             top[ident] = max(top.get(ident, 0), int(row["token"]))
         if not self.by_type["audit_fence"] and not self.by_type["audit_lease"]:
             return  # no ground truth at hand
+        later_era = exclusion.later_era_published(self.grants, fenced)
+        grants = {(g.row, g.token): g for g in self.grants}
+        row_top: dict[str, int] = {}
+        last_era: dict[str, int] = {}
+        top_epoch: dict[str, int] = {}
+        for g in self.grants:
+            row_top[g.row] = max(row_top.get(g.row, 0), g.token)
+            last_era[g.base] = max(last_era.get(g.base, 0), g.era)
+            top_epoch[g.base] = max(top_epoch.get(g.base, 0), g.epoch)
+        published_epoch: dict[tuple[str, str], int] = {}
+        for row in fenced:
+            g = grants.get((row.get("key", ""), int(row["token"])))
+            if g is not None:
+                ident = (row["resource"], g.base)
+                published_epoch[ident] = max(published_epoch.get(ident, 0), g.epoch)
+        for row in self.by_type["audit_lease"]:  # a force-release moves the row's token too
+            row_top[row["key"]] = max(row_top.get(row["key"], 0), int(row["token"]))
         for op in self.ops:
-            if op["op"] != "publish" or op.get("outcome") != "stale" or "key" not in op:
+            outcome = op.get("outcome")
+            refusals = ("stale", "superseded", "count_epoch", "other_store")
+            if op["op"] != "publish" or outcome not in refusals or "key" not in op:
                 continue
+            token = int(op["token"])
             accepted = top.get((op["resource"], op["key"]), 0)
-            if accepted < int(op["token"]):
-                self.report.violate(
-                    "valid-refused",
-                    f"{op['resource']}: token {op['token']} of {op['key']} ({op['owner']}) refused as stale, but "
-                    f"the fence never accepted a token of {op['key']} at least that large (largest: {accepted or 'none'}; "
-                    f"the fence reported {op.get('current')})",
-                )
+            if accepted >= token:
+                continue
+            grant = grants.get((op["key"], token))
+            if grant is not None and (
+                later_era.get((op["resource"], grant.base), -1) > grant.era
+                or published_epoch.get((op["resource"], grant.base), 0) >= token
+            ):
+                continue
+            if outcome in ("superseded", "count_epoch") and (
+                row_top.get(op["key"], 0) > token
+                or (grant is not None and (last_era[grant.base] > grant.era or top_epoch[grant.base] >= token))
+            ):
+                continue
+            self.report.violate(
+                "valid-refused",
+                f"{op['resource']}: token {op['token']} of {op['key']} ({op['owner']}) refused as {outcome}, but "
+                f"the fence never accepted a token of {op['key']} at least that large (largest: {accepted or 'none'}; "
+                f"the fence reported {op.get('current')}), nor a grant of a later slot count of its key",
+            )
 
     def _errors(self) -> None:
         for op in self.ops:
@@ -504,6 +594,7 @@ class Checker:
                     per_key.setdefault(op["key"], op["t1"] - healed)
             r.recovery["first new holder per key after the faults stopped"] = _summary(list(per_key.values()))
         self._zombies()
+        self._pool_figures()
         timeouts = sum(1 for op in self.ops if "did not answer in time" in (op.get("error") or ""))
         r.figures["operations failed by a statement timeout"] = timeouts
         r.figures["operations with an unknown outcome"] = sum(1 for op in self.ops if op.get("outcome") == "unknown")
@@ -514,6 +605,69 @@ class Checker:
         late = [op for op in self.ops if op["op"] == "publish" and op.get("late")]
         r.figures["publishes after working past the TTL"] = dict(Counter(op.get("outcome") for op in late))
         r.figures["keeper reported lost"] = r.operations.get("lost", 0)
+
+    def _pool_grants(self) -> list[exclusion.Grant]:
+        pools = set(self.meta.get("slot_keys") or [])
+        return [g for g in self.grants if g.base in pools]
+
+    def _pool_figures(self) -> None:
+        pooled = self._pool_grants()
+        if not pooled:
+            return
+        r = self.report
+        label = {"slot": "slots={}", "single": "one holder", "replace": "replace"}
+        r.figures["semaphore keys: committed grants"] = dict(sorted(Counter(
+            label[g.kind].format(g.slots) for g in pooled).items()))
+        eras = {g.base: g.era for g in pooled}
+        r.figures["semaphore keys: slot-count changes"] = sum(eras.values())
+        r.figures["semaphore keys: replaces that took a holder over"] = sum(
+            1 for op in self.ops if op["op"] == "replace" and op.get("replaced_token") is not None
+        )
+        r.figures["semaphore keys: acquires refused for another slot count"] = sum(
+            1 for op in self.ops if op["op"] in ("acquire", "replace") and op.get("outcome") == "mismatch"
+        )
+        r.figures["force-releases"] = r.faults.get("force_release", 0)
+        r.figures["semaphore keys: publishes by a grant whose key changed its slot count since"] = (
+            self._publishes_after_count_change(pooled)
+        )
+
+    def _publishes_after_count_change(self, pooled: list[exclusion.Grant]) -> dict[str, int]:
+        """What became of the publishes of issue 38's third defect: by a grant whose key has been granted
+        under another count since (by the database clock, mapped from the host's monotonic clock at the
+        run's start) while its own slot was not granted again. Split by whether a holder of the later count
+        had already published to that resource (then the publish must be refused), and by outcome."""
+        t = self.meta.get("t")
+        db_start = when(self.meta.get("db_time"))
+        if t is None or db_start is None:
+            return {}
+        offset = db_start.timestamp() - float(t)
+        grants = {(g.row, g.token): g for g in pooled}
+        by_base = exclusion.by_base(pooled)
+        by_row: dict[str, list[exclusion.Grant]] = defaultdict(list)
+        for g in pooled:
+            by_row[g.row].append(g)
+        published: dict[tuple[str, str], list[tuple[float, int]]] = defaultdict(list)  # (resource, base) -> (at, era)
+        for row in self.by_type["target"]:
+            g = grants.get((row.get("key", ""), int(row["token"])))
+            if g is not None:
+                at = when(row.get("committed_at") or row["at"])
+                if at is not None:
+                    published[(row["resource"], g.base)].append((at.timestamp(), g.era))
+        outcomes: Counter[str] = Counter()
+        for op in self.ops:
+            if op["op"] != "publish" or "key" not in op:
+                continue
+            g = grants.get((op["key"], int(op["token"])))
+            if g is None:
+                continue
+            sent = float(op["t0"]) + offset
+            if not any(h.era > g.era and h.start.timestamp() < sent for h in by_base[g.base]):
+                continue
+            if any(h.token > g.token and h.start.timestamp() < sent for h in by_row[g.row]):
+                continue  # its own slot was granted again: the per-slot fence order decides
+            after = any(at < sent and era > g.era for at, era in published[(op["resource"], g.base)])
+            outcomes[f"{'after' if after else 'before'} a holder of the later count published: {op.get('outcome')}"] += 1
+        return dict(sorted(outcomes.items()))
 
     def _zombies(self) -> None:
         """What woken workers did with the token they held before they were paused."""
@@ -562,6 +716,17 @@ class Checker:
         for kind in expected:
             if not r.faults.get(kind):
                 r.coverage.append(f"no {kind} fault was injected")
+        if self.meta.get("slot_keys"):
+            pooled = self._pool_grants()
+            shapes = {(g.kind, g.slots) for g in pooled}
+            for count in profile.get("slot_counts") or ():
+                if count > 1 and ("slot", count) not in shapes:
+                    r.coverage.append(f"no semaphore grant with slots={count}")
+            for kind in ("single", "replace"):
+                if (kind, 1) not in shapes:
+                    r.coverage.append(f"no {kind} grant of a semaphore key")
+            if not any(g.era for g in pooled):
+                r.coverage.append("no slot-count change")
 
 
 def check_acknowledged(records: list[dict[str, Any]]) -> Report:

@@ -23,7 +23,7 @@ from chaos.history import Recorder
 from chaos.nemesis import Nemesis, kill_all
 from chaos.profiles import SKEWS, Profile
 from chaos.server import PrivateServer, connect, db_time
-from chaos.worker import WorkerConfig, key_of, resource_of
+from chaos.worker import WorkerConfig, key_of, resource_of, slot_key_of, slot_resource_of
 
 log = logging.getLogger("chaos")
 
@@ -45,7 +45,9 @@ def worker_env(skew: str | None) -> dict[str, str]:
     return env
 
 
-def _spawn(profile: Profile, variant: str, dsn: str, work: Path, seed: int) -> dict[int, subprocess.Popen[bytes]]:
+def _spawn(
+    profile: Profile, variant: str, dsn: str, work: Path, seed: int, started: float
+) -> dict[int, subprocess.Popen[bytes]]:
     (work / "logs").mkdir(exist_ok=True)
     workers = {}
     for wid in range(profile.workers):
@@ -56,7 +58,10 @@ def _spawn(profile: Profile, variant: str, dsn: str, work: Path, seed: int) -> d
             variant=variant, skew=skew, long_fraction=profile.long_fraction,
             keeper_fraction=profile.keeper_fraction, check_fraction=profile.check_fraction,
             idempotent_fraction=profile.idempotent_fraction, delay_fraction=profile.delay_fraction,
-            join_fraction=profile.join_fraction,
+            join_fraction=profile.join_fraction, slot_keys=profile.slot_keys,
+            slot_fraction=profile.slot_fraction, slot_counts=profile.slot_counts, count_phase=profile.count_phase,
+            stray_count_fraction=profile.stray_count_fraction, single_fraction=profile.single_fraction,
+            replace_fraction=profile.replace_fraction, started=started,
         )
         logfile = (work / "logs" / f"w{wid}.log").open("wb")
         workers[wid] = subprocess.Popen(
@@ -157,16 +162,21 @@ def run(profile: Profile, variant: str, out: Path, seed: int, say: Any = print) 
         dsn = server.start(max_connections=3 * profile.workers + 20)
         _setup(dsn)
         rec = Recorder(work / "harness.jsonl")
+        started = time.monotonic()
         rec.write({
-            "type": "meta", "t": time.monotonic(), "profile": asdict(profile), "variant": variant, "seed": seed,
+            "type": "meta", "t": started, "profile": asdict(profile), "variant": variant, "seed": seed,
             "ttl": profile.ttl, "keys": [key_of(i) for i in range(profile.keys)],
+            "slot_keys": [slot_key_of(i) for i in range(profile.slot_keys)],
             "resources": {
-                resource_of(i): [key_of(j) for j in range(profile.keys) if resource_of(j) == resource_of(i)]
-                for i in range(profile.keys)
+                **{
+                    resource_of(i): [key_of(j) for j in range(profile.keys) if resource_of(j) == resource_of(i)]
+                    for i in range(profile.keys)
+                },
+                **{slot_resource_of(i): [slot_key_of(i)] for i in range(profile.slot_keys)},
             },
             "faketime": str(LIBFAKETIME) if LIBFAKETIME else None, "db_time": db_time(dsn),
         })
-        workers = _spawn(profile, variant, dsn, work, seed)
+        workers = _spawn(profile, variant, dsn, work, seed, started)
         _wait_started(work, workers)
         for wid in range(min(profile.skewed, profile.workers)):
             if LIBFAKETIME is not None:

@@ -8,16 +8,21 @@ Record types (``"type"``):
     a worker came up: pid, its faketime offset, and ``client_minus_db_s``, its own clock minus the
     database clock (about +-600 for a skewed worker).
 ``op``
-    one operation by a worker: ``op`` is ``acquire``, ``renew``, ``release``, ``publish`` or ``lost``;
-    ``outcome`` is what it saw (``ok``, ``held``, ``refused``, ``accepted``, ``stale``, ``duplicate``,
+    one operation by a worker: ``op`` is ``acquire``, ``replace``, ``renew``, ``release``, ``publish`` or
+    ``lost``; ``outcome`` is what it saw (``ok``, ``held``, ``refused``, ``mismatch`` for an acquire refused
+    because the key is held with another slot count, ``accepted``, ``stale``, ``superseded``, ``duplicate``,
     ``unknown`` when the store failed and the effect is not known, ``error`` for anything unexpected).
+    A semaphore key's acquire records the count it asked for (``asked``), and its grant the slot and count
+    (``slot``, ``slots``) and the key acquired (``lease_key``; ``key`` is the slot's row); a replace its
+    ``run_after`` and the holder it took over (``replaced_owner``, ``replaced_token``).
     Database times (``acquired_at``, ``renewed_at``, ``expires_at``, ``observed_at``, a publish's ``at``,
     a release's ``released_at`` taken from the committed row) are ISO strings from ``clock_timestamp()``;
     an operation the database never answered has none. ``t0``/``t1`` are the host's monotonic clock (the
     same for every process, and not faked by libfaketime) around the call.
 ``fault``
-    a fault: ``kind`` is ``sigstop``, ``sigcont``, ``terminate``, ``kill9``, ``stmt_timeout`` or
-    ``clock_skew``; ``t``/``t1`` monotonic, ``db_time`` where the database could be asked.
+    a fault: ``kind`` is ``sigstop``, ``sigcont``, ``terminate``, ``kill9``, ``stmt_timeout``,
+    ``force_release`` (the admin's, of ``key`` with ``token``) or ``clock_skew``; ``t``/``t1`` monotonic,
+    ``db_time`` where the database could be asked.
 ``heal`` / ``crash_all``
     the faults stopped / every worker was killed at once (``db_time``).
 ``worker_exit``
@@ -25,8 +30,10 @@ Record types (``"type"``):
 ``probe``
     after ``crash_all``: the first acquisition of each key by a fresh client, and its publish.
 ``audit_lease`` / ``audit_fence`` / ``target`` / ``final_lease``
-    ground truth read from the database at the end: every committed change of a lease row and of a
-    fence row (recorded by triggers in the same transaction), every row the publishes wrote.
+    ground truth read from the database at the end: every committed change of a lease row (with its slot
+    count, slot, ``slot_of``, ``run_after``, ``replaced_token`` and, in ``extra``, every other column) and
+    of a fence row (recorded by triggers in the same transaction), every row the publishes wrote (with
+    ``committed_at``, its transaction's commit time).
 """
 
 from __future__ import annotations

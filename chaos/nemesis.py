@@ -7,6 +7,7 @@ Skewed clocks are set when workers start (see :mod:`chaos.harness`).
 
 from __future__ import annotations
 
+import logging
 import os
 import random
 import re
@@ -14,15 +15,20 @@ import signal
 import subprocess
 import threading
 import time
+from datetime import timedelta
 
 import psycopg2
 
+from airflow_lease_provider.core import LeaseError, LeaseStore
+from airflow_lease_provider.core.lease import LeaseChanged
 from chaos import sql as chaos_sql
 from chaos.history import Recorder
 from chaos.profiles import Profile
 from chaos.server import PrivateServer, connect, db_time
 
 _OWNER_RE = re.compile(r"^w(\d+)-\d+$")
+#: The store logs every force-release as a warning; the nemesis's are recorded in the history instead.
+logging.getLogger("airflow_lease_provider.core.lease").setLevel(logging.ERROR)
 
 
 class Nemesis:
@@ -46,7 +52,9 @@ class Nemesis:
             "terminate": profile.terminate_every,
             "kill9": profile.kill_every,
             "stmt_timeout": profile.lock_every,
+            "force_release": profile.force_every,
         }
+        self._admin: LeaseStore | None = None
 
     # -- the schedule ------------------------------------------------------------------------------
 
@@ -81,6 +89,9 @@ class Nemesis:
         for worker in list(self.stopped):
             self._wake(worker)
         self.server.ensure_running()
+        if self._admin is not None:
+            self._admin.close()
+            self._admin = None
 
     # -- zombies: SIGSTOP a holder past its TTL, SIGCONT later ---------------------------------------
 
@@ -104,10 +115,20 @@ class Nemesis:
                 found.append((int(match.group(1)), key, int(token)))
         return found
 
+    def _pick(self, holders: list[tuple[int, str, int]]) -> tuple[int, str, int]:
+        """A holder; half the time one of a semaphore key's when there is one (they are fewer than the
+        plain keys' holders, and their zombies are what the slot properties are about), and then a slot
+        above 1 when there is one (the slots a lower count drops)."""
+        pooled = [h for h in holders if h[1].startswith("pool-")]
+        if not pooled or self.rng.random() >= 0.5:
+            return self.rng.choice(holders)
+        upper = [h for h in pooled if "#" in h[1]]
+        return self.rng.choice(upper if upper and self.rng.random() < 0.7 else pooled)
+
     def fault_zombie(self) -> None:
         holders = [h for h in self._holders() if h[0] not in self.stopped]
         if holders:
-            worker, key, token = self.rng.choice(holders)
+            worker, key, token = self._pick(holders)
         else:
             idle = [w for w in self.workers if w not in self.stopped]
             if not idle:
@@ -130,6 +151,34 @@ class Nemesis:
         stopped_at, _ = self.stopped.pop(worker)
         self.workers[worker].send_signal(signal.SIGCONT)
         self.rec.fault("sigcont", w=worker, stopped_s=round(time.monotonic() - stopped_at, 3))
+
+    # -- the admin: force-release a live holder's row (its token is bumped: docs/core.md) ----------------
+
+    def fault_force_release(self) -> None:
+        holders = self._holders()
+        if not holders:
+            self.rec.fault("force_release", skipped="nobody holds a lease")
+            return
+        worker, key, token = self._pick(holders)
+        t0 = time.monotonic()
+        if self._admin is None:
+            self._admin = LeaseStore(
+                self.server.dsn, schema=chaos_sql.LEASE_SCHEMA, connect_timeout=timedelta(seconds=2),
+                statement_timeout=timedelta(seconds=self.profile.statement_timeout),
+            )
+        try:
+            done = self._admin.force_release_with_token(key, by="chaos-admin", reason="chaos", expected_token=token)
+        except LeaseChanged as exc:
+            # Granted again since it was read (or a resend after a lost reply: the audit says which).
+            self.rec.fault("force_release", t=t0, w=worker, key=key, token=token, outcome="changed",
+                           current=exc.current.token, skipped="granted again since it was read")
+            return
+        except LeaseError as exc:
+            self.rec.fault("force_release", t=t0, w=worker, key=key, token=token, outcome="unknown",
+                           skipped=f"the store failed: {exc}")
+            return
+        self.rec.fault("force_release", t=t0, t1=time.monotonic(), w=worker, key=key, token=token,
+                       outcome="ok" if done else "missing", new_token=done[1] if done else None)
 
     # -- sessions: pg_terminate_backend ----------------------------------------------------------
 

@@ -42,6 +42,21 @@ class Profile:
     #: lease late (a holder read with 0.05-0.5 TTL left), the way a run-scoped task joins a run's lease.
     delay_fraction: float = 0.15
     join_fraction: float = 0.15
+    #: Semaphore keys (``pool-0``, ...; each publishes to a resource of its own) and the share of the
+    #: iterations that take one of them. Such an iteration acquires with the slot count of the current
+    #: phase (``slot_counts`` in turn, each for ``count_phase`` seconds: 2 -> 3 -> 1, a count of 1 being a
+    #: plain single-holder acquire), or with the previous phase's count (``stray_count_fraction``: a worker
+    #: still running the old DAG version), or with one holder whatever the count (``single_fraction``), or
+    #: replaces (``replace_fraction``: ``try_replace`` with a ``run_after`` that mostly grows with time).
+    slot_keys: int = 0
+    slot_fraction: float = 0.5
+    slot_counts: tuple[int, ...] = (2, 3, 1)
+    count_phase: float = 6.0
+    stray_count_fraction: float = 0.15
+    single_fraction: float = 0.15
+    replace_fraction: float = 0.25
+    #: Mean seconds between two force-releases by the admin (the nemesis), of a live holder's row.
+    force_every: float = 1e9
     #: Coverage the run must reach for its result to count (the CI test asserts it too).
     min_operations: int = 0
 
@@ -50,12 +65,16 @@ class Profile:
 
 
 PROFILES: dict[str, Profile] = {
-    # CI: under a minute and a half end to end on two cores, >= 5,000 operations, every fault kind.
-    "short": Profile(name="short", duration=60.0, workers=16, keys=6, min_operations=5000),
+    # CI: under a minute and a half end to end on two cores, >= 5,000 operations, every fault kind; a
+    # semaphore key whose slot count changes every 6 s, with replaces and single holders on it, and an
+    # admin's force-releases. (Two semaphore keys held up to 12 of the 16 workers at once: too few were
+    # left asking for a held key, and a loaded run fell under 5,000 operations.)
+    "short": Profile(name="short", duration=60.0, workers=16, keys=6, slot_keys=1, slot_fraction=0.4,
+                     force_every=4.0, min_operations=5000),
     # Release checks: half an hour, twice the workers, more keys, a slightly longer TTL.
     "long": Profile(
         name="long", duration=1800.0, workers=32, keys=8, ttl=3.0, skewed=8,
-        kill_every=60.0, min_operations=100_000,
+        kill_every=60.0, slot_keys=3, count_phase=9.0, force_every=6.0, min_operations=100_000,
     ),
     # The broken-variant tests: just long enough for the checker to see the variant fail.
     # No server kills (they take seconds each); more pauses, and more late work published unchecked, so
@@ -69,9 +88,15 @@ PROFILES: dict[str, Profile] = {
         name="smoke-keeper", duration=20.0, workers=8, keys=4, skewed=4, kill_every=1e9, zombie_every=2.0,
         keeper_fraction=0.8, delay_fraction=0.5, join_fraction=0.2,
     ),
+    # The semaphore's broken variants: most iterations on two semaphore keys, a count change every 4 s.
+    "smoke-slots": Profile(
+        name="smoke-slots", duration=20.0, workers=8, keys=2, skewed=2, kill_every=1e9, zombie_every=2.0,
+        slot_keys=2, slot_fraction=0.8, count_phase=4.0, force_every=3.0,
+    ),
 }
 
 #: Variants: the real store, and deliberately broken ones the checker must catch (see chaos.stores).
 VARIANTS = (
     "correct", "fence-off", "client-clock", "async-commit", "keeper-from-construction", "fence-cross-key",
+    "replace-ignores-slots",
 )

@@ -91,10 +91,16 @@ class PrivateServer:
                 restart = int(cur.fetchone()[0]) < max_connections
                 if restart:
                     cur.execute("ALTER SYSTEM SET max_connections = %s", (str(max_connections),))
+                # The commit time of every publish (chaos.sql.dump_queries): the order in which publishes
+                # under different fence keys became visible.
+                cur.execute("SHOW track_commit_timestamp")
+                if cur.fetchone()[0] != "on":
+                    cur.execute("ALTER SYSTEM SET track_commit_timestamp = on")
+                    restart = True
         finally:
             conn.close()
         if restart:
-            self.pg.restart("fast")  # max_connections only changes with a restart
+            self.pg.restart("fast")  # max_connections and track_commit_timestamp only change with a restart
         return self.dsn
 
     def postmaster_pid(self) -> int | None:

@@ -44,7 +44,17 @@ CREATE TABLE {chaos}.audit_lease (
     old_owner        text,
     old_token        bigint,
     old_expires_at   timestamptz,
-    old_released_at  timestamptz
+    old_released_at  timestamptz,
+    -- The grant's shape (migrations 12 and 14), read from the row as jsonb so that the trigger works on a
+    -- store with more columns (or, for a column a version lacks, records NULL): a semaphore's slot count
+    -- and slot, the slot row's key, a replace's run order and the token it took over.
+    slots            integer,
+    slot             integer,
+    slot_of          text,
+    run_after        timestamptz,
+    replaced_token   bigint,
+    -- Every other column of the row, as the store wrote it (e.g. a slot-count epoch).
+    extra            jsonb
 );
 
 CREATE TABLE {chaos}.audit_fence (
@@ -58,17 +68,21 @@ CREATE TABLE {chaos}.audit_fence (
 );
 
 CREATE FUNCTION {chaos}.audit_lease() RETURNS trigger LANGUAGE plpgsql AS $$
+DECLARE
+    new_row jsonb := to_jsonb(NEW);
 BEGIN
-    IF TG_OP = 'INSERT' THEN
-        INSERT INTO {chaos}.audit_lease (op, key, owner, token, acquired_at, renewed_at, expires_at, released_at)
-        VALUES (TG_OP, NEW.key, NEW.owner, NEW.token, NEW.acquired_at, NEW.renewed_at, NEW.expires_at,
-                NEW.released_at);
-    ELSE
-        INSERT INTO {chaos}.audit_lease (op, key, owner, token, acquired_at, renewed_at, expires_at, released_at,
-                                         old_owner, old_token, old_expires_at, old_released_at)
-        VALUES (TG_OP, NEW.key, NEW.owner, NEW.token, NEW.acquired_at, NEW.renewed_at, NEW.expires_at,
-                NEW.released_at, OLD.owner, OLD.token, OLD.expires_at, OLD.released_at);
-    END IF;
+    INSERT INTO {chaos}.audit_lease (op, key, owner, token, acquired_at, renewed_at, expires_at, released_at,
+                                     old_owner, old_token, old_expires_at, old_released_at,
+                                     slots, slot, slot_of, run_after, replaced_token, extra)
+    VALUES (TG_OP, NEW.key, NEW.owner, NEW.token, NEW.acquired_at, NEW.renewed_at, NEW.expires_at,
+            NEW.released_at,
+            CASE WHEN TG_OP = 'UPDATE' THEN OLD.owner END, CASE WHEN TG_OP = 'UPDATE' THEN OLD.token END,
+            CASE WHEN TG_OP = 'UPDATE' THEN OLD.expires_at END, CASE WHEN TG_OP = 'UPDATE' THEN OLD.released_at END,
+            (new_row->>'slots')::integer, (new_row->>'slot')::integer, new_row->>'slot_of',
+            (new_row->>'run_after')::timestamptz, (new_row->>'replaced_token')::bigint,
+            new_row - ARRAY['key', 'owner', 'token', 'ttl', 'acquired_at', 'renewed_at', 'expires_at',
+                            'released_at', 'dag_id', 'run_id', 'task_id', 'map_index', 'slots', 'slot',
+                            'slot_of', 'run_after', 'replaced_token']);
     RETURN NULL;
 END $$;
 
@@ -107,13 +121,18 @@ def dump_queries(lease_schema: str = LEASE_SCHEMA, chaos_schema: str = CHAOS_SCH
     return {
         "audit_lease": sql.SQL(
             "SELECT id, at, op, key, owner, token, acquired_at, renewed_at, expires_at, released_at, "
-            "old_owner, old_token, old_expires_at, old_released_at FROM {chaos}.audit_lease ORDER BY id"
+            "old_owner, old_token, old_expires_at, old_released_at, slots, slot, slot_of, run_after, "
+            "replaced_token, extra FROM {chaos}.audit_lease ORDER BY id"
         ).format(**n),
         "audit_fence": sql.SQL(
             "SELECT id, at, resource, key, token, owner, old_token FROM {chaos}.audit_fence ORDER BY id"
         ).format(**n),
+        # committed_at: when the publish's transaction committed (track_commit_timestamp, set by the
+        # harness): publishes under different fence keys are not serialized by one row lock, so only the
+        # commit order says which one a later reader of the target saw first.
         "target": sql.SQL(
-            "SELECT id, resource, key, token, owner, worker, idem, at FROM {chaos}.target ORDER BY id"
+            "SELECT id, resource, key, token, owner, worker, idem, at, "
+            "pg_xact_commit_timestamp(xmin) AS committed_at FROM {chaos}.target ORDER BY id"
         ).format(**n),
         "final_lease": sql.SQL(
             "SELECT key, owner, token, expires_at, released_at FROM {lease}.lease ORDER BY key"

@@ -13,6 +13,8 @@ The broken variants exist to prove the checker can fail. Each breaks exactly one
 * ``fence-cross-key`` compares tokens of different lease keys at one resource (one fence row per
   resource, as before migration 3): a valid holder of a key whose count is behind is refused as stale
   (the ``valid-refused`` property).
+* ``replace-ignores-slots`` replaces as the store did before issue 38: it reads and writes the key's own
+  row only, so it grants a single holder beside a semaphore's live slot (the ``exclusion`` properties).
 
 A third, ``async-commit``, drops the store's ``SET LOCAL synchronous_commit = on`` (decision 4) on a
 server whose default is off: after a SIGKILL of the server, acknowledged tokens and publishes can vanish,
@@ -39,6 +41,7 @@ from airflow_lease_provider.core import (
     LeaseStore,
     LeaseStoreUnavailable,
     RunRef,
+    TokenHolder,
     validation,
 )
 from airflow_lease_provider.core.db import Database
@@ -60,7 +63,8 @@ def lease_fields(lease: Lease) -> dict[str, Any]:
     return {
         "key": lease.key, "owner": lease.owner, "token": lease.token,
         "acquired_at": lease.acquired_at, "renewed_at": lease.renewed_at,
-        "expires_at": lease.expires_at, "observed_at": lease.observed_at,
+        "expires_at": lease.expires_at, "observed_at": lease.observed_at, "slot": lease.slot, "slots": lease.slots,
+        **({"count_epoch": lease.count_epoch} if hasattr(lease, "count_epoch") else {}),
     }
 
 
@@ -143,7 +147,11 @@ class ClientClockLeaseStore(RecordingLeaseStore):
         )
         self._table = sql.SQL("{}.lease").format(sql.Identifier(self.schema))
 
-    def try_acquire(self, key: str, owner: str, ttl: timedelta, *, run: RunRef | None = None) -> Acquisition:
+    def try_acquire(
+        self, key: str, owner: str, ttl: timedelta, *, run: RunRef | None = None, slots: int = 1
+    ) -> Acquisition:
+        if slots != 1:
+            return super().try_acquire(key, owner, ttl, run=run, slots=slots)  # only the plain acquire is broken
         validation.name("key", key)
         validation.name("owner", owner)
         validation.ttl("ttl", ttl)
@@ -178,6 +186,84 @@ class ClientClockLeaseStore(RecordingLeaseStore):
         if taken is None:
             return Acquisition(None, self.holder(key))
         return Acquisition(Lease(*taken[:2], int(taken[2]), *taken[3:]), None)  # no sent_at: the keeper renews first
+
+
+class ReplaceIgnoresSlotsLeaseStore(RecordingLeaseStore):
+    """BROKEN ON PURPOSE: the replace of before issue 38 (``lease_replace`` of migrations 12 and 14). It reads
+    and writes only the key's own row, never the rows of the key's other slots: with slot 1 free and slot 2
+    held by a semaphore's holder, it grants the key to one holder who believes it is alone (the checker's
+    ``exclusion`` properties). The rest of the store is the real one.
+    """
+
+    def __init__(self, dsn: str, *, recorder: Recorder, **kwargs: Any) -> None:
+        super().__init__(dsn, recorder=recorder, **kwargs)
+        self._own = _OwnConnection(
+            dsn, kwargs["connect_timeout"].total_seconds(), kwargs["statement_timeout"].total_seconds()
+        )
+        self._table = sql.SQL("{}.lease").format(sql.Identifier(self.schema))
+        self._floor = sql.SQL("{}.lease_token_floor()").format(sql.Identifier(self.schema))
+
+    def try_replace(
+        self, key: str, owner: str, ttl: timedelta, *, run_after: datetime, run: RunRef | None = None,
+        takeover: bool = True,
+    ) -> Acquisition:
+        validation.name("key", key)
+        validation.name("owner", owner)
+        validation.ttl("ttl", ttl)
+        conn = self._own.get()
+        try:
+            conn.autocommit = False
+            with conn, conn.cursor() as cur:
+                cur.execute(
+                    sql.SQL(
+                        "SELECT owner, token, expires_at > clock_timestamp(), run_after FROM {} WHERE key = %s FOR UPDATE"
+                    ).format(self._table),
+                    (key,),
+                )
+                old = cur.fetchone()
+                params = {"key": key, "owner": owner, "ttl": ttl, "run_after": run_after}
+                if old is None:
+                    cur.execute(
+                        sql.SQL(
+                            "INSERT INTO {} (key, owner, token, ttl, acquired_at, renewed_at, expires_at, run_after) "
+                            "VALUES (%(key)s, %(owner)s, {} + 1, %(ttl)s, clock_timestamp(), clock_timestamp(), "
+                            "clock_timestamp() + %(ttl)s, %(run_after)s) ON CONFLICT (key) DO NOTHING "
+                            "RETURNING key, owner, token, ttl, acquired_at, renewed_at, expires_at, released_at, clock_timestamp()"
+                        ).format(self._table, self._floor),
+                        params,
+                    )
+                    taken, replaced = cur.fetchone(), None
+                else:
+                    holder_owner, token, live, holder_run_after = old
+                    older = holder_run_after is not None and holder_run_after < run_after
+                    if live and holder_owner != owner and not (takeover and older):
+                        taken, replaced = None, None
+                    else:
+                        # THE BUG: the rows of the key's other slots (slot_of = key) are never looked at.
+                        cur.execute(
+                            sql.SQL(
+                                "UPDATE {} SET owner = %(owner)s, token = greatest(token + 1, {} + 1), ttl = %(ttl)s, "
+                                "acquired_at = clock_timestamp(), renewed_at = clock_timestamp(), "
+                                "expires_at = clock_timestamp() + %(ttl)s, released_at = NULL, "
+                                "dag_id = NULL, run_id = NULL, task_id = NULL, map_index = NULL, "
+                                "run_after = %(run_after)s, replaced_token = %(replaced)s, "
+                                "slots = 1, slot = 1, slot_of = NULL "
+                                "WHERE key = %(key)s "
+                                "RETURNING key, owner, token, ttl, acquired_at, renewed_at, expires_at, released_at, "
+                                "clock_timestamp()"
+                            ).format(self._table, self._floor),
+                            {**params, "replaced": token if live and holder_owner != owner else None},
+                        )
+                        taken = cur.fetchone()
+                        replaced = TokenHolder(holder_owner, int(token)) if live and holder_owner != owner else None
+        except psycopg2.Error as exc:
+            raise self._own.fail(exc) from exc
+        finally:
+            if self._own.conn is not None and not self._own.conn.closed:
+                self._own.conn.autocommit = True
+        if taken is None:
+            return Acquisition(None, self.holder(key))
+        return Acquisition(Lease(*taken[:2], int(taken[2]), *taken[3:]), None, replaced)
 
 
 class FromConstructionKeeper(LeaseKeeper):
@@ -220,7 +306,7 @@ class NoFenceStore(FenceStore):
     @contextmanager
     def transaction(  # type: ignore[override]
         self, resource: str, token: int, *, key: str, owner: str | None = None, idempotency_key: str | None = None,
-        timeout: timedelta | None = None, run: RunRef | None = None,
+        timeout: timedelta | None = None, run: RunRef | None = None, **fence_args: Any,
     ) -> Iterator[Any]:
         conn = self._own.get()
         try:

@@ -23,6 +23,7 @@ from typing import Any
 import psycopg2
 
 from airflow_lease_provider.core import (
+    Acquisition,
     DuplicatePublish,
     FenceStore,
     Lease,
@@ -33,6 +34,7 @@ from airflow_lease_provider.core import (
     LeaseStoreUnavailable,
     StaleFencingToken,
 )
+from airflow_lease_provider.core.lease import SlotCountMismatch
 from chaos import sql as chaos_sql
 from chaos.history import Recorder
 from chaos.stores import (
@@ -41,6 +43,7 @@ from chaos.stores import (
     FromConstructionKeeper,
     NoFenceStore,
     RecordingLeaseStore,
+    ReplaceIgnoresSlotsLeaseStore,
     _OwnConnection,
     commit_asynchronously,
     lease_fields,
@@ -66,6 +69,16 @@ class WorkerConfig:
     idempotent_fraction: float = 0.5
     delay_fraction: float = 0.0
     join_fraction: float = 0.0
+    slot_keys: int = 0
+    slot_fraction: float = 0.5
+    slot_counts: tuple[int, ...] = (2, 3, 1)
+    count_phase: float = 6.0
+    stray_count_fraction: float = 0.15
+    single_fraction: float = 0.15
+    replace_fraction: float = 0.25
+    #: The harness's monotonic clock when the workers were started (the same clock in every process, never
+    #: faked): the slot-count phases and the replaces' run order count from it.
+    started: float = 0.0
     lease_schema: str = chaos_sql.LEASE_SCHEMA
     chaos_schema: str = chaos_sql.CHAOS_SCHEMA
 
@@ -74,7 +87,9 @@ class WorkerConfig:
 
     @classmethod
     def from_json(cls, text: str) -> WorkerConfig:
-        return cls(**json.loads(text))
+        data = json.loads(text)
+        data["slot_counts"] = tuple(data.get("slot_counts", (2, 3, 1)))
+        return cls(**data)
 
 
 def key_of(index: int) -> str:
@@ -85,6 +100,26 @@ def resource_of(index: int) -> str:
     """Two lease keys publish to each resource (job-0 and job-1 to target-0, ...): a fence is per
     (resource, lease key), so each key's holders must be accepted whatever the other key's tokens are."""
     return f"target-{index // 2}"
+
+
+def slot_key_of(index: int) -> str:
+    """A semaphore key: acquired with N slots (N changing), with one holder, or replaced."""
+    return f"pool-{index}"
+
+
+def slot_resource_of(index: int) -> str:
+    return f"pool-target-{index}"
+
+
+#: The replaces' run order: this instant plus the harness's monotonic seconds (so the same in every
+#: process, whatever its wall clock says).
+RUN_BASE = datetime(2026, 1, 1, tzinfo=timezone.utc)
+
+
+def count_of_phase(cfg: WorkerConfig, at: float) -> tuple[int, int]:
+    """The slot-count phase at monotonic time ``at``, and its count."""
+    phase = int(max(0.0, at - cfg.started) // cfg.count_phase)
+    return phase, cfg.slot_counts[phase % len(cfg.slot_counts)]
 
 
 class Worker:
@@ -99,7 +134,9 @@ class Worker:
             "connect_timeout": timedelta(seconds=cfg.connect_timeout),
             "statement_timeout": timedelta(seconds=cfg.statement_timeout),
         }
-        lease_cls = ClientClockLeaseStore if cfg.variant == "client-clock" else RecordingLeaseStore
+        lease_cls = {
+            "client-clock": ClientClockLeaseStore, "replace-ignores-slots": ReplaceIgnoresSlotsLeaseStore,
+        }.get(cfg.variant, RecordingLeaseStore)
         self.leases: LeaseStore = lease_cls(cfg.dsn, recorder=self.rec, **timeouts)
         fence_cls = {"fence-off": NoFenceStore, "fence-cross-key": CrossKeyFenceStore}.get(cfg.variant, FenceStore)
         self.fences: FenceStore = fence_cls(cfg.dsn, **timeouts)
@@ -121,13 +158,19 @@ class Worker:
         iteration = 0
         while True:
             iteration += 1
-            index = self.rng.randrange(self.cfg.keys)
             owner = f"w{self.cfg.id}-{iteration}"
-            lease, backoff = self.acquire(key_of(index), owner)
+            if self.cfg.slot_keys and self.rng.random() < self.cfg.slot_fraction:
+                index = self.rng.randrange(self.cfg.slot_keys)
+                lease, backoff = self.acquire_pool(slot_key_of(index), owner)
+                resource, in_store = slot_resource_of(index), True
+            else:
+                index = self.rng.randrange(self.cfg.keys)
+                lease, backoff = self.acquire(key_of(index), owner)
+                resource, in_store = resource_of(index), False
             if lease is None:
                 self.nap.wait(backoff)
                 continue
-            self.hold(lease, resource_of(index))
+            self.hold(lease, resource, in_store=in_store)
 
     def _skew_seen(self) -> float | None:
         """This process's clock minus the database's: proof that libfaketime really moved it."""
@@ -147,28 +190,77 @@ class Worker:
 
     # -- operations --------------------------------------------------------------------------------
 
-    def acquire(self, key: str, owner: str) -> tuple[Lease | None, float]:
-        """The lease or None, and how long to back off when None."""
+    def acquire(self, key: str, owner: str, slots: int = 1, **shape: Any) -> tuple[Lease | None, float]:
+        """The lease (``slots`` > 1: a semaphore's slot) or None, and how long to back off when None."""
         t0 = time.monotonic()
         try:
-            got = self.leases.try_acquire(key, owner, self.ttl)
+            got = self.leases.try_acquire(key, owner, self.ttl, slots=slots)
+        except SlotCountMismatch as exc:  # documented: the key is held with another count
+            self.rec.op("acquire", t0=t0, key=key, owner=owner, asked=slots, outcome="mismatch",
+                        held=[(h.key, h.token, h.slots) for h in exc.holders], **shape)
+            return None, self.rng.uniform(0.02, 0.1)
         except LeaseError as exc:
-            self.rec.op("acquire", t0=t0, key=key, owner=owner, outcome=outcome_of(exc), error=str(exc))
+            self.rec.op("acquire", t0=t0, key=key, owner=owner, asked=slots, outcome=outcome_of(exc),
+                        error=str(exc), **shape)
             return None, self.rng.uniform(0.2, 0.5)
         except Exception as exc:  # an exception the core should have translated: recorded, checked
-            self.rec.op("acquire", t0=t0, key=key, owner=owner, outcome="error", error=repr(exc))
+            self.rec.op("acquire", t0=t0, key=key, owner=owner, asked=slots, outcome="error", error=repr(exc),
+                        **shape)
             return None, self.rng.uniform(0.2, 0.5)
+        return self._answer("acquire", t0, key, owner, got, asked=slots, **shape)
+
+    def _answer(self, op: str, t0: float, key: str, owner: str, got: Acquisition, **shape: Any) -> tuple[Lease | None, float]:
         if got.lease is not None:
-            self.rec.op("acquire", t0=t0, outcome="ok", ttl=self.cfg.ttl, **lease_fields(got.lease))
+            replaced = {}
+            if got.replaced is not None:
+                replaced = {"replaced_owner": got.replaced.owner, "replaced_token": got.replaced.token}
+            self.rec.op(op, t0=t0, outcome="ok", ttl=self.cfg.ttl, lease_key=key, **replaced, **shape,
+                        **lease_fields(got.lease))
             return got.lease, 0.0
         holder = got.holder
         self.rec.op(
-            "acquire", t0=t0, key=key, owner=owner, outcome="held",
+            op, t0=t0, key=key, owner=owner, outcome="held",
             holder_owner=holder.owner if holder else None, holder_token=holder.token if holder else None,
             holder_expires_at=holder.expires_at if holder else None,
-            observed_at=holder.observed_at if holder else None,
+            observed_at=holder.observed_at if holder else None, **shape,
         )
         return None, self.rng.uniform(0.02, 0.1)
+
+    def acquire_pool(self, key: str, owner: str) -> tuple[Lease | None, float]:
+        """A semaphore key: its phase's slot count, an older count, one holder, or a replace."""
+        cfg, rng = self.cfg, self.rng
+        phase, count = count_of_phase(cfg, time.monotonic())
+        roll = rng.random()
+        if roll < cfg.replace_fraction:
+            return self.replace(key, owner, phase=phase)
+        roll -= cfg.replace_fraction
+        if roll < cfg.single_fraction:
+            return self.acquire(key, owner, 1, phase=phase, how="single")
+        if roll < cfg.single_fraction + cfg.stray_count_fraction:
+            stray = cfg.slot_counts[(phase - 1) % len(cfg.slot_counts)]
+            return self.acquire(key, owner, stray, phase=phase, how="stray")
+        return self.acquire(key, owner, count, phase=phase, how="phase")
+
+    def replace(self, key: str, owner: str, **shape: Any) -> tuple[Lease | None, float]:
+        """``try_replace``: the run order mostly grows with time (a later run takes an older one's lease
+        over), but may lag up to two TTLs behind (an older run that starts late, and must not)."""
+        behind = self.rng.uniform(0.0, 2 * self.cfg.ttl)
+        run_after = RUN_BASE + timedelta(seconds=max(0.0, time.monotonic() - self.cfg.started - behind))
+        t0 = time.monotonic()
+        fields: dict[str, Any] = {"run_after": run_after, "asked": 1, "how": "replace", **shape}
+        try:
+            got = self.leases.try_replace(key, owner, self.ttl, run_after=run_after)
+        except SlotCountMismatch as exc:
+            self.rec.op("replace", t0=t0, key=key, owner=owner, outcome="mismatch",
+                        held=[(h.key, h.token, h.slots) for h in exc.holders], **fields)
+            return None, self.rng.uniform(0.02, 0.1)
+        except LeaseError as exc:
+            self.rec.op("replace", t0=t0, key=key, owner=owner, outcome=outcome_of(exc), error=str(exc), **fields)
+            return None, self.rng.uniform(0.2, 0.5)
+        except Exception as exc:
+            self.rec.op("replace", t0=t0, key=key, owner=owner, outcome="error", error=repr(exc), **fields)
+            return None, self.rng.uniform(0.2, 0.5)
+        return self._answer("replace", t0, key, owner, got, **fields)
 
     def db_now(self) -> datetime | None:
         """The database clock now, or None when it cannot be asked (a fault is on)."""
@@ -227,7 +319,9 @@ class Worker:
                     db_before=db_before, **shape)
         return True
 
-    def hold(self, lease: Lease, resource: str) -> None:
+    def hold(self, lease: Lease, resource: str, *, in_store: bool = False) -> None:
+        """Work under ``lease`` and publish to ``resource``; ``in_store``: the publish names this lease
+        store (``store_id``, as the Airflow layer's do), so the fence also refuses a superseded grant."""
         rng = self.rng
         late = rng.random() < self.cfg.long_fraction
         work = self.cfg.ttl * (rng.uniform(1.2, 2.0) if late else rng.uniform(0.02, 0.3))
@@ -242,7 +336,7 @@ class Worker:
         self.nap.wait(work)
         if keeper is not None and checks and not self.check(keeper, lease, shape):
             return
-        self.publish(lease, resource, shape)
+        self.publish(lease, resource, shape, store_id=self.store_id() if in_store else None)
         t0 = time.monotonic()
         try:
             if keeper is not None:
@@ -257,17 +351,35 @@ class Worker:
         except LeaseError:
             pass  # already recorded by the store
 
-    def publish(self, lease: Lease, resource: str, shape: dict[str, Any]) -> None:
+    def store_id(self) -> str | None:
+        """The lease store's id, or None while the store cannot be asked (the publish then names none)."""
+        try:
+            return self.leases.store_id
+        except LeaseError:
+            return None
+
+    def publish(self, lease: Lease, resource: str, shape: dict[str, Any], store_id: str | None = None) -> None:
         idem = f"{lease.owner}/publish" if self.rng.random() < self.cfg.idempotent_fraction else None
         for attempt in (1, 2):
             t0 = time.monotonic()
             fields: dict[str, Any] = {
                 "key": lease.key, "owner": lease.owner, "token": lease.token, "resource": resource,
-                "idem": idem, "attempt": attempt, **shape,
+                "idem": idem, "attempt": attempt, "in_store": store_id is not None, **shape,
             }
+            if lease.slots > 1:
+                fields.update(lease_key=lease.lease_key, slot=lease.slot, slots=lease.slots)
+            # Where the store has count epochs (issue 38), a publish that names the lease store also names its
+            # grant's count epoch and the key acquired, as the Airflow layer's publishes do: the fence then
+            # refuses a zombie of an earlier holding period of the key (a slot a count change dropped).
+            grant: dict[str, Any] = {}
+            if store_id is not None:
+                grant["store_id"] = store_id
+                if hasattr(lease, "count_epoch"):
+                    grant.update(count_epoch=lease.count_epoch, base_key=lease.lease_key)
+                    fields["count_epoch"] = lease.count_epoch
             try:
                 with self.fences.transaction(
-                    resource, lease.token, key=lease.key, owner=lease.owner, idempotency_key=idem
+                    resource, lease.token, key=lease.key, owner=lease.owner, idempotency_key=idem, **grant
                 ) as cur:
                     cur.execute(self.insert, {
                         "resource": resource, "key": lease.key, "token": lease.token, "owner": lease.owner,
@@ -277,7 +389,10 @@ class Worker:
             except DuplicatePublish as exc:
                 self.rec.op("publish", t0=t0, outcome="duplicate", current=exc.current, **fields)
             except StaleFencingToken as exc:
-                self.rec.op("publish", t0=t0, outcome="stale", current=exc.current, **fields)
+                # "stale" (the fence accepted a larger token), or "superseded" (the store has granted past
+                # this token), "other_store": each judged by the checker.
+                reason = getattr(exc, "reason", "stale") or "stale"
+                self.rec.op("publish", t0=t0, outcome=reason, current=exc.current, **fields)
             except LeaseStoreUnavailable as exc:
                 self.rec.op("publish", t0=t0, outcome="unknown", error=str(exc), **fields)
                 if attempt == 1 and idem is not None:

@@ -54,6 +54,13 @@ def test_short_profile_zero_violations_over_5000_operations_and_every_fault(tmp_
     # The case that hid the keeper defect: keepers started late, and leases joined with little time left.
     assert report["outcomes"].get("check:held", 0) >= 10 and report["outcomes"].get("join:ok", 0) >= 5, output[-6000:]
     assert report["outcomes"].get("lost:reported", 0) >= 1, output[-6000:]
+    # Semaphore keys (issue 38): N slots with the count changing, single holders and replaces on the same
+    # keys, acquires refused for another count, force-releases; none of the exclusion properties broken.
+    grants = report["figures"]["semaphore keys: committed grants"]
+    assert {"slots=2", "slots=3", "one holder", "replace"} <= set(grants), output[-6000:]
+    assert report["figures"]["semaphore keys: slot-count changes"] >= 3, output[-6000:]
+    assert report["outcomes"].get("acquire:mismatch", 0) >= 1 and report["outcomes"].get("replace:ok", 0) >= 1
+    assert report["faults"]["force_release"] >= 3, output[-6000:]
     # The history holds database timestamps for every answered operation.
     first_op = next(
         json.loads(line) for line in (tmp_path / "history.jsonl").open()
@@ -62,17 +69,15 @@ def test_short_profile_zero_violations_over_5000_operations_and_every_fault(tmp_
     assert first_op["acquired_at"] and first_op["expires_at"] and first_op["observed_at"]
 
 
-#: The broken variants and their profiles, run two at a time (side by side halves the wall time; four at
-#: once starve two cores).
 #: Each broken variant and its profile.
 BROKEN = {"fence-off": "smoke", "client-clock": "smoke", "keeper-from-construction": "smoke-keeper",
-          "fence-cross-key": "smoke"}
+          "fence-cross-key": "smoke", "replace-ignores-slots": "smoke-slots"}
 
 
 @pytest.fixture(scope="module")
 def broken_runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, tuple[int, dict[str, Any], str]]]:
-    """Every broken variant on a smoke profile (20 s of faults each), the four at once: they wait on their
-    fault schedules, not on the CPU (two after two took twice the time for the same runs)."""
+    """Every broken variant on a smoke profile (20 s of faults each), all at once: they wait on their fault
+    schedules, not on the CPU (two after two took twice the time for the same runs)."""
     procs: dict[str, subprocess.Popen[str]] = {}
     try:
         outs = {variant: tmp_path_factory.mktemp(variant) for variant in BROKEN}
@@ -117,4 +122,15 @@ def test_checker_catches_a_fence_that_compares_tokens_of_different_keys(broken_r
     assert code == 1, output[-4000:]
     # Two lease keys publish to each resource: a holder whose key's count is behind was refused.
     assert report["violations"].get("valid-refused", 0) >= 1, output[-4000:]
+    assert "RESULT: VIOLATIONS" in output
+
+
+def test_checker_catches_a_replace_that_ignores_the_slots_of_its_key(broken_runs: dict[str, Any]) -> None:
+    code, report, output = broken_runs["replace-ignores-slots"]
+    assert code == 1, output[-4000:]
+    # A replace took the key's own row while another slot of it was held (issue 38, defect 1): one holder
+    # who believes it is alone, beside a semaphore's holder, in what the workers were told and in the rows.
+    assert report["violations"].get("exclusion", 0) >= 1, output[-4000:]
+    assert report["violations"].get("exclusion-db", 0) >= 1, output[-4000:]
+    assert "a single holder beside another holder" in output
     assert "RESULT: VIOLATIONS" in output

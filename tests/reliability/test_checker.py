@@ -42,21 +42,41 @@ class Story:
 
     def audit(self, key: str, when: float, **new: Any) -> None:
         old = self.rows.get(key)
-        row = {**(old or {}), **new}
+        row = {"slots": 1, "slot": 1, "slot_of": None, "run_after": None, "replaced_token": None, **(old or {}), **new}
         self.records.append({
             "type": "audit_lease", "id": self._id(), "at": at(when), "op": "UPDATE" if old else "INSERT",
             "key": key, "owner": row["owner"], "token": row["token"], "acquired_at": row["acquired_at"],
             "renewed_at": row["renewed_at"], "expires_at": row["expires_at"], "released_at": row.get("released_at"),
             "old_owner": old and old["owner"], "old_token": old and old["token"],
             "old_expires_at": old and old["expires_at"], "old_released_at": old and old.get("released_at"),
+            **{name: row[name] for name in ("slots", "slot", "slot_of", "run_after", "replaced_token")},
+            "extra": {"count_epoch": row.get("count_epoch", 0)},
         })
         self.rows[key] = row
 
-    def acquire(self, key: str, token: int, owner: str, t: float, w: int = 0, *, committed: bool = True) -> None:
+    def acquire(
+        self, key: str, token: int, owner: str, t: float, w: int = 0, *, committed: bool = True, slots: int = 1,
+        slot: int = 1, replaced: int | None = None, replace: bool = False, epoch: int = 0,
+    ) -> None:
+        """A grant; ``slots`` > 1: slot ``slot`` of the semaphore ``key`` (its row ``key#slot``); ``replace``:
+        a replace's grant (``replaced``: the token it took over)."""
+        row = key if slot == 1 else f"{key}#{slot}"
         fields = {"acquired_at": at(t), "renewed_at": at(t), "expires_at": at(t + TTL), "observed_at": at(t)}
-        self.op("acquire", w, t, outcome="ok", key=key, token=token, owner=owner, **fields)
+        shape: dict[str, Any] = {"slot": slot, "slots": slots, "lease_key": key} if slots > 1 else {}
+        if replace:
+            shape.update(replaced_token=replaced, replaced_owner=replaced and self.rows[row]["owner"])
+        self.op("replace" if replace else "acquire", w, t, outcome="ok", key=row, token=token, owner=owner,
+                **fields, **shape)
         if committed:
-            self.audit(key, t, owner=owner, token=token, released_at=None, **{k: v for k, v in fields.items() if k != "observed_at"})
+            self.audit(row, t, owner=owner, token=token, released_at=None, slots=slots, slot=slot,
+                       slot_of=key if slot > 1 else None, run_after=at(t) if replace else None,
+                       replaced_token=replaced, count_epoch=epoch,
+                       **{k: v for k, v in fields.items() if k != "observed_at"})
+
+    def force_release(self, key: str, t: float) -> None:
+        """The admin's force-release: the row's token bumped, the lease ended now."""
+        old = self.rows[key]
+        self.audit(key, t, token=old["token"] + 1, released_at=at(t), expires_at=at(t))
 
     def release(self, key: str, token: int, owner: str, t: float, w: int = 0) -> None:
         self.op("release", w, t, outcome="ok", key=key, token=token, owner=owner)
@@ -294,4 +314,132 @@ def test_a_publish_refused_although_its_key_never_reached_that_token() -> None:
     s.crash_and_probe()
     assert s.check().violations == []
     s.op("publish", 1, 0.4, key="job-1", token=1, owner="w1-1", **refused)  # compared with job-0's token
+    assert kinds(s.check()) == {"valid-refused"}
+
+
+# -- semaphore slots, single holders, replaces and slot-count changes (chaos.exclusion) --------------------
+
+
+def slots_story() -> Story:
+    """A clean history of one key: two holders of 2 slots, then one holder, then 3 slots, each count's
+    grants above every token of the count before (as a store that orders count changes must issue them)."""
+    s = Story(slot_counts=[2, 3, 1])
+    s.records[0]["slot_keys"] = ["pool-0"]
+    s.acquire("pool-0", 1, "w0-1", 0.0, slots=2)
+    s.acquire("pool-0", 1, "w1-1", 0.1, w=1, slots=2, slot=2)
+    s.publish("target-9", 1, "w1-1", 0.2, w=1, key="pool-0#2")
+    s.release("pool-0", 1, "w0-1", 0.5)
+    s.release("pool-0#2", 1, "w1-1", 0.6, w=1)
+    s.acquire("pool-0", 2, "w2-1", 1.0, w=2)  # the count is 1 now: a single holder
+    s.publish("target-9", 2, "w2-1", 1.1, w=2, key="pool-0")
+    s.release("pool-0", 2, "w2-1", 1.2, w=2)
+    s.acquire("pool-0", 3, "w0-2", 1.5, slots=3)
+    s.acquire("pool-0", 4, "w1-2", 1.6, w=1, slots=3, slot=2)
+    s.acquire("pool-0", 5, "w3-1", 1.7, w=3, slots=3, slot=3)
+    s.crash_and_probe()
+    return s
+
+
+def test_slots_of_one_count_then_one_holder_then_another_count_pass() -> None:
+    report = slots_story().check()
+    assert report.violations == [], report.format()
+    assert report.figures["semaphore keys: committed grants"] == {"one holder": 1, "slots=2": 2, "slots=3": 3}
+    assert report.figures["semaphore keys: slot-count changes"] == 2
+
+
+def test_a_replace_granted_beside_a_live_slot() -> None:
+    """Issue 38, defect 1: slot 1 released, slot 2 still held, and a replace takes the key."""
+    s = Story()
+    s.acquire("pool-0", 1, "w0-1", 0.0, slots=2)
+    s.acquire("pool-0", 1, "w1-1", 0.1, w=1, slots=2, slot=2)  # valid until 2.1
+    s.release("pool-0", 1, "w0-1", 0.3)
+    s.acquire("pool-0", 2, "w2-1", 0.5, w=2, replace=True)
+    s.crash_and_probe()
+    report = s.check()
+    assert kinds(report) == {"exclusion", "exclusion-db"}
+    assert "a single holder beside another holder" in report.violations[0].detail
+
+
+@pytest.mark.parametrize(("slots", "problem"), [(2, "3 holders of 2 slots"), (3, "holders of slot counts [2, 3]")])
+def test_more_holders_than_slots_or_two_counts_at_once(slots: int, problem: str) -> None:
+    s = Story()
+    s.acquire("pool-0", 1, "w0-1", 0.0, slots=2)
+    s.acquire("pool-0", 1, "w1-1", 0.1, w=1, slots=2, slot=2)
+    s.acquire("pool-0", 2, "w2-1", 0.2, w=2, slots=slots, slot=3)
+    s.crash_and_probe()
+    report = s.check()
+    assert kinds(report) == {"exclusion", "exclusion-db"}
+    assert problem in report.violations[0].detail
+
+
+def test_a_replace_that_takes_a_lease_over_and_a_force_release_end_the_old_grant() -> None:
+    s = Story()
+    s.acquire("job-0", 1, "w0-1", 0.0, replace=True)
+    s.acquire("job-0", 2, "w1-1", 0.5, w=1, replace=True, replaced=1)  # a later run takes it over
+    s.force_release("job-0", 0.8)  # token 3: nobody's
+    s.acquire("job-0", 4, "w2-1", 1.0, w=2)
+    s.crash_and_probe()
+    assert s.check().violations == []
+    s.acquire("job-0", 5, "w3-1", 1.5, w=3)  # token 4 is valid until 3.0
+    assert kinds(s.check()) == {"overlap", "overlap-db"}
+
+
+def test_a_grant_under_a_new_slot_count_below_a_token_of_the_old_count() -> None:
+    """Issue 38, defect 3's cause: slot 3 is granted for the first time with token 1."""
+    s = Story()
+    s.acquire("pool-0", 5, "w0-1", 0.0, slots=2)
+    s.release("pool-0", 5, "w0-1", 0.2)
+    s.acquire("pool-0", 6, "w1-1", 0.5, w=1, slots=3)
+    s.acquire("pool-0", 1, "w2-1", 0.6, w=2, slots=3, slot=3)
+    s.crash_and_probe()
+    report = s.check()
+    assert kinds(report) == {"count-token-order"}
+    assert "pool-0#3 token 1" in report.violations[0].detail
+
+
+def test_a_zombie_of_a_dropped_slot_published_after_the_new_count_did() -> None:
+    """Issue 38, defect 3: slot 2 of 2 frozen past its TTL, the count lowered to 1, the new holder
+    publishes, the zombie wakes and publishes under its slot's key, which nobody was granted since."""
+    s = Story()
+    s.acquire("pool-0", 1, "w0-1", 0.0, slots=2, slot=2)  # expires at 2.0
+    s.acquire("pool-0", 7, "w1-1", 2.5, w=1)  # one holder
+    s.publish("target-9", 7, "w1-1", 2.6, w=1, key="pool-0")
+    s.crash_and_probe()
+    assert s.check().violations == []
+    s.publish("target-9", 1, "w0-1", 2.7, key="pool-0#2")  # the zombie wakes
+    report = s.check()
+    assert kinds(report) == {"superseded-publish"}
+    assert "pool-0#2 token 1 of w0-1 (slots=2) (count era 0)" in report.violations[0].detail
+
+
+def test_a_refused_publish_is_justified_by_a_newer_count_or_a_newer_grant_of_its_slot() -> None:
+    s = Story()
+    s.acquire("pool-0", 1, "w0-1", 0.0, slots=2, slot=2)
+    s.acquire("pool-0", 7, "w1-1", 2.5, w=1)
+    s.publish("target-9", 7, "w1-1", 2.6, w=1, key="pool-0")
+    refused = {"resource": "target-9", "current": None, "key": "pool-0#2", "token": 1, "owner": "w0-1"}
+    s.op("publish", 0, 2.7, outcome="stale", **refused)  # the count changed and its holder published
+    s.op("publish", 0, 2.8, outcome="superseded", **refused)
+    s.crash_and_probe()
+    assert s.check().violations == []
+    s.acquire("pool-0", 8, "w2-1", 5.0, w=2, slots=2)
+    s.op("publish", 2, 5.1, outcome="superseded", resource="target-9", current=7, key="pool-0", token=8,
+         owner="w2-1")  # the newest grant of its row, in the newest count: nothing superseded it
+    assert kinds(s.check()) == {"valid-refused"}
+
+
+def test_a_refusal_by_count_epoch_is_justified_by_a_later_holding_period_of_the_key() -> None:
+    """The store's count epoch (migration 15): a grant after a time with no holder of its count starts a
+    holding period above every earlier token; the fence refuses tokens at or below a published one."""
+    s = Story()
+    s.acquire("pool-0", 1, "w0-1", 0.0, slots=2, slot=2)  # lapses at 2.0
+    s.acquire("pool-0", 2, "w1-1", 2.5, w=1, slots=2, epoch=1)  # the same count, a new holding period
+    s.publish("target-9", 2, "w1-1", 2.6, w=1, key="pool-0")
+    s.op("publish", 0, 2.7, outcome="count_epoch", resource="target-9", current=None, key="pool-0#2", token=1,
+         owner="w0-1")
+    s.crash_and_probe()
+    assert s.check().violations == []
+    s.acquire("pool-0", 3, "w2-1", 2.7, w=2, slots=2, slot=2, epoch=1)  # the period's second holder
+    s.op("publish", 2, 2.8, outcome="count_epoch", resource="target-9", current=2, key="pool-0#2", token=3,
+         owner="w2-1")  # a holder of the newest period, refused: nothing is above it
     assert kinds(s.check()) == {"valid-refused"}
