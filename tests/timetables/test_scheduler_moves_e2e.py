@@ -297,10 +297,17 @@ def _cli_events(airflow: Deployment, kind: str) -> list[dict]:
 
 
 def _counted_once(airflow: Deployment) -> None:
-    """Every recorded slot of the deployment counted once: each kind's metric is its records' total count."""
+    """Every recorded slot of the deployment counted once: each kind's metric is its records' total count.
+
+    The module's other DAGs keep running while this reads, and a record is committed before its metric is
+    sent: a record can land between the two reads. So both are read until they agree (a slot counted twice,
+    or recorded and never counted, never agrees and fails after 60 s).
+    """
     for kind, metric in (("skipped_catchup", "scheduled.skipped_catchup"), ("coalesced", "scheduled.coalesced")):
-        recorded = sum(int(e["detail"]["count"]) for e in _cli_events(airflow, kind))
-        assert airflow.statsd.count(metric) == recorded, (kind, recorded, airflow.statsd.count(metric))
+        def both(kind: str = kind, metric: str = metric) -> tuple[int, int]:
+            recorded = sum(int(e["detail"]["count"]) for e in _cli_events(airflow, kind))
+            return recorded, airflow.statsd.count(metric)
+        wait(both, lambda pair: pair[0] == pair[1], 60, f"the {kind} records and the {metric} metric to agree")
 
 
 def _rerun(airflow: Deployment, dag_id: str, run: dict, task_id: str) -> None:
