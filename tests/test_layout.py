@@ -186,7 +186,7 @@ def test_no_class_of_the_package_overrides_a_private_member_of_an_airflow_class(
     offenders: list[str] = []
     names = [m.name for m in pkgutil.walk_packages(airflow_lease_provider.__path__, "airflow_lease_provider.")]
     for name in names:
-        if name == "airflow_lease_provider.version_compat" or name.endswith((".s3_fence", ".object_fence")):
+        if name == "airflow_lease_provider.version_compat" or name.endswith((".s3_fence", ".fences.s3")):
             continue  # the one door; the S3 fence needs the s3 extra
         module = importlib.import_module(name)
         for cls in vars(module).values():
@@ -231,6 +231,11 @@ def test_version_compat_is_flags_conditional_imports_and_reasoned_internals() ->
         assert ast.get_docstring(node), node.name
 
 
+#: Client libraries of the user's write targets: their fences live in ``fences/``, never in the core (issue 40
+#: item 2), so the core installs and imports with none of them.
+TARGET_CLIENTS = ("airflow", "botocore", "boto3")
+
+
 def test_core_source_imports_nothing_from_airflow_or_the_airflow_layer() -> None:
     offenders = []
     for path in _sources(PACKAGE / "core"):
@@ -244,9 +249,47 @@ def test_core_source_imports_nothing_from_airflow_or_the_airflow_layer() -> None
             for module in modules:
                 top = module.split(".")[0]
                 inside = module == "airflow_lease_provider" or module.startswith("airflow_lease_provider.core")
-                if top == "airflow" or (top == "airflow_lease_provider" and not inside):
+                if top in TARGET_CLIENTS or (top == "airflow_lease_provider" and not inside):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {module}")
     assert offenders == []
+
+
+def test_the_fences_of_targets_import_the_core_only_and_no_airflow() -> None:
+    """``fences/`` holds the fences that need a target's client library; they import the core's interface and
+    rule, nothing of the Airflow layer, and Airflow not at all (hooks build them from connections)."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for path in _sources(PACKAGE / "fences")
+        for line, module in _imported_modules(path)
+        if module.split(".")[0] == "airflow"
+        or (module.startswith("airflow_lease_provider.") and not module.startswith("airflow_lease_provider.core."))
+    ]
+    assert offenders == []
+    assert any(m == "botocore.exceptions.ClientError" for _, m in _imported_modules(PACKAGE / "fences" / "s3.py"))
+
+
+def test_every_fence_is_the_one_interface_and_decides_by_the_one_rule() -> None:
+    """Three fences, one interface (``core/fencing.py``): the PostgreSQL and DB-API fences are ``Fence``s,
+    the object store's a ``FenceView``; none but ``fencing.py`` defines the rule or the decision, and the
+    object store's fence calls the rule (the SQL fences are checked against it by the parity test)."""
+    from airflow_lease_provider.core.dbapi_fence import DbApiFence
+    from airflow_lease_provider.core.fence import FenceStore
+    from airflow_lease_provider.core.fencing import Fence, FenceView
+    from airflow_lease_provider.fences.s3 import ObjectFence
+
+    assert issubclass(FenceStore, Fence) and issubclass(DbApiFence, Fence) and issubclass(ObjectFence, FenceView)
+    for name in ("advance", "transaction", "current", "tokens", "published"):
+        assert all(name in vars(cls) for cls in (FenceStore, DbApiFence)), name
+    for name in ("current", "tokens", "published"):
+        assert name in vars(ObjectFence), name
+    defined = {
+        path.relative_to(ROOT).as_posix(): node.name
+        for path in _sources(PACKAGE)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name in ("decide", "FenceDecision", "FenceEntry")
+    }
+    assert set(defined) == {"airflow_lease_provider/core/fencing.py"}, defined
+    assert "decide(" in (PACKAGE / "fences" / "s3.py").read_text()
 
 
 def _imported_modules(path: Path) -> list[tuple[int, str]]:

@@ -255,7 +255,7 @@ class LeaseContext:
         """Check the lease, then write ``body`` to ``s3://bucket/key`` fenced by the object store itself.
 
         The write is a compare-and-swap on the object's ETag carrying this lease's token in the object's
-        metadata (:meth:`ObjectFence.put <airflow_lease_provider.core.object_fence.ObjectFence.put>`): the
+        metadata (:meth:`ObjectFence.put <airflow_lease_provider.fences.s3.ObjectFence.put>`): the
         store refuses it when a larger token of this lease key wrote the object since, and this raises
         :class:`StaleFencingToken` (``DuplicatePublish`` for a used ``idempotency_key``). The client comes
         from the Amazon provider's ``S3Hook(aws_conn_id)`` (the ``s3`` extra). ``put_args``: ``metadata``,
