@@ -637,12 +637,15 @@ def test_no_module_swaps_the_class_of_an_object(tmp_path: Path) -> None:
     assert _class_swaps(sample) == [1, 2, 3, 4]
 
 
-def test_the_old_import_path_of_current_lease_is_the_runtime_s_own() -> None:
-    """DAGs written before the runtime package import ``current_lease`` from ``airflow_lease_provider.context``."""
-    from airflow_lease_provider import context, runtime
+def test_no_shim_keeps_an_import_path_that_was_never_released() -> None:
+    """Nothing was released (CHANGELOG.md): a name has one import path, no alias module or deprecated spelling
+    (issue 40 item 5). ``current_lease`` is the runtime's; ``core.object_fence`` became ``fences.s3``."""
+    import importlib.util
 
-    assert context.current_lease is runtime.current_lease
-    assert context.LeaseContext is runtime.LeaseContext
+    for gone in ("airflow_lease_provider.context", "airflow_lease_provider.core.object_fence"):
+        assert importlib.util.find_spec(gone) is None, gone
+    for path in _sources(PACKAGE):
+        assert "DeprecationWarning" not in path.read_text(), path
 
 
 def test_the_driver_is_imported_only_by_the_core_s_database_layer() -> None:
@@ -672,10 +675,10 @@ def test_the_task_lease_keeps_the_lease_s_life_and_the_policies_are_strategies()
     from airflow_lease_provider.runtime import policies
 
     # One class per policy, all of one interface, registered by name; the arguments accept exactly those.
-    assert set(policies.OVERLAP_POLICIES) == {"skip", "wait", "fail", "buffer_one", "replace"}
+    assert set(policies.OVERLAP_POLICIES) == {"skip", "wait", "fail", "replace"}
     for name, policy in policies.OVERLAP_POLICIES.items():
         assert isinstance(policy, policies.OverlapPolicy) and policy.name == name
-    assert len({type(p) for p in policies.OVERLAP_POLICIES.values()}) == 5
+    assert len({type(p) for p in policies.OVERLAP_POLICIES.values()}) == 4
     # The hub names no policy: no branch on a policy's name, class or flags in the task lease.
     branches = []
     for node in ast.walk(ast.parse(TASK_LEASE.read_text())):

@@ -156,7 +156,7 @@ class FenceStore(Store, Fence):
     ) -> FenceDecision:
         """Advance the fence of ``resource`` for lease ``key`` to ``token`` if it is larger than every token
         of that key accepted so far, or equal to the largest and published by its ``owner`` again (the
-        same grant: a second task of a run-scoped lease, a mapped instance, a second publish of one task;
+        same grant: a second task of a run lease, a mapped instance, a second publish of one task;
         not without an ``owner``, and not from another lease store). Tokens of other lease keys are never
         compared with it.
 

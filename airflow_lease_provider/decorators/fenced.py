@@ -10,7 +10,7 @@
     def push(fence=None):
         subprocess.run(["git", "push", remote, f"HEAD:refs/heads/token-{fence.token}"], check=True)
 
-Under a run-scoped lease (or inside a leased task) the function runs only after (a) a fresh read of the
+Under a run lease (or inside a leased task) the function runs only after (a) a fresh read of the
 store shows this run still holding the lease and (b) the fence accepted its token. ``target="postgres"``
 (default) runs the function inside the fence's transaction (``fence.cursor``), so the write commits with
 the fence advance or not at all. ``target="external"`` advances the fence first, then calls the function,

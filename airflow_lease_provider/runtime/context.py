@@ -1,6 +1,6 @@
 """What leased task code sees: the lease, the keeper, and fenced publishing.
 
-Inside a leased task (``LeasedOperator``, ``@task.leased``, or a run-scoped task),
+Inside a leased task (``LeasedOperator``, ``@task.leased``, or a run-lease task),
 :func:`current_lease` returns the :class:`LeaseContext`; a TaskFlow function can also take it as a
 parameter named ``lease`` (``def publish(lease=None)``). Publishing goes through two gates:
 
@@ -52,7 +52,7 @@ def current_lease() -> LeaseContext:
     if ctx is None:
         raise RuntimeError(
             "no lease is held here: current_lease() works inside LeasedOperator, @task.leased, "
-            "run-scoped tasks and @task.fenced_publish"
+            "run-lease tasks and @task.fenced_publish"
         )
     return ctx
 
