@@ -224,23 +224,6 @@ class LeaseContext:
             # decided at the start, would have let them commit after it.
             self.check()
 
-    @contextmanager
-    def publish(
-        self, resource: str, *, target: str = "postgres", conn_id: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> Iterator[Any]:
-        """Publish behind the fence of ``resource``: with ``target="postgres"`` (any SQL target ``conn_id``
-        names, see :meth:`fenced_transaction`) the block runs in the fence's transaction (its cursor is
-        yielded: exactly once); with ``"external"`` the fence advances first and
-        the block is the side effect carrying :attr:`token` (None is yielded; if the block raises, the
-        idempotency key's claim is given back)."""
-        if target == "postgres":
-            with self.fenced_transaction(resource, conn_id=conn_id, idempotency_key=idempotency_key) as cur:
-                yield cur
-        else:
-            with self.fence(resource, conn_id=conn_id, idempotency_key=idempotency_key):
-                yield None
-
     def fenced_put(
         self,
         bucket: str,
