@@ -411,7 +411,7 @@ def cmd_status(store: LeaseStore, args: argparse.Namespace, out: TextIO) -> int:
                 _d(r["expires_in_seconds"]) if r["held"] else None,
                 _t(r["renewed_at"]),
                 _d(r["ttl_seconds"]),
-                # The runs holding a waiting place (buffer_one, or wait with max_waiting), oldest first.
+                # The runs holding a waiting place (wait with max_waiting), oldest first.
                 ", ".join(w["owner"] for w in r.get("waiting") or []) or None,
             ]
             for r in data["leases"]

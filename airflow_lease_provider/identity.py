@@ -12,7 +12,7 @@ lease                                   owner                                   
 task-scoped (``LeasedOperator``,        ``dag_id/run_id/task_id``                          ``dag_id.task_id``
 ``@task.leased``)
 a mapped instance of one                ``dag_id/run_id/task_id[map_index]``               ``dag_id.task_id[map_index]``
-run-scoped (``run_lease()``,            ``dag_id/run_id``                                  ``dag_id``
+run lease (``run_lease()``,            ``dag_id/run_id``                                  ``dag_id``
 ``lease_scope="run"``)
 ======================================  =================================================  ===================
 

@@ -6,7 +6,7 @@
 ``scheduled.coalesced``            catch-up slots coalesced into one run after downtime (by the count)
 ``scheduled.skipped_replaced``     ``replace``: the task was skipped because a newer run took its lease over
                                    (counted by the replaced task when it finds out)
-``scheduled.skipped_buffer_full``  ``buffer_one`` (``wait`` with ``max_waiting``): skipped, every waiting place taken
+``scheduled.skipped_buffer_full``  ``wait`` with ``max_waiting``: skipped, every waiting place taken
 ``lease.acquired``                 a lease was acquired
 ``lease.slot_acquired``            ``lease_slots=N``: a slot of a semaphore was acquired (tags ``slot`` and ``slots`` too)
 ``lease.replaced``                 ``replace``: the task took its lease over from an older run (once per takeover)

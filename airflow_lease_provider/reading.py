@@ -167,8 +167,8 @@ def slot_rows(store: LeaseStore, key: str, *, dag_ids: Collection[str] | None = 
 
 
 def with_waiters(store: LeaseStore, rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each lease row with ``waiting``: the runs that hold a waiting place for its key (``buffer_one``, or
-    ``wait`` with ``max_waiting``), oldest first, each with its run link. One read for the page."""
+    """Each lease row with ``waiting``: the runs that hold a waiting place for its key
+    (``wait`` with ``max_waiting``), oldest first, each with its run link. One read for the page."""
     by_key: dict[str, list[dict[str, Any]]] = {row["key"]: [] for row in rows}
     if by_key:
         for waiter in store.waiters(list(by_key)):

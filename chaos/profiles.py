@@ -39,7 +39,7 @@ class Profile:
     check_fraction: float = 0.5
     idempotent_fraction: float = 0.5
     #: Share of keeper starts that come after a pause (0.5-1.6 TTL after the acquire), and that join the
-    #: lease late (a holder read with 0.05-0.5 TTL left), the way a run-scoped task joins a run's lease.
+    #: lease late (a holder read with 0.05-0.5 TTL left), the way a run-lease task joins a run's lease.
     delay_fraction: float = 0.15
     join_fraction: float = 0.15
     #: Semaphore keys (``pool-0``, ...; each publishes to a resource of its own) and the share of the

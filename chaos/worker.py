@@ -276,7 +276,7 @@ class Worker:
 
     def start_keeper(self, lease: Lease) -> tuple[LeaseKeeper, Lease, str]:
         """A keeper for ``lease``: at once; after a pause (a slow XCom push, a GC pause), sometimes longer
-        than the TTL; or by joining it the way a run-scoped task does, reading its holder late."""
+        than the TTL; or by joining it the way a run-lease task does, reading its holder late."""
         rng, ttl = self.rng, self.cfg.ttl
         roll = rng.random()
         how = "at-once"

@@ -11,7 +11,7 @@ that logical date, or backfill it. The key is computed once, in ``collect_usage`
 publish through XCom: no template refers to ``data_interval_start``, which a run without a logical date
 does not have.
 
-The whole run holds one **run-scoped lease**: ``acquire_run_lease`` (a setup task) takes it,
+The whole run holds one **run lease**: ``acquire_run_lease`` (a setup task) takes it,
 ``release_run_lease`` (a teardown task) always gives it back, and the tasks in between renew it while
 they run. An overlapping run is skipped as a whole: its setup task is skipped, and so is everything
 after it.

@@ -186,7 +186,7 @@ def test_no_class_of_the_package_overrides_a_private_member_of_an_airflow_class(
     offenders: list[str] = []
     names = [m.name for m in pkgutil.walk_packages(airflow_lease_provider.__path__, "airflow_lease_provider.")]
     for name in names:
-        if name == "airflow_lease_provider.version_compat" or name.endswith((".s3_fence", ".object_fence")):
+        if name == "airflow_lease_provider.version_compat" or name.endswith((".s3_fence", ".fences.s3")):
             continue  # the one door; the S3 fence needs the s3 extra
         module = importlib.import_module(name)
         for cls in vars(module).values():
@@ -231,6 +231,11 @@ def test_version_compat_is_flags_conditional_imports_and_reasoned_internals() ->
         assert ast.get_docstring(node), node.name
 
 
+#: Client libraries of the user's write targets: their fences live in ``fences/``, never in the core (issue 40
+#: item 2), so the core installs and imports with none of them.
+TARGET_CLIENTS = ("airflow", "botocore", "boto3")
+
+
 def test_core_source_imports_nothing_from_airflow_or_the_airflow_layer() -> None:
     offenders = []
     for path in _sources(PACKAGE / "core"):
@@ -244,9 +249,47 @@ def test_core_source_imports_nothing_from_airflow_or_the_airflow_layer() -> None
             for module in modules:
                 top = module.split(".")[0]
                 inside = module == "airflow_lease_provider" or module.startswith("airflow_lease_provider.core")
-                if top == "airflow" or (top == "airflow_lease_provider" and not inside):
+                if top in TARGET_CLIENTS or (top == "airflow_lease_provider" and not inside):
                     offenders.append(f"{path.relative_to(ROOT)}:{node.lineno}: {module}")
     assert offenders == []
+
+
+def test_the_fences_of_targets_import_the_core_only_and_no_airflow() -> None:
+    """``fences/`` holds the fences that need a target's client library; they import the core's interface and
+    rule, nothing of the Airflow layer, and Airflow not at all (hooks build them from connections)."""
+    offenders = [
+        f"{path.relative_to(ROOT)}:{line}: {module}"
+        for path in _sources(PACKAGE / "fences")
+        for line, module in _imported_modules(path)
+        if module.split(".")[0] == "airflow"
+        or (module.startswith("airflow_lease_provider.") and not module.startswith("airflow_lease_provider.core."))
+    ]
+    assert offenders == []
+    assert any(m == "botocore.exceptions.ClientError" for _, m in _imported_modules(PACKAGE / "fences" / "s3.py"))
+
+
+def test_every_fence_is_the_one_interface_and_decides_by_the_one_rule() -> None:
+    """Three fences, one interface (``core/fencing.py``): the PostgreSQL and DB-API fences are ``Fence``s,
+    the object store's a ``FenceView``; none but ``fencing.py`` defines the rule or the decision, and the
+    object store's fence calls the rule (the SQL fences are checked against it by the parity test)."""
+    from airflow_lease_provider.core.dbapi_fence import DbApiFence
+    from airflow_lease_provider.core.fence import FenceStore
+    from airflow_lease_provider.core.fencing import Fence, FenceView
+    from airflow_lease_provider.fences.s3 import ObjectFence
+
+    assert issubclass(FenceStore, Fence) and issubclass(DbApiFence, Fence) and issubclass(ObjectFence, FenceView)
+    for name in ("advance", "transaction", "current", "tokens", "published"):
+        assert all(name in vars(cls) for cls in (FenceStore, DbApiFence)), name
+    for name in ("current", "tokens", "published"):
+        assert name in vars(ObjectFence), name
+    defined = {
+        path.relative_to(ROOT).as_posix(): node.name
+        for path in _sources(PACKAGE)
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.FunctionDef | ast.ClassDef) and node.name in ("decide", "FenceDecision", "FenceEntry")
+    }
+    assert set(defined) == {"airflow_lease_provider/core/fencing.py"}, defined
+    assert "decide(" in (PACKAGE / "fences" / "s3.py").read_text()
 
 
 def _imported_modules(path: Path) -> list[tuple[int, str]]:
@@ -594,12 +637,15 @@ def test_no_module_swaps_the_class_of_an_object(tmp_path: Path) -> None:
     assert _class_swaps(sample) == [1, 2, 3, 4]
 
 
-def test_the_old_import_path_of_current_lease_is_the_runtime_s_own() -> None:
-    """DAGs written before the runtime package import ``current_lease`` from ``airflow_lease_provider.context``."""
-    from airflow_lease_provider import context, runtime
+def test_no_shim_keeps_an_import_path_that_was_never_released() -> None:
+    """Nothing was released (CHANGELOG.md): a name has one import path, no alias module or deprecated spelling
+    (issue 40 item 5). ``current_lease`` is the runtime's; ``core.object_fence`` became ``fences.s3``."""
+    import importlib.util
 
-    assert context.current_lease is runtime.current_lease
-    assert context.LeaseContext is runtime.LeaseContext
+    for gone in ("airflow_lease_provider.context", "airflow_lease_provider.core.object_fence"):
+        assert importlib.util.find_spec(gone) is None, gone
+    for path in _sources(PACKAGE):
+        assert "DeprecationWarning" not in path.read_text(), path
 
 
 def test_the_driver_is_imported_only_by_the_core_s_database_layer() -> None:
@@ -629,10 +675,10 @@ def test_the_task_lease_keeps_the_lease_s_life_and_the_policies_are_strategies()
     from airflow_lease_provider.runtime import policies
 
     # One class per policy, all of one interface, registered by name; the arguments accept exactly those.
-    assert set(policies.OVERLAP_POLICIES) == {"skip", "wait", "fail", "buffer_one", "replace"}
+    assert set(policies.OVERLAP_POLICIES) == {"skip", "wait", "fail", "replace"}
     for name, policy in policies.OVERLAP_POLICIES.items():
         assert isinstance(policy, policies.OverlapPolicy) and policy.name == name
-    assert len({type(p) for p in policies.OVERLAP_POLICIES.values()}) == 5
+    assert len({type(p) for p in policies.OVERLAP_POLICIES.values()}) == 4
     # The hub names no policy: no branch on a policy's name, class or flags in the task lease.
     branches = []
     for node in ast.walk(ast.parse(TASK_LEASE.read_text())):

@@ -23,7 +23,8 @@ from airflow_lease_provider.core.errors import (
     StaleFencingToken,
 )
 from airflow_lease_provider.core.events import Event, EventCount, EventKind, EventLedger
-from airflow_lease_provider.core.fence import FenceDecision, FenceStore
+from airflow_lease_provider.core.fence import FenceStore
+from airflow_lease_provider.core.fencing import Fence, FenceDecision, FenceView
 from airflow_lease_provider.core.identity import RunRef
 from airflow_lease_provider.core.keeper import LeaseKeeper
 from airflow_lease_provider.core.lease import LeaseStore, SlotCountMismatch
@@ -45,8 +46,10 @@ __all__ = [
     "EventCount",
     "EventKind",
     "EventLedger",
+    "Fence",
     "FenceDecision",
     "FenceStore",
+    "FenceView",
     "Holding",
     "InvalidArgument",
     "Lease",

@@ -1,7 +1,8 @@
 """The fence in any SQL database reached through a DB-API 2 connection (PEP 249).
 
-The fence rule is the one of :class:`~airflow_lease_provider.core.fence.FenceStore` (docs/core.md,
-"The fence"): per (resource, lease key), a strictly larger token is accepted, an equal one only from the
+An implementation of :class:`~airflow_lease_provider.core.fencing.Fence`. The fence rule is
+:func:`~airflow_lease_provider.core.fencing.decide`'s (docs/core.md, "Fences"; the parity test checks these
+statements against it): per (resource, lease key), a strictly larger token is accepted, an equal one only from the
 same owner of the same lease store (the same grant publishing again); an idempotency key is used once per
 resource; a refused publish writes nothing. Here it is written once, in statements of standard SQL that
 every dialect below runs as they are:
@@ -33,16 +34,12 @@ import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, replace
-from typing import Any
+from typing import Any, Unpack
 
+from airflow_lease_provider.core import fencing
 from airflow_lease_provider.core.errors import InvalidArgument, LeaseStoreUnavailable, StaleFencingToken
 from airflow_lease_provider.core.events import EventLedger
-from airflow_lease_provider.core.fence import (
-    FenceDecision,
-    count_epoch_params,
-    publish_params,
-    record_rejection,
-)
+from airflow_lease_provider.core.fencing import Fence, FenceDecision, Publish
 from airflow_lease_provider.core.identity import RunRef
 
 log = logging.getLogger(__name__)
@@ -161,6 +158,7 @@ _ADVANCE = """UPDATE {fence}
                AND (store_id IS NULL OR :store_id IS NULL OR store_id = :store_id)))"""
 _CURRENT = """SELECT token, store_id FROM {fence} WHERE resource = :resource AND lease_key = :key AND token > 0"""
 _TOKENS = """SELECT lease_key, token FROM {fence} WHERE resource = :resource AND token > 0"""
+_PUBLISHED = """SELECT 1 FROM {publish} WHERE resource = :resource AND idempotency_key = :idempotency_key"""
 _RELEASE = """DELETE FROM {publish}
     WHERE resource = :resource AND idempotency_key = :idempotency_key AND token = :token
       AND (owner = :owner OR (owner IS NULL AND :owner IS NULL))"""
@@ -168,7 +166,7 @@ _RELEASE = """DELETE FROM {publish}
 _PARAM = re.compile(r":([a-z_]+)")
 
 
-class DbApiFence:
+class DbApiFence(Fence):
     """A fence kept in tables of any supported SQL database, reached through DB-API connections.
 
     :param connect: makes a new DB-API connection to the target (a hook's ``get_conn``); each fence
@@ -327,17 +325,7 @@ class DbApiFence:
 
     @contextmanager
     def transaction(
-        self,
-        resource: str,
-        token: int,
-        *,
-        key: str,
-        owner: str | None = None,
-        idempotency_key: str | None = None,
-        run: RunRef | None = None,
-        store_id: str | None = None,
-        count_epoch: int | None = None,
-        base_key: str | None = None,
+        self, resource: str, token: int, **publish: Unpack[Publish]
     ) -> Iterator[Any]:
         """Advance the fence and write in one transaction of the target: exactly once.
 
@@ -346,7 +334,7 @@ class DbApiFence:
         ``idempotency_key``) with nothing written; an error of your own SQL reaches you as the driver's
         exception, after the rollback; an unreachable or failing target is :class:`LeaseStoreUnavailable`.
         """
-        params = _publish(resource, key, token, owner, idempotency_key, store_id, count_epoch, base_key)
+        params = fencing.checked_publish(resource, token, publish)
         self._ready()
         rejected: FenceDecision | None = None
         with self._connection("publish") as conn:
@@ -371,26 +359,16 @@ class DbApiFence:
                 _rollback(conn)
                 rejected = decision
         if rejected is not None:
-            self._reported(params, rejected, run)
+            self._reported(params, rejected, publish.get("run"))
             rejected.raise_if_rejected()
 
     def advance(
-        self,
-        resource: str,
-        token: int,
-        *,
-        key: str,
-        owner: str | None = None,
-        idempotency_key: str | None = None,
-        run: RunRef | None = None,
-        store_id: str | None = None,
-        count_epoch: int | None = None,
-        base_key: str | None = None,
+        self, resource: str, token: int, **publish: Unpack[Publish]
     ) -> FenceDecision:
         """Advance the fence of ``resource`` for lease ``key`` to ``token`` (committed at once) and return the
         decision, refusals included (see :meth:`FenceStore.advance
         <airflow_lease_provider.core.fence.FenceStore.advance>`, the same rule). Not retried."""
-        params = _publish(resource, key, token, owner, idempotency_key, store_id, count_epoch, base_key)
+        params = fencing.checked_publish(resource, token, publish)
         self._ready()
         with self._connection("advance the fence") as conn:
             try:
@@ -402,63 +380,38 @@ class DbApiFence:
             except Exception as exc:
                 _rollback(conn)
                 raise self._unavailable(exc, "advance the fence") from None
-        if decision.accepted and idempotency_key is not None:
+        if decision.accepted and params["idempotency_key"] is not None:
 
             def release() -> bool:
                 return self._give_back(params)
 
             decision = replace(decision, _release=release)
-        return self._reported(params, decision, run)
-
-    def guard(
-        self,
-        resource: str,
-        token: int,
-        *,
-        key: str,
-        owner: str | None = None,
-        idempotency_key: str | None = None,
-        run: RunRef | None = None,
-        store_id: str | None = None,
-        count_epoch: int | None = None,
-        base_key: str | None = None,
-    ) -> FenceDecision:
-        """:meth:`advance`, raising :class:`StaleFencingToken` (or ``DuplicatePublish``) when refused; the
-        decision is a context manager that gives the idempotency claim back if its block raises."""
-        decision = self.advance(
-            resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run, store_id=store_id,
-            count_epoch=count_epoch, base_key=base_key,
-        )
-        decision.raise_if_rejected()
-        return decision
+        return self._reported(params, decision, publish.get("run"))
 
     def current(self, resource: str, *, key: str) -> int | None:
         """The largest token of lease ``key`` accepted at ``resource`` (or ``None``)."""
-        params = publish_params(resource, key, 1, None, None, None)
-        self._ready()
-        with self._connection("read the fence") as conn:
-            try:
-                cur = conn.cursor()
-                self._run(cur, _CURRENT, params)
-                row = cur.fetchone()
-                _rollback(conn)
-            except Exception as exc:
-                raise self._unavailable(exc, "read the fence") from None
-        return None if row is None else int(row[0])
+        rows = self._read(_CURRENT, fencing.publish_params(resource, key, 1, None, None, None))
+        return None if not rows else int(rows[0][0])
 
     def tokens(self, resource: str) -> dict[str, int]:
         """Every lease key's largest accepted token at ``resource``."""
-        params = publish_params(resource, "-", 1, None, None, None)
+        return {str(k): int(t) for k, t in self._read(_TOKENS, fencing.publish_params(resource, "-", 1, None, None, None))}
+
+    def published(self, resource: str, idempotency_key: str) -> bool:
+        """Whether ``idempotency_key`` is claimed at ``resource`` (published, or its side effect in flight)."""
+        return bool(self._read(_PUBLISHED, fencing.publish_params(resource, "-", 1, None, idempotency_key, None)))
+
+    def _read(self, template: str, params: dict[str, Any]) -> list[Any]:
         self._ready()
         with self._connection("read the fence") as conn:
             try:
                 cur = conn.cursor()
-                self._run(cur, _TOKENS, params)
-                rows = cur.fetchall()
+                self._run(cur, template, params)
+                rows = list(cur.fetchall())
                 _rollback(conn)
             except Exception as exc:
                 raise self._unavailable(exc, "read the fence") from None
-        return {str(k): int(t) for k, t in rows}
+        return rows
 
     def _give_back(self, params: dict[str, Any]) -> bool:
         try:
@@ -478,19 +431,11 @@ class DbApiFence:
 
     def _reported(self, params: dict[str, Any], decision: FenceDecision, run: RunRef | None) -> FenceDecision:
         if not decision.accepted:
-            record_rejection(
+            fencing.record_rejection(
                 decision, owner=params["owner"], run=run, fence_at=self.where,
                 ledger=self.ledger if self.record_events else None,
             )
         return decision
-
-
-def _publish(
-    resource: str, key: str, token: int, owner: str | None, idempotency_key: str | None, store_id: str | None,
-    count_epoch: int | None, base_key: str | None,
-) -> dict[str, Any]:
-    params = publish_params(resource, key, token, owner, idempotency_key, store_id)
-    return {**params, **count_epoch_params(params, count_epoch, base_key)}
 
 
 def _commit(conn: Any) -> None:

@@ -50,7 +50,7 @@ class EventKind(str, enum.Enum):
     #: ``on_overlap="replace"``: the holder was taken over by a newer run (the event's owner, token and run
     #: columns are the replaced holder's; ``by_owner``, ``by_token`` and ``by_*`` in its detail the new one's).
     REPLACED = "replaced"
-    #: ``on_overlap="buffer_one"`` (or ``wait`` with ``max_waiting``): every waiting place was taken; the run
+    #: ``on_overlap="wait"`` with ``max_waiting``: every waiting place was taken; the run
     #: is skipped, naming the waiters in its detail.
     SKIPPED_BUFFER_FULL = "skipped_buffer_full"
     #: A coalesced catch-up: the missed slots folded into one run's data interval (issue 26 item 4).

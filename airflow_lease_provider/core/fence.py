@@ -1,5 +1,9 @@
 """The resource-side gate: a write target remembers the largest fencing token it accepted.
 
+The PostgreSQL implementation of :class:`~airflow_lease_provider.core.fencing.Fence`: it decides inside one
+plpgsql call (``fence_advance``, for atomicity), by the rule :func:`~airflow_lease_provider.core.fencing.decide`
+states and the parity test checks it against (docs/core.md, "Fences").
+
 The runner's own "do I still hold the lease?" check is only an early safety net; this is the final
 gate. A zombie that wakes up late carries a smaller token than the run that replaced it and is turned
 away here, whatever it believes about its lease. The holder of the largest token may publish again
@@ -13,26 +17,24 @@ token order says nothing about which of them is stale (docs/core.md, "The fence"
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from datetime import timedelta
-from types import TracebackType
-from typing import Any
+from typing import Any, Unpack
 
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.db import CallerError, Row, callers_statements
-from airflow_lease_provider.core.errors import (
-    DuplicatePublish,
-    Interruption,
-    InvalidArgument,
-    LeaseError,
-    LeaseLost,
-    OutcomeUnknown,
-    StaleFencingToken,
+from airflow_lease_provider.core.errors import LeaseError, OutcomeUnknown
+from airflow_lease_provider.core.events import EventLedger
+from airflow_lease_provider.core.fencing import (
+    Fence,
+    FenceDecision,
+    Publish,
+    checked_publish,
+    publish_params,
+    record_rejection,
 )
-from airflow_lease_provider.core.events import EventKind, EventLedger
 from airflow_lease_provider.core.identity import RunRef
 from airflow_lease_provider.core.schema import check_fence_schema, ensure_fence_schema
 from airflow_lease_provider.core.store import Store
@@ -40,168 +42,7 @@ from airflow_lease_provider.core.store import Store
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True)
-class FenceDecision:
-    """What the fence said. ``outcome`` is ``accepted``, ``stale``, ``superseded``, ``count_epoch`` or
-    ``duplicate``.
-
-    :ivar current_token: the largest token the resource has accepted for this lease key, after this decision.
-    :ivar store_id: the lease store the publish said its token came from (``None``: not said).
-    :ivar current_store: the lease store the fence's current token came from (``None``: unknown).
-    :ivar newest_grant: the key's newest grant, where the fence is kept in the lease store that issued the
-        token (``superseded``: the token is below it); for ``count_epoch``, the key's count epoch the token
-        is at or below (a later holding period of the key began above it).
-
-    Also a context manager for a side effect outside the database, with an idempotency key: the claim of
-    the key is given back when the block raises, so a failed side effect can be retried (see
-    :meth:`FenceStore.guard`). A block that completes, or a process that dies inside it, keeps the claim,
-    and so does a block interrupted from outside (:func:`outcome_unknown`: the side effect may have happened).
-    """
-
-    resource: str
-    token: int
-    outcome: str
-    current_token: int | None
-    idempotency_key: str | None = None
-    key: str | None = None
-    store_id: str | None = None
-    current_store: str | None = None
-    newest_grant: int | None = None
-    _release: Callable[[], bool] | None = field(default=None, compare=False, repr=False)
-
-    @property
-    def accepted(self) -> bool:
-        return self.outcome == "accepted"
-
-    @property
-    def other_store(self) -> bool:
-        """Refused, and the fence's token came from another lease store than this publish's (refused as stale,
-        or below a count epoch that store's holders named: a recreated store's tokens start again at 1)."""
-        return (
-            self.outcome in ("stale", "count_epoch") and self.store_id is not None
-            and self.current_store is not None and self.store_id != self.current_store
-        )
-
-    @property
-    def reason(self) -> str:
-        """Why it was refused: ``stale``, ``superseded``, ``count_epoch``, ``other_store``, ``duplicate``
-        (``accepted`` if not)."""
-        return "other_store" if self.other_store else self.outcome
-
-    def raise_if_rejected(self) -> None:
-        if self.outcome == "duplicate":
-            assert self.idempotency_key is not None
-            raise DuplicatePublish(self.resource, self.token, self.idempotency_key, self.current_token)
-        if self.outcome != "accepted":
-            current = self.current_token
-            if self.other_store and self.newest_grant is not None:
-                # The floor to raise the recreated store's tokens above is the larger of the two.
-                current = max(current or 0, self.newest_grant)
-            raise StaleFencingToken(
-                self.resource, self.token, current, self.reason, newest=self.newest_grant, key=self.key
-            )
-
-    def release(self) -> bool:
-        """Give back this publish's idempotency claim (its side effect did not happen). True if one was given
-        back; False without an idempotency key, or when the claim could not be given back (logged)."""
-        return self._release() if self._release is not None else False
-
-    def __enter__(self) -> FenceDecision:
-        return self
-
-    def __exit__(
-        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
-    ) -> None:
-        if exc is None:
-            return
-        if outcome_unknown(exc):
-            if self.idempotency_key is not None and self._release is not None:
-                log.warning(
-                    "fence %r: the side effect was interrupted (%s) and may have happened; idempotency key %r "
-                    "stays claimed (delete its fence_publish row to publish the slot again)",
-                    self.resource, type(exc).__name__, self.idempotency_key,
-                )
-            return
-        self.release()
-
-
-def outcome_unknown(exc: BaseException) -> bool:
-    """Whether ``exc`` interrupted the code it came out of at a moment that code did not choose, so what it
-    was doing may have completed: a lost lease (the keeper raises it in the task's main thread), an
-    :class:`~airflow_lease_provider.core.errors.Interruption` (SIGTERM's ``TaskTerminated``), or anything
-    that is not an ``Exception`` (``KeyboardInterrupt``, ``SystemExit``). A claim is never given back on one."""
-    return isinstance(exc, LeaseLost | Interruption) or not isinstance(exc, Exception)
-
-
-def _store_id(value: object) -> str | None:
-    if value is None:
-        return None
-    try:
-        return str(uuid.UUID(str(value))) if isinstance(value, str | uuid.UUID) else _bad_store_id(value)
-    except ValueError:
-        return _bad_store_id(value)
-
-
-def _bad_store_id(value: object) -> str:
-    raise InvalidArgument("store_id", value, "must be a lease store's id (LeaseStore.store_id), a UUID")
-
-
-def publish_params(
-    resource: str, key: str, token: int, owner: str | None, idempotency_key: str | None,
-    store_id: str | None = None,
-) -> dict[str, Any]:
-    """A publish's arguments, checked (each bad one named in an :class:`InvalidArgument`): what every
-    fence (this module's, :mod:`~airflow_lease_provider.core.dbapi_fence`'s) is asked with."""
-    resource = validation.name("resource", resource)
-    key = validation.lookup_name("key", key)
-    validation.token("token", token)
-    if owner is not None:
-        validation.owner("owner", owner)
-    if idempotency_key is not None:
-        idempotency_key = validation.name("idempotency_key", idempotency_key)
-    return {
-        "resource": resource, "key": key, "token": token, "owner": owner, "idempotency_key": idempotency_key,
-        "store_id": _store_id(store_id),
-    }
-
-
-def count_epoch_params(params: dict[str, Any], count_epoch: int | None, base_key: str | None) -> dict[str, Any]:
-    """The count epoch a publish names, checked against its :func:`publish_params`
-    (:func:`validation.count_epoch <airflow_lease_provider.core.validation.count_epoch>`): what every fence is
-    asked with besides them."""
-    epoch, base = validation.count_epoch(params["key"], params["token"], count_epoch, base_key)
-    return {"count_epoch": epoch, "base_key": base}
-
-
-def record_rejection(
-    decision: FenceDecision, *, owner: str | None, run: RunRef | None, fence_at: str | None,
-    ledger: EventLedger | None,
-) -> None:
-    """Log a refusal of the fence, and record it (``fence_rejected``) in ``ledger`` when given: the lease
-    store's, best effort (:meth:`EventLedger.record` logs instead of raising). ``fence_at``: where the
-    fence is kept, when that is not the ledger's own database."""
-    log.warning(
-        "fence %r (lease key %r) rejected token %s (%s); it has accepted token %s",
-        decision.resource, decision.key, decision.token, decision.reason, decision.current_token,
-    )
-    if ledger is None:
-        return
-    detail: dict[str, Any] = {
-        "outcome": decision.outcome,
-        "lease_key": decision.key,
-        "current_token": decision.current_token,
-        "idempotency_key": decision.idempotency_key,
-    }
-    if decision.reason != decision.outcome:
-        detail["reason"] = decision.reason
-    if decision.newest_grant is not None:
-        detail["newest_grant"] = decision.newest_grant
-    if fence_at is not None:
-        detail["fence_at"] = fence_at
-    ledger.record(EventKind.FENCE_REJECTED, decision.resource, owner=owner, token=decision.token, detail=detail, run=run)
-
-
-class FenceStore(Store):
+class FenceStore(Store, Fence):
     """Fences on PostgreSQL: usually the database you publish to, so the fence and the write can share
     a transaction. One fence per (resource, lease key): pass the lease's key as ``key``.
 
@@ -257,14 +98,6 @@ class FenceStore(Store):
     def _records(self) -> bool:
         return self.record_events and (self._own_ledger or self.events.db is not self.db)
 
-    def _publish(
-        self, resource: str, key: str, token: int, owner: str | None, idempotency_key: str | None,
-        store_id: str | None, count_epoch: int | None, base_key: str | None,
-    ) -> dict[str, Any]:
-        """A publish's checked arguments: :attr:`_params`' and the count epoch's (:func:`count_epoch_params`)."""
-        params = self._params(resource, key, token, owner, idempotency_key, store_id)
-        return {**params, **count_epoch_params(params, count_epoch, base_key)}
-
     def _decision(self, params: dict[str, Any], row: Row) -> FenceDecision:
         """The decision of a ``fence_advance`` row (outcome, current_token, current_store, newest_grant)."""
         release = None
@@ -319,21 +152,11 @@ class FenceStore(Store):
         return decision
 
     def advance(
-        self,
-        resource: str,
-        token: int,
-        *,
-        key: str,
-        owner: str | None = None,
-        idempotency_key: str | None = None,
-        run: RunRef | None = None,
-        store_id: str | None = None,
-        count_epoch: int | None = None,
-        base_key: str | None = None,
+        self, resource: str, token: int, **publish: Unpack[Publish]
     ) -> FenceDecision:
         """Advance the fence of ``resource`` for lease ``key`` to ``token`` if it is larger than every token
         of that key accepted so far, or equal to the largest and published by its ``owner`` again (the
-        same grant: a second task of a run-scoped lease, a mapped instance, a second publish of one task;
+        same grant: a second task of a run lease, a mapped instance, a second publish of one task;
         not without an ``owner``, and not from another lease store). Tokens of other lease keys are never
         compared with it.
 
@@ -346,61 +169,9 @@ class FenceStore(Store):
         first success): that raises :class:`~airflow_lease_provider.core.errors.OutcomeUnknown`, the publish
         may or may not have been accepted (docs/core.md, "Statements sent again after a lost connection").
         """
-        params = self._publish(resource, key, token, owner, idempotency_key, store_id, count_epoch, base_key)
+        params = checked_publish(resource, token, publish, self._params)
         rows = self._ready().run("fence_advance", params, durable=True, retry=False)
-        return self._reported(params, self._decision(params, rows[0]), run)
-
-    def accept(
-        self,
-        resource: str,
-        token: int,
-        *,
-        key: str,
-        owner: str | None = None,
-        idempotency_key: str | None = None,
-        run: RunRef | None = None,
-        store_id: str | None = None,
-        count_epoch: int | None = None,
-        base_key: str | None = None,
-    ) -> bool:
-        """True iff the fence accepted ``token`` (see :meth:`advance`) and the idempotency key was unused."""
-        return self.advance(
-            resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run, store_id=store_id,
-            count_epoch=count_epoch, base_key=base_key,
-        ).accepted
-
-    def guard(
-        self,
-        resource: str,
-        token: int,
-        *,
-        key: str,
-        owner: str | None = None,
-        idempotency_key: str | None = None,
-        run: RunRef | None = None,
-        store_id: str | None = None,
-        count_epoch: int | None = None,
-        base_key: str | None = None,
-    ) -> FenceDecision:
-        """Like :meth:`advance`, but raise :class:`StaleFencingToken` (or :class:`DuplicatePublish`).
-
-        For a side effect outside this database, use the decision as a context manager around it::
-
-            with fences.guard("git:site", token, key=key, owner=owner, idempotency_key=slot):
-                push(token)
-
-        The idempotency key is claimed before the block; an exception out of the block gives the claim back
-        (the side effect did not happen), so a retry can publish the slot. A block that completes keeps it,
-        and so does a process that dies inside the block: at most once, failing toward "not published again"
-        (docs/core.md, "At most once outside the database"). The fence's token stays advanced either way,
-        which the same holder may publish with again.
-        """
-        decision = self.advance(
-            resource, token, key=key, owner=owner, idempotency_key=idempotency_key, run=run, store_id=store_id,
-            count_epoch=count_epoch, base_key=base_key,
-        )
-        decision.raise_if_rejected()
-        return decision
+        return self._reported(params, self._decision(params, rows[0]), publish.get("run"))
 
     def current(self, resource: str, *, key: str) -> int | None:
         """The largest token of lease ``key`` accepted at ``resource`` (or ``None``): a publish must exceed
@@ -415,20 +186,17 @@ class FenceStore(Store):
         resource = validation.lookup_name("resource", resource)
         return {row["key"]: int(row["token"]) for row in self._ready().run("fence_tokens", {"resource": resource})}
 
+    def published(self, resource: str, idempotency_key: str) -> bool:
+        """Whether ``idempotency_key`` is claimed at ``resource`` (published, or its side effect in flight)."""
+        params = {
+            "resource": validation.lookup_name("resource", resource),
+            "idempotency_key": validation.lookup_name("idempotency_key", idempotency_key),
+        }
+        return bool(self._ready().run("fence_published", params))
+
     @contextmanager
     def transaction(
-        self,
-        resource: str,
-        token: int,
-        *,
-        key: str,
-        owner: str | None = None,
-        idempotency_key: str | None = None,
-        timeout: timedelta | None = None,
-        run: RunRef | None = None,
-        store_id: str | None = None,
-        count_epoch: int | None = None,
-        base_key: str | None = None,
+        self, resource: str, token: int, *, timeout: timedelta | None = None, **publish: Unpack[Publish]
     ) -> Iterator[Any]:
         """Advance the fence and write in one transaction: exactly once when the target is this database.
 
@@ -448,7 +216,7 @@ class FenceStore(Store):
         one of your statements (the server crashed or was cut off): nothing of the transaction committed,
         since its commit was never sent.
         """
-        params = self._publish(resource, key, token, owner, idempotency_key, store_id, count_epoch, base_key)
+        params = checked_publish(resource, token, publish, self._params)
         if timeout is not None:
             validation.positive_timedelta("timeout", timeout)
         db = self._ready()
@@ -468,31 +236,20 @@ class FenceStore(Store):
             raise wrapped.error from None
         if rejected is not None:
             # Recorded after the (empty) transaction ended, on the autocommit connection.
-            self._reported(params, rejected, run)
+            self._reported(params, rejected, publish.get("run"))
             rejected.raise_if_rejected()
 
     def advance_in(
-        self,
-        cursor: Any,
-        resource: str,
-        token: int,
-        *,
-        key: str,
-        owner: str | None = None,
-        idempotency_key: str | None = None,
-        run: RunRef | None = None,
-        store_id: str | None = None,
-        count_epoch: int | None = None,
-        base_key: str | None = None,
+        self, cursor: Any, resource: str, token: int, **publish: Unpack[Publish]
     ) -> FenceDecision:
         """Advance the fence inside the caller's own transaction (a psycopg2 cursor on this database).
 
         Raises :class:`StaleFencingToken` when refused; the caller's transaction should then roll back.
         The schema must already exist in that database (any store operation or ``ensure_schema`` makes it).
         """
-        params = self._publish(resource, key, token, owner, idempotency_key, store_id, count_epoch, base_key)
+        params = checked_publish(resource, token, publish, self._params)
         decision = replace(self._decision(params, self.db.run_in(cursor, "fence_advance", params)[0]), _release=None)
-        self._reported(params, decision, run)
+        self._reported(params, decision, publish.get("run"))
         decision.raise_if_rejected()
         return decision
 

@@ -10,7 +10,7 @@
     def push(fence=None):
         subprocess.run(["git", "push", remote, f"HEAD:refs/heads/token-{fence.token}"], check=True)
 
-Under a run-scoped lease (or inside a leased task) the function runs only after (a) a fresh read of the
+Under a run lease (or inside a leased task) the function runs only after (a) a fresh read of the
 store shows this run still holding the lease and (b) the fence accepted its token. ``target="postgres"``
 (default) runs the function inside the fence's transaction (``fence.cursor``), so the write commits with
 the fence advance or not at all. ``target="external"`` advances the fence first, then calls the function,
@@ -20,7 +20,8 @@ is given back so a retry can publish the slot (a task killed inside it keeps the
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -29,7 +30,7 @@ from airflow.providers.standard.operators.python import PythonOperator
 from airflow_lease_provider.core import validation
 from airflow_lease_provider.decorators._python import PythonDecorated, template_fields
 from airflow_lease_provider.runtime.arguments import check_publish_arguments
-from airflow_lease_provider.runtime.context import activated
+from airflow_lease_provider.runtime.context import LeaseContext, activated
 from airflow_lease_provider.runtime.task_lease import publishing_lease
 from airflow_lease_provider.version_compat import TaskDecorator, task_decorator_factory
 
@@ -82,12 +83,27 @@ class _FencedPublishDecoratedOperator(PythonDecorated, PythonOperator):
 
     def execute_callable(self) -> Any:
         lease = publishing_lease(self, self._context, lease_key=self.lease_key, conn_id=self.lease_conn_id)
-        with activated(lease), lease.publish(
-            self.resource, target=self.target, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key
+        with activated(lease), _behind_the_fence(
+            lease, self.resource, target=self.target, conn_id=self.fence_conn_id, idempotency_key=self.idempotency_key
         ) as cursor:
             fence = FencedPublish(self.resource, lease.token, lease.owner, self.idempotency_key, cursor)
             self.log.info("fence: %r accepted token %s; publishing", self.resource, lease.token)
             return self.python_callable(*self.op_args, **{**self.op_kwargs, "fence": fence})
+
+
+@contextmanager
+def _behind_the_fence(
+    lease: LeaseContext, resource: str, *, target: str, conn_id: str | None, idempotency_key: str | None
+) -> Iterator[Any]:
+    """The publish of ``target``: ``"postgres"`` (any SQL target) is :meth:`LeaseContext.fenced_transaction`
+    (its cursor is yielded: exactly once), ``"external"`` is :meth:`LeaseContext.fence` around the block (None
+    is yielded; the idempotency claim is given back if the block raises). One name each, on the lease."""
+    if target == "postgres":
+        with lease.fenced_transaction(resource, conn_id=conn_id, idempotency_key=idempotency_key) as cur:
+            yield cur
+    else:
+        with lease.fence(resource, conn_id=conn_id, idempotency_key=idempotency_key):
+            yield None
 
 
 def fenced_publish_task(

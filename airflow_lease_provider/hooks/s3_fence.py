@@ -1,4 +1,4 @@
-"""``S3FenceHook``: the object-store fence (``core.object_fence``) through an Airflow AWS connection.
+"""``S3FenceHook``: the object-store fence (``fences.s3``) through an Airflow AWS connection.
 
 Needs the ``s3`` extra (``pip install 'airflow-lease-provider[s3]'``: the Amazon provider). The boto3
 client is the Amazon provider's ``S3Hook(aws_conn_id=...).get_conn()``, so everything that connection
@@ -13,7 +13,7 @@ from typing import Any
 
 from airflow.sdk import BaseHook
 
-from airflow_lease_provider.core.object_fence import (
+from airflow_lease_provider.fences.s3 import (
     DEFAULT_MARKER_PREFIX,
     FencedObject,
     ObjectFence,
@@ -78,5 +78,6 @@ class S3FenceHook(BaseHook):
         """:meth:`ObjectFence.read`: the object with the token of the write that made it."""
         return self.get_fence().read(bucket, key, body=body)
 
-    def current(self, bucket: str, key: str, *, lease_key: str) -> int | None:
-        return self.get_fence().current(bucket, key, lease_key=lease_key)
+    def current(self, resource: str, *, key: str) -> int | None:
+        """:meth:`ObjectFence.current`: lease ``key``'s largest token at ``resource`` (``s3://bucket/object``)."""
+        return self.get_fence().current(resource, key=key)

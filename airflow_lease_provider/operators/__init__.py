@@ -1,4 +1,4 @@
-"""Operators: any operator under a lease, run-scoped leases, fenced publishing."""
+"""Operators: any operator under a lease, run leases, fenced publishing."""
 
 from __future__ import annotations
 

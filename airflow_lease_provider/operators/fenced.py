@@ -13,7 +13,7 @@ Two gates, in order, right before the side effect:
 ``DbApiHook`` of a dialect the fence is known to work on (SQLite), with the fence's tables in that
 database (hooks/dbapi_fence.py). Inside a leased task use the lease context instead
 (``lease.fenced_transaction(...)`` / ``lease.fence(...)``); in a separate publish task under a
-run-scoped lease, use this operator or ``@task.fenced_publish``.
+run lease, use this operator or ``@task.fenced_publish``.
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ class FencedSQLOperator(BaseOperator):
     :param on_duplicate: what a publish whose ``idempotency_key`` was published already does (a retry
         or a cleared re-run of a published slot): ``"fail"`` (default, ``DuplicatePublish``) or
         ``"skip"`` (the task is skipped with the reason; nothing is written).
-    :param lease_key: the run-scoped lease to publish under (templated; default the DAG id, the run
+    :param lease_key: the run lease to publish under (templated; default the DAG id, the run
         lease's default key).
     :param lease_conn_id: the lease store's connection.
     """

@@ -40,7 +40,7 @@ class LeasedOperator(BaseOperator):
 
     :param lease_key: the lease's key (templated). Default: ``<dag_id>.<task_id>`` (plus ``[map_index]``
         for a mapped instance), so a task never overlaps itself across runs; give two tasks one key to
-        make them exclude each other. A run-scoped task's default is the DAG id, the run lease's key.
+        make them exclude each other. A run-lease task's default is the DAG id, the run lease's key.
     :param lease_ttl: how long the lease lives without renewal. Rule: 1.5-2x the worst normal run time.
         Defaults to 1.5x ``execution_timeout`` when that is set; otherwise required.
     :param lease_renew_every: renewal interval (default TTL x ``[lease] renew_fraction``, i.e. TTL/3).
@@ -48,10 +48,10 @@ class LeasedOperator(BaseOperator):
         skipped with the reason, and so are its downstream tasks), ``wait`` (defer until it frees,
         freeing the worker slot; skip after ``lease_wait_timeout``), ``fail``, ``replace`` (take the
         lease over from an older run, whose task is then skipped; an older run never replaces a newer
-        one) or ``buffer_one`` (``wait`` with one waiting place: a run finding it taken is skipped).
+        one).
         See :mod:`airflow_lease_provider.runtime.policies`.
     :param max_waiting: with ``wait``: at most this many runs wait for the key at once; the others are
-        skipped, naming the waiters (default: no limit). ``buffer_one`` is ``wait`` with ``max_waiting=1``.
+        skipped, naming the waiters (default: no limit). ``max_waiting=1`` is Temporal's ``BUFFER_ONE``.
     :param replace_grace: with ``replace``: how long the older holder gets to finish before the takeover (the
         task defers meanwhile, and takes the lease as usual if it frees); default: take over at once.
     :param lease_slots: a semaphore: at most this many runs hold the key at once (default 1), each in its own
@@ -64,7 +64,7 @@ class LeasedOperator(BaseOperator):
         of the task, keyed by the asset (and the run's partition), taken in sorted order, all or nothing
         (:mod:`airflow_lease_provider.assets`); the task must have asset outlets and no ``lease_key``.
     :param lease_scope: ``task`` (default): this task acquires and releases its own lease. ``run``: the
-        task joins the run-scoped lease acquired by :class:`AcquireRunLeaseOperator` and renews it while
+        task joins the run lease acquired by :class:`AcquireRunLeaseOperator` and renews it while
         it runs, without releasing it.
     """
 

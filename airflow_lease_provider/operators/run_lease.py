@@ -1,4 +1,4 @@
-"""Run-scoped leases: one lease held by a whole DAG run across several tasks.
+"""run leases: one lease held by a whole DAG run across several tasks.
 
 ::
 
@@ -10,7 +10,7 @@ every task after it is skipped too, so an overlapping run is skipped as a whole.
 teardown task: it runs even when tasks in between fail. Tasks in between that run long should take
 ``lease_scope="run"`` (``LeasedOperator.wrap(X)(..., lease_scope="run")`` or
 ``@task.leased(lease_scope="run")``): they renew the run's lease while they run. The owner of a
-run-scoped lease is the DAG run (``dag_id/run_id``); its default key is the DAG id.
+run lease is the DAG run (``dag_id/run_id``); its default key is the DAG id.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from airflow_lease_provider.runtime.task_lease import TaskLease
 
 
 class AcquireRunLeaseOperator(LeasedOperator):
-    """Setup task of a run-scoped lease: acquires it for the DAG run and leaves it held."""
+    """Setup task of a run lease: acquires it for the DAG run and leaves it held."""
 
     _keeps_for_run = True
     ui_color = "#e8f4ea"
@@ -43,7 +43,7 @@ class AcquireRunLeaseOperator(LeasedOperator):
 
 
 class ReleaseRunLeaseOperator(BaseOperator):
-    """Teardown task of a run-scoped lease: releases it if this run still holds it."""
+    """Teardown task of a run lease: releases it if this run still holds it."""
 
     template_fields = ("lease_key",)
     ui_color = "#f4ece8"
@@ -70,7 +70,7 @@ def run_lease(
     release_task_id: str = "release_run_lease",
     **kwargs: Any,
 ) -> tuple[AcquireRunLeaseOperator, ReleaseRunLeaseOperator]:
-    """The setup and teardown tasks of a run-scoped lease, already paired (default key: the DAG id)."""
+    """The setup and teardown tasks of a run lease, already paired (default key: the DAG id)."""
     acquire = AcquireRunLeaseOperator(
         task_id=acquire_task_id, lease_key=lease_key, lease_ttl=lease_ttl, on_overlap=on_overlap,
         lease_wait_timeout=lease_wait_timeout, lease_conn_id=lease_conn_id, **kwargs,

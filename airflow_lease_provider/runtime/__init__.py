@@ -2,7 +2,7 @@
 
 - :mod:`.task_lease`: :class:`TaskLease`, built once from the task and its context; the lease's life:
   acquire, join, keep, report, release.
-- :mod:`.policies`: the overlap policies, one strategy class each (skip, wait, fail, buffer_one, replace):
+- :mod:`.policies`: the overlap policies, one strategy class each (skip, wait, fail, replace):
   what the task does when another run holds its lease.
 - :mod:`.store`: the task's store, prepared while its templates render and handed to its execute.
 - :mod:`.arguments`: the one parse-time check of the lease (and fenced publish) arguments.

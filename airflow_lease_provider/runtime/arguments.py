@@ -66,7 +66,7 @@ def check_lease_arguments(
     ``lease_key=None`` is the default key (see :mod:`airflow_lease_provider.identity`). ``lease_on="outlets"``
     keys the lease on the task's asset outlets (:mod:`airflow_lease_provider.assets`): the task must have
     one (unless not ``outlets_known``: a decorator whose ``.override`` may still give them), and it then
-    takes no ``lease_key`` and is not run-scoped.
+    takes no ``lease_key`` and is not a run-lease task.
     """
     relevant = {**LEASE_ARGUMENTS, **_RELATED}
     given = {**relevant, **{k: v for k, v in (defaults or {}).items() if k in relevant}, **arguments}
@@ -84,7 +84,7 @@ def check_lease_arguments(
         if given[optional] is not None:
             validation.positive_timedelta(optional, given[optional])
     if lease_ttl is None and lease_scope == "run":
-        # A run-scoped task renews the run's lease, whose TTL is only known when the task runs (it is
+        # A run-lease task renews the run's lease, whose TTL is only known when the task runs (it is
         # checked against it then); an interval no TTL could make work is refused now.
         if lease_renew_every is not None:
             interval = validation.positive_timedelta("lease_renew_every", lease_renew_every)
@@ -119,8 +119,8 @@ def check_lease_arguments(
 
 
 def check_policy(given: Mapping[str, Any]) -> None:
-    """``on_overlap`` with what it needs: ``max_waiting`` only for a waiting policy (``buffer_one`` has one
-    place); ``replace`` and ``buffer_one`` only for a task's own lease on one key."""
+    """``on_overlap`` with what it needs: ``max_waiting`` only for ``wait``; ``replace`` only for a task's own
+    lease on one key."""
     policy_name, max_waiting = given["on_overlap"], given.get("max_waiting")
     policy = OVERLAP_POLICIES[policy_name]
     if max_waiting is not None:
@@ -129,13 +129,7 @@ def check_policy(given: Mapping[str, Any]) -> None:
         if not policy.waits:
             raise InvalidArgument(
                 "max_waiting", max_waiting,
-                f"applies only to on_overlap='wait' or 'buffer_one' (this task has on_overlap={policy_name!r})",
-            )
-        if policy.max_waiting is not None and max_waiting != policy.max_waiting:
-            raise InvalidArgument(
-                "max_waiting", max_waiting,
-                f"on_overlap={policy_name!r} has {policy.max_waiting} waiting place: use on_overlap='wait' with "
-                "max_waiting for more",
+                f"applies only to on_overlap='wait' (this task has on_overlap={policy_name!r})",
             )
     if given.get("replace_grace") is not None:
         validation.positive_timedelta("replace_grace", given["replace_grace"])
@@ -145,10 +139,10 @@ def check_policy(given: Mapping[str, Any]) -> None:
                 f"applies only to on_overlap='replace' (this task has on_overlap={policy_name!r})",
             )
     check_slots(given)
-    if policy.replaces or policy.max_waiting is not None:
+    if policy.replaces:
         if given.get("lease_scope", "task") != "task":
             raise InvalidArgument(
-                "on_overlap", policy_name, "is for a task's own lease, not with lease_scope='run' (a run-scoped "
+                "on_overlap", policy_name, "is for a task's own lease, not with lease_scope='run' (a run-lease "
                 "task joins the run's lease: give the policy to the run lease's acquire task)",
             )
         if given.get("lease_on", "key") != "key":
@@ -157,10 +151,10 @@ def check_policy(given: Mapping[str, Any]) -> None:
 
 def check_slots(given: Mapping[str, Any]) -> None:
     """``lease_slots=N``: a semaphore, at most N holders of the key at once (each in its own slot, with its own
-    token). The (N+1)-th run follows ``on_overlap``: ``skip``, ``fail``, ``wait`` (until any slot frees) or
-    ``buffer_one`` (one run waits for any slot, the next is skipped). ``replace`` is refused: a takeover of a
+    token). The (N+1)-th run follows ``on_overlap``: ``skip``, ``fail``, ``wait`` (until any slot frees; with
+    ``max_waiting=1`` one run waits for any slot, the next is skipped). ``replace`` is refused: a takeover of a
     semaphore would have to pick which of the N valid holders to end. A semaphore is a task's own lease on
-    one key: not run-scoped, not keyed on outlets."""
+    one key: not a run lease, not keyed on outlets."""
     slots = given.get("lease_slots")
     if slots is None:
         return
@@ -173,7 +167,7 @@ def check_slots(given: Mapping[str, Any]) -> None:
         raise InvalidArgument(
             "on_overlap", policy_name,
             f"is not for a semaphore (lease_slots={slots}): which of the {slots} valid holders would a newer run "
-            "replace? Use skip, wait, buffer_one or fail",
+            "replace? Use skip, wait (with max_waiting, or without) or fail",
         )
     if given.get("lease_scope", "task") != "task":
         raise InvalidArgument(

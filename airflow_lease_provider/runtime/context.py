@@ -1,6 +1,6 @@
 """What leased task code sees: the lease, the keeper, and fenced publishing.
 
-Inside a leased task (``LeasedOperator``, ``@task.leased``, or a run-scoped task),
+Inside a leased task (``LeasedOperator``, ``@task.leased``, or a run-lease task),
 :func:`current_lease` returns the :class:`LeaseContext`; a TaskFlow function can also take it as a
 parameter named ``lease`` (``def publish(lease=None)``). Publishing goes through two gates:
 
@@ -52,7 +52,7 @@ def current_lease() -> LeaseContext:
     if ctx is None:
         raise RuntimeError(
             "no lease is held here: current_lease() works inside LeasedOperator, @task.leased, "
-            "run-scoped tasks and @task.fenced_publish"
+            "run-lease tasks and @task.fenced_publish"
         )
     return ctx
 
@@ -224,23 +224,6 @@ class LeaseContext:
             # decided at the start, would have let them commit after it.
             self.check()
 
-    @contextmanager
-    def publish(
-        self, resource: str, *, target: str = "postgres", conn_id: str | None = None,
-        idempotency_key: str | None = None,
-    ) -> Iterator[Any]:
-        """Publish behind the fence of ``resource``: with ``target="postgres"`` (any SQL target ``conn_id``
-        names, see :meth:`fenced_transaction`) the block runs in the fence's transaction (its cursor is
-        yielded: exactly once); with ``"external"`` the fence advances first and
-        the block is the side effect carrying :attr:`token` (None is yielded; if the block raises, the
-        idempotency key's claim is given back)."""
-        if target == "postgres":
-            with self.fenced_transaction(resource, conn_id=conn_id, idempotency_key=idempotency_key) as cur:
-                yield cur
-        else:
-            with self.fence(resource, conn_id=conn_id, idempotency_key=idempotency_key):
-                yield None
-
     def fenced_put(
         self,
         bucket: str,
@@ -255,7 +238,7 @@ class LeaseContext:
         """Check the lease, then write ``body`` to ``s3://bucket/key`` fenced by the object store itself.
 
         The write is a compare-and-swap on the object's ETag carrying this lease's token in the object's
-        metadata (:meth:`ObjectFence.put <airflow_lease_provider.core.object_fence.ObjectFence.put>`): the
+        metadata (:meth:`ObjectFence.put <airflow_lease_provider.fences.s3.ObjectFence.put>`): the
         store refuses it when a larger token of this lease key wrote the object since, and this raises
         :class:`StaleFencingToken` (``DuplicatePublish`` for a used ``idempotency_key``). The client comes
         from the Amazon provider's ``S3Hook(aws_conn_id)`` (the ``s3`` extra). ``put_args``: ``metadata``,

@@ -11,10 +11,11 @@ here, registered in :data:`OVERLAP_POLICIES`; the lease arguments accept exactly
 ``lease_skip_reason``, the ledger, the log); ``fail``: it fails with :class:`~airflow_lease_provider.core.LeaseHeld`.
 
 ``wait``: the run defers until the lease frees (freeing its worker slot), at most ``lease_wait_timeout``
-(default: the TTL), then is skipped. ``buffer_one`` (Temporal's ``BUFFER_ONE``) is ``wait`` with one waiting
-place per key: the first run that finds the lease held takes the place and waits; a run that finds the place
-taken is skipped, naming the run that waits. ``wait`` with ``max_waiting=N`` is the same with N places
-(without it, every run waits: Temporal's ``BUFFER_ALL``). A place is a row in the store with its own TTL
+(default: the TTL), then is skipped. With ``max_waiting=N`` at most N runs wait for a key: the first N that
+find the lease held take a waiting place and wait; a run that finds every place taken is skipped, naming
+the runs that wait (``max_waiting=1`` is Temporal's ``BUFFER_ONE``; without it every run waits: its
+``BUFFER_ALL``). There is no ``buffer_one`` policy: it was ``wait`` with one place and nothing else (it
+neither coalesced runs nor dropped the older waiter), so it is that parameter (docs/airflow.md). A place is a row in the store with its own TTL
 (:data:`WAITER_TTL`), renewed by the waiting task's trigger, given back when the task gets the lease, gives up
 or is killed; a dead waiter's place lapses by itself.
 
@@ -112,8 +113,6 @@ class OverlapPolicy:
 
     :cvar waits: defers until the lease frees (at most ``lease_wait_timeout``) before giving up.
     :cvar replaces: takes the lease over from a holder of an older run (``try_replace``).
-    :cvar max_waiting: at most this many runs wait for one key (None: the task's ``max_waiting``, and
-        without one every run waits).
     :cvar outcome: what giving up is (the ledger event, the metric, the log line's level).
     :cvar says: how the log line of giving up starts.
     """
@@ -121,7 +120,6 @@ class OverlapPolicy:
     name: ClassVar[str] = "skip"
     waits: ClassVar[bool] = False
     replaces: ClassVar[bool] = False
-    max_waiting: ClassVar[int | None] = None
     outcome: ClassVar[Outcome] = Outcome.SKIPPED_OVERLAP
     says: ClassVar[str] = "skipping"
 
@@ -236,7 +234,7 @@ class Wait(OverlapPolicy):
 
     def places(self, lease: Contender) -> int | None:
         """How many runs may wait for the key at once (None: any number)."""
-        return self.max_waiting or getattr(lease.task, "max_waiting", None)
+        return getattr(lease.task, "max_waiting", None)
 
     def attempt(self, lease: Contender, key: str, *, waited: str | None) -> Acquisition:
         if waited is None and self.places(lease) is not None:
@@ -306,13 +304,6 @@ class Wait(OverlapPolicy):
         lease.report(Outcome.SKIPPED_BUFFER_FULL, f"skipping: {reason}", detail=detail, run=lease.run, key=key)
         lease.ti.xcom_push(key=XCOM_SKIP_REASON, value=detail)
         raise AirflowSkipException(reason)
-
-
-class BufferOne(Wait):
-    """``buffer_one``: ``wait`` with one waiting place per key."""
-
-    name = "buffer_one"
-    max_waiting = 1
 
 
 class Replace(OverlapPolicy):
@@ -389,7 +380,7 @@ class Replace(OverlapPolicy):
 
 #: Every policy by its name: what ``on_overlap`` accepts.
 OVERLAP_POLICIES: dict[str, OverlapPolicy] = {
-    policy.name: policy for policy in (OverlapPolicy(), Wait(), Fail(), Replace(), BufferOne())
+    policy.name: policy for policy in (OverlapPolicy(), Wait(), Fail(), Replace())
 }
 
 

@@ -1,7 +1,7 @@
 """One task lease per execute: the lease's life, from one object.
 
 :class:`TaskLease` is built once, when a task starts executing, from the task and its Airflow context: the
-run identity (the task instance, and the owner: the task instance's, or the DAG run's for a run-scoped
+run identity (the task instance, and the owner: the task instance's, or the DAG run's for a run
 lease), the key, the store and its connection (prepared while the templates rendered: :mod:`.store`), and
 the metric tags. It owns the steps of the leased execute (:meth:`TaskLease.execute`): the acquire, joining a
 run lease, keeping (the core's :class:`LeaseKeeper`), reporting every outcome (:func:`.outcomes.report`, the
@@ -226,7 +226,7 @@ class TaskLease:
     def run_lease(self, *, publishing: bool = False) -> Lease:
         """This DAG run's lease, which the run holds: or the task fails with :class:`LeaseLost` (reported).
 
-        For a run-scoped task (it renews the run's lease) and for a publish under a run lease
+        For a run-lease task (it renews the run's lease) and for a publish under a run lease
         (``publishing``: nothing is published)."""
         holding = self.store.holds(self.key, self.owner)
         if holding.lease is not None:
@@ -240,7 +240,7 @@ class TaskLease:
         else:
             lost = LeaseLost(
                 self.key, token,
-                f"this run ({self.owner}) does not hold it: {who} (a run-scoped task must run downstream of the "
+                f"this run ({self.owner}) does not hold it: {who} (a run-lease task must run downstream of the "
                 "run's acquire task, and while the run lease is still valid)",
             )
             detail, message = self.detail(reason=f"run lease gone: {who}"), f"{lost}; the task fails"
@@ -441,7 +441,7 @@ def warn_on_clock_skew(lease: Lease, received_at: datetime, logger: Any) -> None
 
 
 def publishing_lease(task: Any, context: Any, *, lease_key: str | None, conn_id: str | None) -> LeaseContext:
-    """The lease to publish under: the running leased task's, or the DAG run's run-scoped lease."""
+    """The lease to publish under: the running leased task's, or the DAG run's run lease."""
     running = active()
     if running is not None:
         return running

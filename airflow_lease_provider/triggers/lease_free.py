@@ -10,7 +10,7 @@ process's exit ("finished with state success, but the task instance's state attr
 apache/airflow issues 67287 and 72716; only the ``scheduled`` case is guarded, since 3.2.2). A lease
 released within a second or two of the deferral hit it: the waiting task failed instead of running.
 
-With a waiting place (``waiter``: ``buffer_one``, or ``wait`` with ``max_waiting``) the trigger keeps the
+With a waiting place (``waiter``: ``wait`` with ``max_waiting``) the trigger keeps the
 place claimed while it waits (every third of the place's TTL, also while it settles), claims it once more
 for a whole TTL when it fires (so the resumed task has that long to start), and gives it back when the task
 is killed (``on_kill``: marked failed, cleared, marked success while deferred). When the triggerer dies,

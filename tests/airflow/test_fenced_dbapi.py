@@ -2,7 +2,7 @@
 runner runs the operators: SQLite through the sqlite provider's SqliteHook, a real database file.
 
 A leased task's stale token is refused by the fence in the SQLite file and nothing is written; the
-refusal is in the lease store's ledger. FencedSQLOperator publishes there under a run-scoped lease (the
+refusal is in the lease store's ledger. FencedSQLOperator publishes there under a run lease (the
 token on the row, a slot published once). A dialect the fence does not know is refused naming the
 connection, and an unreachable file fails closed; no password appears in any message.
 """

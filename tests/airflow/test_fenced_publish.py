@@ -1,6 +1,6 @@
 """Fenced publishing through the operators, run the way the task runner runs them (issue 23, items 4, 5, 8, 9).
 
-A run-scoped lease's tasks all carry the run's token, and one leased task may publish more than once:
+A run lease's tasks all carry the run's token, and one leased task may publish more than once:
 each of those publishes is accepted. An external publish whose side effect fails gives its idempotency
 claim back. A fence kept in another database records its refusals in the lease store's ledger (read back
 with the console script) and creates only the fence there. A lease store that was recreated is named as

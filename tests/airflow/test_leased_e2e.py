@@ -170,7 +170,7 @@ def test_bad_dag_arguments_fail_at_parse_time_naming_the_parameter(airflow_home)
     assert "on_overlap='later'" in errors["bad_mapped_unknown_policy.py"]
     # A sensor that would give its lease back between pokes.
     assert "mode='reschedule'" in errors["bad_reschedule_sensor.py"]
-    # A run-scoped task has no TTL of its own, but an interval that can never work is refused all the same.
+    # A run-lease task has no TTL of its own, but an interval that can never work is refused all the same.
     assert "lease_renew_every=datetime.timedelta(days=-1, seconds=86395)" in errors["bad_run_scope_renew.py"]
     assert "lease_renew_every=datetime.timedelta(days=8)" in errors["bad_run_scope_renew_operator.py"]
 

@@ -1,4 +1,4 @@
-"""The overlap policies ``replace`` and ``buffer_one`` in the operator, in process, on a real PostgreSQL
+"""The overlap policies ``replace`` and ``wait`` with ``max_waiting=1`` in the operator, in process, on a real PostgreSQL
 (issue 26, items 1, 2 and 5): the operators run the way the task runner runs them (``execute(context)``).
 
 - replace: a newer run takes the lease over; the replaced task's body is interrupted at its keeper's next
@@ -6,7 +6,7 @@
   lease check and by the fence; a replaced run tried again finds the newer holder and is skipped; an older
   run never replaces a newer one. Metrics ``lease.replaced`` and ``scheduled.skipped_replaced``, no
   ``lease.lost``.
-- buffer_one: the first run that finds the lease held takes the waiting place and defers, its trigger
+- wait with max_waiting=1: the first run that finds the lease held takes the waiting place and defers, its trigger
   keeps the place; the next is skipped naming the waiter; once resumed with the lease, the place is free.
 """
 
@@ -168,22 +168,22 @@ def test_replace_is_refused_where_it_cannot_end_a_run_skipped(lease_env) -> None
             leased("w", lambda: None, on_overlap="wait", max_waiting=bad)
     with pytest.raises(InvalidArgument, match="max_waiting"):
         leased("w", lambda: None, on_overlap="skip", max_waiting=1)
-    with pytest.raises(InvalidArgument, match="max_waiting"):
-        leased("w", lambda: None, on_overlap="buffer_one", max_waiting=2)
+    with pytest.raises(InvalidArgument, match="on_overlap"):
+        leased("w", lambda: None, on_overlap="buffer_one")  # wait with max_waiting=1 (docs/airflow.md)
     assert leased("w", lambda: None, on_overlap="wait", max_waiting=2).max_waiting == 2
 
 
-# -- buffer_one ---------------------------------------------------------------------------------------
+# -- wait with max_waiting=1 -----------------------------------------------------------------------------------
 
 
-def test_buffer_one_the_first_overlapping_run_waits_and_the_next_is_skipped_naming_it(
+def test_one_waiting_place_the_first_overlapping_run_waits_and_the_next_is_skipped_naming_it(
     lease_env, store: LeaseStore, counted, short_settle  # noqa: F811
 ) -> None:
     holder = store.acquire("buf-key", "job/holder/work", timedelta(minutes=5))
     assert holder is not None
 
     def buffered(n: int) -> Any:
-        return leased("work", lambda lease=None: lease.token, lease_key="buf-key", on_overlap="buffer_one",
+        return leased("work", lambda lease=None: lease.token, lease_key="buf-key", on_overlap="wait", max_waiting=1,
                       lease_poll_interval=timedelta(seconds=1))
 
     with pytest.raises(TaskDeferred) as deferred:
@@ -215,7 +215,7 @@ def test_buffer_one_the_first_overlapping_run_waits_and_the_next_is_skipped_nami
 
 def test_a_killed_waiter_gives_its_place_back_and_a_displaced_one_is_told(lease_env, store: LeaseStore) -> None:  # noqa: F811
     assert store.acquire("buf-key", "job/holder/work", timedelta(minutes=5)) is not None
-    op = leased("work", lambda: None, lease_key="buf-key", on_overlap="buffer_one",
+    op = leased("work", lambda: None, lease_key="buf-key", on_overlap="wait", max_waiting=1,
                 lease_poll_interval=timedelta(seconds=1))
     with pytest.raises(TaskDeferred) as deferred:
         run_task(op, ti(1), 1)
@@ -293,7 +293,7 @@ def test_replace_grace_lets_the_older_holder_finish_first_then_takes_over(
 def test_a_run_arriving_while_the_lease_is_free_does_not_jump_ahead_of_the_waiting_run(
     lease_env, store: LeaseStore, counted  # noqa: F811
 ) -> None:
-    """buffer_one: the holder releases and, before the waiting run is resumed (its trigger's poll, the
+    """max_waiting=1: the holder releases and, before the waiting run is resumed (its trigger's poll, the
     scheduler and a worker: seconds), a newer run starts. It must not take the free lease ahead of the run
     that waits (which would then wait again and could be skipped at its deadline, starved by every run
     arriving in that window): the place is taken, so the newer run is skipped naming the waiting run, and
@@ -302,7 +302,7 @@ def test_a_run_arriving_while_the_lease_is_free_does_not_jump_ahead_of_the_waiti
     assert holder is not None
 
     def buffered() -> Any:
-        return leased("work", lambda lease=None: lease.token, lease_key="buf-jump", on_overlap="buffer_one",
+        return leased("work", lambda lease=None: lease.token, lease_key="buf-jump", on_overlap="wait", max_waiting=1,
                       lease_poll_interval=timedelta(seconds=1))
 
     with pytest.raises(TaskDeferred) as deferred:
@@ -351,11 +351,11 @@ def test_a_fenced_transaction_open_across_the_takeover_commits_nothing(
 def test_the_holders_own_retry_re_enters_its_lease_while_another_run_waits(
     lease_env, store: LeaseStore  # noqa: F811
 ) -> None:
-    """buffer_one: the holder's try 1 died holding the lease and a newer run waits for it; the holder's
+    """max_waiting=1: the holder's try 1 died holding the lease and a newer run waits for it; the holder's
     retry is the same owner and re-enters at once, as with every policy (the waiter keeps waiting)."""
 
     def buffered(body: Any) -> Any:
-        return leased("work", body, lease_key="buf-own", on_overlap="buffer_one",
+        return leased("work", body, lease_key="buf-own", on_overlap="wait", max_waiting=1,
                       lease_poll_interval=timedelta(seconds=1))
 
     first = store.acquire("buf-own", owner(1), timedelta(minutes=5))

@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from airflow_lease_provider.core import DuplicatePublish, EventKind, LeaseLost, LeaseStore, StaleFencingToken
-from airflow_lease_provider.core.object_fence import ObjectFence, ObjectPublish
+from airflow_lease_provider.fences.s3 import ObjectFence, ObjectPublish
 from airflow_lease_provider.hooks.s3_fence import S3FenceHook
 from airflow_lease_provider.runtime import LeaseContext
 from tests.s3 import ACCESS_KEY, REGION, SECRET_KEY, MotoServer

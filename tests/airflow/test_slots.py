@@ -110,7 +110,7 @@ def test_slot_arguments_are_checked_when_the_dag_is_parsed() -> None:
             leased("w", lambda: None, lease_slots=bad)
     with pytest.raises(InvalidArgument, match="lease_slots.*lease_scope='run'"):
         leased("w", lambda: None, lease_slots=2, lease_scope="run")
-    assert leased("w", lambda: None, lease_slots=3, on_overlap="buffer_one").lease_slots == 3
+    assert leased("w", lambda: None, lease_slots=3, on_overlap="wait", max_waiting=1).lease_slots == 3
     assert leased("w", lambda: None, lease_slots=1, on_overlap="replace").lease_slots == 1
 
 

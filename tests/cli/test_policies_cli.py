@@ -1,4 +1,4 @@
-"""``airflow-lease`` answers the outcomes of ``replace`` and ``buffer_one`` (issue 26, item 5): who
+"""``airflow-lease`` answers the outcomes of ``replace`` and ``wait`` with ``max_waiting`` (issue 26, item 5): who
 replaced whom, who waits for a key, who was skipped because the waiting place was taken."""
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ def test_status_and_events_answer_replaced_waiting_and_buffer_full(run, store: L
     claim = store.wait_claim("buf-key", ref(4).owner(), TTL, run=ref(4))
     store.events.record(
         EventKind.SKIPPED_BUFFER_FULL, "buf-key", owner=ref(5).owner(), run=ref(5),
-        detail={"holder_owner": ref(3).owner(), "max_waiting": 1, "policy": "buffer_one",
+        detail={"holder_owner": ref(3).owner(), "max_waiting": 1, "policy": "wait",
                 "waiters": [w.to_dict() for w in claim.waiters]},
     )
 

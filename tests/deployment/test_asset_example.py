@@ -27,7 +27,7 @@ import pytest
 from airflow_lease_provider.assets import asset_lease_key, is_stale
 from airflow_lease_provider.core import EventKind, LeaseStore, StaleFencingToken
 from airflow_lease_provider.core.dbapi_fence import DbApiFence
-from airflow_lease_provider.core.object_fence import ObjectFence
+from airflow_lease_provider.fences.s3 import ObjectFence
 from demo.airflow_api import wait
 from demo.deployment import EXAMPLES, Deployment, MetadataTemplate
 from tests.deployment.conftest import deployment_for

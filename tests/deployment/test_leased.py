@@ -337,10 +337,10 @@ def test_a_newer_run_replaces_a_frozen_holder_whose_late_writes_are_refused_and_
     assert store.holder("replace-key") is None
 
 
-def test_buffer_one_of_three_runs_started_together_one_runs_one_waits_then_runs_one_is_skipped(
+def test_one_waiting_place_of_three_runs_started_together_one_runs_one_waits_then_runs_one_is_skipped(
     airflow: Deployment, store: LeaseStore
 ) -> None:
-    """on_overlap="buffer_one" (issue 26) through the real scheduler and triggerer."""
+    """on_overlap="wait", max_waiting=1 (issue 26) through the real scheduler and triggerer."""
     api = airflow.api
     runs = [api.trigger("buffer_three") for _ in range(3)]
 

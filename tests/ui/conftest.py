@@ -65,7 +65,7 @@ def _seed(store: LeaseStore) -> None:
     )
 
 
-#: on_overlap="replace" and "buffer_one" (issue 26), seeded through the core as the operators write them.
+#: on_overlap="replace" and "wait" with max_waiting=1 (issue 26), seeded through the core as the operators write them.
 REPLACE_KEY = "replace-ui-key"
 BUFFER_KEY = "buffer-ui-key"
 
@@ -93,14 +93,14 @@ def seed_policies(store: LeaseStore) -> None:
     store.events.record(
         EventKind.WAITING, BUFFER_KEY, owner=policy_run(4).owner(), run=policy_run(4),
         detail={"holder_owner": holder.owner, "holder_token": holder.token, "until": "2026-12-04T01:00:00+00:00",
-                "policy": "buffer_one", "max_waiting": 1, "place": 1},
+                "policy": "wait", "max_waiting": 1, "place": 1},
     )
     store.events.record(
         EventKind.SKIPPED_BUFFER_FULL, BUFFER_KEY, owner=policy_run(5).owner(), run=policy_run(5),
         detail={"reason": f"lease {BUFFER_KEY!r} is held by {holder.owner!r}, and {policy_run(4).owner()!r} "
-                          "already waits for it (on_overlap='buffer_one', 1 waiting place)",
+                          "already waits for it (on_overlap='wait', 1 waiting place)",
                 "holder_owner": holder.owner, "holder_token": holder.token, "max_waiting": 1,
-                "policy": "buffer_one", "waiters": [w.to_dict() for w in claim.waiters]},
+                "policy": "wait", "waiters": [w.to_dict() for w in claim.waiters]},
     )
 
 

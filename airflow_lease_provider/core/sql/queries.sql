@@ -145,6 +145,10 @@ SELECT {schema}.fence_token(%(resource)s, %(key)s) AS token;
 -- name: fence_tokens
 SELECT key, token FROM {schema}.fence WHERE resource = %(resource)s AND key <> '' ORDER BY key;
 
+-- name: fence_published
+SELECT 1 AS claimed FROM {schema}.fence_publish
+ WHERE resource = %(resource)s AND idempotency_key = %(idempotency_key)s;
+
 -- name: record_event [prepared]
 -- lease_event_insert (migrations/0008) is the ledger's one INSERT, shared with acquire_logged/release_logged.
 SELECT id, at FROM {schema}.lease_event_insert(%(kind)s, %(key)s, %(owner)s, %(token)s, %(detail)s,

@@ -67,7 +67,7 @@
           l.slots > 1 ? el("span", { class: "small slot-label" }, `${l.slot_label} of `, name(l.lease_key)) : null),
         cell("Holder", l.holder_run ? runBlock(l.holder_run) : el("span", { class: "mono" }, name(l.owner)),
           l.held ? null : el("span", { class: "small" }, "last holder"),
-          // The runs holding a waiting place for the key (buffer_one, wait with max_waiting), oldest first.
+          // The runs holding a waiting place for the key (wait with max_waiting), oldest first.
           (l.waiting || []).length ? el("span", { class: "small waiting-runs" }, `${l.waiting.length} waiting: `,
             ...l.waiting.map((w) => (w.run ? runBlock(w.run) : el("span", { class: "mono" }, name(w.owner))))) : null),
         cell("Token", el("span", { class: "mono" }, l.token)),

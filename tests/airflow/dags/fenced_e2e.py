@@ -1,4 +1,4 @@
-"""A run-scoped lease whose tasks publish to one resource several times (tests/airflow/test_fenced_publish.py)."""
+"""A run lease whose tasks publish to one resource several times (tests/airflow/test_fenced_publish.py)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""on_overlap="buffer_one" with three runs triggered together: one holds the lease, one takes the waiting
+"""on_overlap="wait", max_waiting=1 with three runs triggered together: one holds the lease, one takes the waiting
 place and defers (its trigger keeping the place), one is skipped naming the waiter."""
 
 from __future__ import annotations
@@ -14,7 +14,8 @@ with DAG("buffer_three", schedule=None, start_date=datetime(2026, 1, 1), max_act
     @task.leased(
         lease_key="buffer-key",
         lease_ttl=timedelta(seconds=20),
-        on_overlap="buffer_one",
+        on_overlap="wait",
+        max_waiting=1,
         lease_poll_interval=timedelta(seconds=1),
         lease_wait_timeout=timedelta(minutes=5),
     )

@@ -18,7 +18,7 @@ import pytest
 from botocore.exceptions import ClientError
 
 from airflow_lease_provider.core import DuplicatePublish, InvalidArgument, LeaseLost, StaleFencingToken
-from airflow_lease_provider.core.object_fence import (
+from airflow_lease_provider.fences.s3 import (
     FENCE_METADATA,
     ObjectFence,
     ObjectPublish,
@@ -94,7 +94,7 @@ def test_a_larger_token_is_accepted_and_an_older_one_refused_with_the_object_unc
     seen = fence.read(bucket, KEY)
     assert seen is not None
     assert (seen.body, seen.token, seen.owner, seen.lease_key) == (b"v6", 6, "run-6", LEASE)
-    assert fence.current(bucket, KEY, lease_key=LEASE) == 6
+    assert fence.current(f"s3://{bucket}/{KEY}", key=LEASE) == 6
 
 
 def test_a_frozen_writer_is_refused_by_the_store_itself_and_the_object_keeps_the_newer_content(
@@ -277,13 +277,13 @@ def test_the_same_grant_publishes_again_and_no_other_equal_token_does(moto: Moto
 def test_an_idempotency_key_publishes_once_per_slot(moto: MotoServer, bucket: str) -> None:
     fence = ObjectFence(moto.client())
     fence.put(bucket, KEY, b"slot 1", token=3, lease_key=LEASE, owner="run-3", idempotency_key="2026-12-02")
-    assert fence.published(bucket, KEY, "2026-12-02")
+    assert fence.published(f"s3://{bucket}/{KEY}", "2026-12-02")
     for token, owner in ((3, "run-3"), (4, "run-4")):  # the same grant again, and a later run
         with pytest.raises(DuplicatePublish) as dup:
             fence.put(bucket, KEY, b"again", token=token, lease_key=LEASE, owner=owner, idempotency_key="2026-12-02")
         assert dup.value.idempotency_key == "2026-12-02" and dup.value.current == 3
     assert _body(fence, bucket) == b"slot 1"
-    assert fence.current(bucket, KEY, lease_key=LEASE) == 3
+    assert fence.current(f"s3://{bucket}/{KEY}", key=LEASE) == 3
     fence.put(bucket, KEY, b"slot 2", token=4, lease_key=LEASE, owner="run-4", idempotency_key="2026-12-03")
     assert _body(fence, bucket) == b"slot 2"
 
@@ -293,9 +293,9 @@ def test_a_refused_write_gives_its_idempotency_claim_back(moto: MotoServer, buck
     fence.put(bucket, KEY, b"v8", token=8, lease_key=LEASE, owner="run-8")
     with pytest.raises(StaleFencingToken):
         fence.put(bucket, KEY, b"zombie", token=7, lease_key=LEASE, owner="run-7", idempotency_key="slot-a")
-    assert not fence.published(bucket, KEY, "slot-a")
+    assert not fence.published(f"s3://{bucket}/{KEY}", "slot-a")
     fence.put(bucket, KEY, b"slot a", token=8, lease_key=LEASE, owner="run-8", idempotency_key="slot-a")
-    assert _body(fence, bucket) == b"slot a" and fence.published(bucket, KEY, "slot-a")
+    assert _body(fence, bucket) == b"slot a" and fence.published(f"s3://{bucket}/{KEY}", "slot-a")
 
 
 def test_two_writers_of_one_slot_race_and_one_publishes(moto: MotoServer, bucket: str) -> None:
@@ -411,7 +411,7 @@ _FROZEN_WRITER = """
 import os, signal, sys
 sys.path.insert(0, os.getcwd())
 from airflow_lease_provider.core import StaleFencingToken
-from airflow_lease_provider.core.object_fence import ObjectFence
+from airflow_lease_provider.fences.s3 import ObjectFence
 from tests.s3 import MotoServer
 url, bucket, key = sys.argv[1:4]
 server = MotoServer.__new__(MotoServer)
@@ -495,7 +495,7 @@ def test_a_claim_sent_again_after_a_lost_reply_is_known_as_its_own(moto: MotoSer
     resent = _resend_first_success(client, fence.marker_key(KEY, "slot-l"))
     fence.put(bucket, KEY, b"slot l", token=2, lease_key=LEASE, owner="run-2", idempotency_key="slot-l")
     assert resent == [1]
-    assert _body(fence, bucket) == b"slot l" and fence.published(bucket, KEY, "slot-l")
+    assert _body(fence, bucket) == b"slot l" and fence.published(f"s3://{bucket}/{KEY}", "slot-l")
 
 
 def test_a_fence_too_large_for_s3_metadata_is_refused_before_sending(moto: MotoServer, bucket: str) -> None:
@@ -515,7 +515,7 @@ def test_writing_the_bytes_already_there_warns_that_the_etag_does_not_move(
     first = fence.put(bucket, KEY, b"same", token=1, lease_key=LEASE, owner="run-1")
     caplog.set_level(logging.WARNING, logger="airflow_lease_provider")
     again = fence.put(bucket, KEY, b"same", token=2, lease_key=LEASE, owner="run-2")
-    assert again.etag == first.etag and fence.current(bucket, KEY, lease_key=LEASE) == 2
+    assert again.etag == first.etag and fence.current(f"s3://{bucket}/{KEY}", key=LEASE) == 2
     assert "writes the very bytes already there" in caplog.text
     caplog.clear()
     fence.put(bucket, KEY, b"other", token=3, lease_key=LEASE, owner="run-3")
@@ -559,7 +559,7 @@ def test_an_interruption_after_the_store_applied_the_write_keeps_the_claim(
     reader = ObjectFence(moto.client())
     got = reader.read(bucket, KEY)
     assert got is not None and (got.body, got.token) == (b"first try", 5)  # the store applied it
-    assert reader.published(bucket, KEY, "slot-t"), "the claim of a write that landed was given back"
+    assert reader.published(f"s3://{bucket}/{KEY}", "slot-t"), "the claim of a write that landed was given back"
     with pytest.raises(DuplicatePublish):  # the task's retry, with its new token: the slot is published once
         reader.put(bucket, KEY, b"second try", token=6, lease_key=LEASE, owner="run-5", idempotency_key="slot-t")
     assert _body(reader, bucket) == b"first try"
@@ -577,7 +577,7 @@ def test_an_interruption_before_the_write_was_sent_gives_the_claim_back(
     with pytest.raises(type(interruption)):
         ObjectFence(client).put(bucket, KEY, b"slot u", token=2, lease_key=LEASE, owner="run-2", idempotency_key="slot-u")
     reader = ObjectFence(moto.client())
-    assert _body(reader, bucket) == b"v1" and not reader.published(bucket, KEY, "slot-u")
+    assert _body(reader, bucket) == b"v1" and not reader.published(f"s3://{bucket}/{KEY}", "slot-u")
     reader.put(bucket, KEY, b"slot u", token=3, lease_key=LEASE, owner="run-3", idempotency_key="slot-u")
     assert _body(reader, bucket) == b"slot u"
 
@@ -590,7 +590,7 @@ def test_a_write_the_store_refused_gives_the_claim_back(moto: MotoServer, bucket
         fence.put(bucket, KEY, b"x", token=1, lease_key=LEASE, owner="run-1", idempotency_key="slot-r",
                   extra_args={"StorageClass": "NO_SUCH_CLASS"})
     assert refused.value.status is not None and 400 <= refused.value.status < 500
-    assert fence.read(bucket, KEY) is None and not fence.published(bucket, KEY, "slot-r")
+    assert fence.read(bucket, KEY) is None and not fence.published(f"s3://{bucket}/{KEY}", "slot-r")
 
 
 def test_a_zombie_of_a_dropped_slot_is_refused_once_a_holder_of_the_new_count_wrote(

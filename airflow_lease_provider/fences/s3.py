@@ -9,8 +9,11 @@ answers 412 PreconditionFailed and keeps the newer content. The writer then read
 of its key is there, so it raises :class:`StaleFencingToken`; where the newer write was the same grant's
 (an equal token from the same owner), it tries again. No lease store is asked.
 
-The rules are the SQL fence's (``core.fence``, docs/core.md "The fence"): per (object, lease key), a token
-larger than the largest accepted, or equal to it from the same owner of the same lease store, is accepted.
+The rule is every fence's, :func:`~airflow_lease_provider.core.fencing.decide` (docs/core.md, "Fences"),
+decided here on the fence read from the object, then made to hold by the conditional PUT: per (object, lease
+key), a token larger than the largest accepted, or equal to it from the same owner of the same lease store,
+is accepted. ``ObjectFence`` is a :class:`~airflow_lease_provider.core.fencing.FenceView` whose resources are
+``s3://<bucket>/<object key>``; its publish is the write itself (:meth:`ObjectFence.put`).
 An idempotency key is claimed per (object, key) as a marker object written with ``If-None-Match: *``
 before the write, and given back when the write is refused or definitely failed. docs/core.md, "Fencing at
 the object store", says why the token lives in the object's metadata and what this guarantees.
@@ -44,7 +47,15 @@ from airflow_lease_provider.core.errors import (
     InvalidArgument,
     LeaseError,
     LeaseStoreUnavailable,
-    StaleFencingToken,
+)
+from airflow_lease_provider.core.fencing import (
+    FenceEntry,
+    FenceState,
+    FenceView,
+    advanced,
+    decide,
+    record_rejection,
+    store_id_of,
 )
 
 log = logging.getLogger(__name__)
@@ -89,15 +100,6 @@ class ObjectFenceContention(LeaseError):
 
     Nothing newer refused this token: trying again later may succeed.
     """
-
-
-@dataclass(frozen=True)
-class FenceEntry:
-    """One lease key's fence on an object: the largest token accepted, and who it was issued to."""
-
-    token: int
-    owner: str | None = None
-    store_id: str | None = None
 
 
 @dataclass(frozen=True)
@@ -153,6 +155,15 @@ class _State:
 
 def _resource(bucket: str, key: str) -> str:
     return f"s3://{bucket}/{key}"
+
+
+def split_resource(resource: str) -> tuple[str, str]:
+    """``(bucket, object key)`` of a resource ``s3://<bucket>/<object key>`` (as :attr:`ObjectPublish.resource`
+    and every decision of this fence name it)."""
+    bucket, sep, key = resource.removeprefix("s3://").partition("/") if isinstance(resource, str) else ("", "", "")
+    if not resource.startswith("s3://") or not bucket or not sep or not key:
+        raise InvalidArgument("resource", resource, "must name an object: s3://<bucket>/<object key>")
+    return bucket, key
 
 
 def _status(exc: ClientError) -> int | None:
@@ -215,37 +226,7 @@ def _encode_fence(fence: dict[str, FenceEntry], last: str, writer: str, epochs: 
     return json.dumps(data, ensure_ascii=True, separators=(",", ":"))
 
 
-def decide(
-    entry: FenceEntry | None, token: int, owner: str | None, store_id: str | None
-) -> tuple[bool, str]:
-    """The SQL fence's rule for one (object, lease key): ``(accepted, reason)``.
-
-    Accepted: no token yet, a larger token, or an equal one from the same owner (not ``None``) of the same
-    lease store (either store unknown counts as the same, as in ``fence_advance``). Else ``other_store``
-    when both store ids are known and differ, ``stale`` otherwise.
-    """
-    if entry is None or token > entry.token:
-        return True, "accepted"
-    if (
-        token == entry.token and owner is not None and entry.owner == owner
-        and (entry.store_id is None or store_id is None or entry.store_id == store_id)
-    ):
-        return True, "accepted"
-    if store_id is not None and entry.store_id is not None and store_id != entry.store_id:
-        return False, "other_store"
-    return False, "stale"
-
-
-def _store_id(value: object) -> str | None:
-    if value is None:
-        return None
-    try:
-        return str(uuid.UUID(str(value)))
-    except ValueError:
-        raise InvalidArgument("store_id", value, "must be a lease store's id (LeaseStore.store_id), a UUID") from None
-
-
-class ObjectFence:
+class ObjectFence(FenceView):
     """Fenced writes to an S3-compatible store through one boto3 S3 client.
 
     :param client: a boto3 S3 client (``boto3.client("s3", ...)``, or ``S3Hook(...).get_conn()``).
@@ -295,41 +276,44 @@ class ObjectFence:
 
     # ---------------------------------------------------------------- reading
 
-    def _state(self, bucket: str, key: str) -> _State:
+    def _fetch(self, call: Any, bucket: str, key: str, what: str, *, of: str | None = None) -> dict[str, Any] | None:
+        """``call(Bucket=bucket, Key=key)`` (a HEAD or GET): its reply, or ``None`` when there is no such object;
+        any other error as this library's, naming object ``of`` (default ``key``)."""
         try:
-            head = self.client.head_object(Bucket=bucket, Key=key)
+            return dict(call(Bucket=bucket, Key=key))
         except ClientError as exc:
             if _status(exc) == 404 or _code(exc) in ("404", "NoSuchKey", "NotFound"):
-                return _State(False, None, {}, None)
-            raise self._failure(exc, "reading the fence", bucket, key) from None
+                return None
+            raise self._failure(exc, what, bucket, of or key) from None
         except BotoCoreError as exc:
-            raise self._failure(exc, "reading the fence", bucket, key) from None
+            raise self._failure(exc, what, bucket, of or key) from None
+
+    def _state(self, bucket: str, key: str) -> _State:
+        head = self._fetch(self.client.head_object, bucket, key, "reading the fence")
+        if head is None:
+            return _State(False, None, {}, None)
         fence, _, writer = parse_fence(head.get("Metadata"))
         return _State(True, head.get("ETag"), fence, writer, parse_count_epochs(head.get("Metadata")))
 
-    def current(self, bucket: str, key: str, *, lease_key: str) -> int | None:
-        """The largest token of ``lease_key`` the object has accepted (``None``: none, or no object)."""
-        lease_key = validation.lookup_name("lease_key", lease_key)
-        entry = self._state(bucket, key).fence.get(lease_key)
+    def current(self, resource: str, *, key: str) -> int | None:
+        """The largest token of lease ``key`` the object ``resource`` (``s3://bucket/object``) has accepted
+        (``None``: none, or no object)."""
+        key = validation.lookup_name("key", key)
+        entry = self._state(*split_resource(resource)).fence.get(key)
         return entry.token if entry is not None else None
+
+    def tokens(self, resource: str) -> dict[str, int]:
+        """Every lease key's largest accepted token at the object ``resource`` (``s3://bucket/object``)."""
+        return {k: entry.token for k, entry in self._state(*split_resource(resource)).fence.items()}
 
     def read(self, bucket: str, key: str, *, body: bool = True) -> FencedObject | None:
         """The object and the fence of the write that made it, in one GET (one HEAD with ``body=False``);
         ``None`` when there is no object. A GET returns one whole version: its bytes and its metadata
         were written together."""
-        try:
-            if body:
-                got = self.client.get_object(Bucket=bucket, Key=key)
-                data: bytes | None = got["Body"].read()
-            else:
-                got = self.client.head_object(Bucket=bucket, Key=key)
-                data = None
-        except ClientError as exc:
-            if _status(exc) == 404 or _code(exc) in ("404", "NoSuchKey", "NotFound"):
-                return None
-            raise self._failure(exc, "reading", bucket, key) from None
-        except BotoCoreError as exc:
-            raise self._failure(exc, "reading", bucket, key) from None
+        got = self._fetch(self.client.get_object if body else self.client.head_object, bucket, key, "reading")
+        if got is None:
+            return None
+        data: bytes | None = got["Body"].read() if body else None
         fence, last, _ = parse_fence(got.get("Metadata"))
         entry = fence.get(last) if last is not None else None
         return FencedObject(
@@ -387,7 +371,7 @@ class ObjectFence:
         validation.token("token", token)
         if owner is not None:
             validation.owner("owner", owner)
-        store = _store_id(store_id)
+        store = store_id_of(store_id)
         epoch = validation.count_epoch(lease_key, token, count_epoch, base_key)
         if idempotency_key is not None:
             idempotency_key = validation.name("idempotency_key", idempotency_key)
@@ -460,33 +444,17 @@ class ObjectFence:
             entry = state.fence.get(lease_key)
             count_epoch, base = epoch
             epochs = dict(state.epochs)
+            decision = decide(
+                FenceState(entry, epochs.get(base) if base is not None else None), resource=resource, key=lease_key,
+                token=token, owner=owner, store_id=store, count_epoch=count_epoch,
+            )
+            if not decision.accepted:
+                record_rejection(decision, owner=owner, run=None, fence_at=self.endpoint, ledger=None)
+                decision.raise_if_rejected()
             if count_epoch is not None and base is not None:
-                floor = epochs.get(base, 0)
-                if token <= floor:
-                    log.warning(
-                        "object fence %s (lease key %r) rejected token %s: at or below the count epoch %s of %r",
-                        resource, lease_key, token, floor, base,
-                    )
-                    if entry is not None and store is not None and entry.store_id not in (None, store):
-                        # Named by another lease store's holders: a recreated store (its tokens start at 1).
-                        raise StaleFencingToken(resource, token, max(entry.token, floor), "other_store",
-                                                newest=floor, key=lease_key)
-                    raise StaleFencingToken(
-                        resource, token, entry.token if entry is not None else None, "count_epoch", newest=floor,
-                        key=lease_key,
-                    )
-                epochs[base] = max(floor, count_epoch)
-            accepted, reason = decide(entry, token, owner, store)
-            if not accepted:
-                assert entry is not None
-                log.warning(
-                    "object fence %s (lease key %r) rejected token %s (%s); it has accepted token %s",
-                    resource, lease_key, token, reason, entry.token,
-                )
-                raise StaleFencingToken(resource, token, entry.token, reason, key=lease_key)
+                epochs[base] = max(epochs.get(base, 0), count_epoch)
             fence = dict(state.fence)
-            kept_store = store if entry is None or token > entry.token else (entry.store_id or store)
-            fence[lease_key] = FenceEntry(token, owner, kept_store)
+            fence[lease_key] = advanced(entry, token, owner, store)
             meta = {**user_metadata, FENCE_METADATA: _encode_fence(fence, lease_key, write_id, epochs),
                     TOKEN_METADATA: str(token)}
             size = sum(len(k.encode()) + len(str(v).encode()) for k, v in meta.items())
@@ -617,19 +585,13 @@ class ObjectFence:
                  _resource(bucket, key), idempotency_key)
         return True
 
-    def published(self, bucket: str, key: str, idempotency_key: str) -> bool:
-        """Whether ``idempotency_key`` is claimed for the object (published, or its write in flight)."""
+    def published(self, resource: str, idempotency_key: str) -> bool:
+        """Whether ``idempotency_key`` is claimed for the object ``resource`` (``s3://bucket/object``):
+        published, or its write in flight."""
+        bucket, key = split_resource(resource)
         idempotency_key = validation.lookup_name("idempotency_key", idempotency_key)
         marker = self.marker_key(key, idempotency_key)
-        try:
-            self.client.head_object(Bucket=bucket, Key=marker)
-        except ClientError as exc:
-            if _status(exc) == 404 or _code(exc) in ("404", "NoSuchKey", "NotFound"):
-                return False
-            raise self._failure(exc, "reading the idempotency claim", bucket, key) from None
-        except BotoCoreError as exc:
-            raise self._failure(exc, "reading the idempotency claim", bucket, key) from None
-        return True
+        return self._fetch(self.client.head_object, bucket, marker, "reading the idempotency claim", of=key) is not None
 
 
 class _Sends:
