@@ -212,6 +212,9 @@ def get_provider_info() -> dict[str, Any]:
                 "class-name": "airflow_lease_provider.decorators.fenced.fenced_publish_task",
             },
         ],
+        # The lease store in the metadata database, by `airflow db migrate` (Airflow 3.2+ reads this list;
+        # docs/api.md, decision 1).
+        "db-managers": ["airflow_lease_provider.db_manager.LeaseDBManager"],
         "config": {
             "lease": {
                 "description": "Options of airflow-lease-provider: where leases live and how they renew.",
