@@ -1,0 +1,254 @@
+"""The lease API's routes (plugins/lease_api.py; docs/api.md) on a real PostgreSQL store, through FastAPI's
+TestClient: authentication (401), authorization per grant (403), the policies, idempotent resends, the fence,
+bad input (422), an unreachable store (503), and no secret in any answer or log line."""
+
+from __future__ import annotations
+
+import json
+import logging
+import secrets
+import time
+from collections.abc import Iterator
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+import pytest
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+
+from airflow_lease_provider.core import FenceStore, LeaseStore
+from airflow_lease_provider.plugins import lease_api
+
+SECRET = "acquire-" + secrets.token_urlsafe(16)
+
+
+def make_client(store: LeaseStore) -> TestClient:
+    app = FastAPI()
+    api = lease_api.create_api()
+    api.dependency_overrides[lease_api.get_api_store] = lambda: store
+    api.dependency_overrides[lease_api.get_api_fences] = lambda: FenceStore(store.db.dsn, schema=store.schema)
+    app.mount("/lease/v1", api)
+    return TestClient(app, raise_server_exceptions=False)
+
+
+@pytest.fixture
+def enabled(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_API", json.dumps({"conn_type": "http", "password": SECRET}))
+    monkeypatch.setattr(lease_api, "_secret_cache", [])
+
+
+@pytest.fixture
+def client(store: LeaseStore, enabled: None, caplog: pytest.LogCaptureFixture) -> Iterator[TestClient]:
+    caplog.set_level(logging.DEBUG)
+    with make_client(store) as c:
+        yield c
+    assert SECRET not in caplog.text
+
+
+def auth(credential: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {credential}"}
+
+
+def acquire(client: TestClient, key: str, owner: str, ttl: float = 30, **extra: Any) -> Any:
+    return client.post("/lease/v1/acquire", json={"key": key, "owner": owner, "ttl_seconds": ttl, **extra},
+                       headers=auth(SECRET))
+
+
+def grant(response: Any) -> tuple[dict[str, Any], str]:
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert body["status"] == "granted"
+    return {k: body["lease"][k] for k in ("key", "owner", "token")}, body["capability"]
+
+
+ROUTES = [("POST", "/lease/v1/acquire"), ("POST", "/lease/v1/renew"), ("POST", "/lease/v1/release"),
+          ("POST", "/lease/v1/check"), ("GET", "/lease/v1/check?key=k&owner=o&token=1"), ("POST", "/lease/v1/fence")]
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+@pytest.mark.parametrize("header", [None, "Basic abc", "Bearer ", "Bearer"])
+def test_no_credentials_is_401(client: TestClient, method: str, path: str, header: str | None) -> None:
+    headers = {"Authorization": header} if header is not None else {}
+    body = {"key": "k", "owner": "o", "token": 1, "ttl_seconds": 5, "resource": "r"}
+    response = client.request(method, path, json=body if method == "POST" else None, headers=headers)
+    assert response.status_code == 401, response.text
+    assert response.headers["www-authenticate"] == "Bearer"
+
+
+def test_acquire_with_the_wrong_secret_is_403_and_takes_nothing(client: TestClient, store: LeaseStore) -> None:
+    response = client.post("/lease/v1/acquire", json={"key": "k", "owner": "o", "ttl_seconds": 30},
+                           headers=auth(SECRET + "x"))
+    assert response.status_code == 403
+    assert store.holder("k") is None
+
+
+def test_without_the_lease_api_connection_acquire_is_403_not_enabled(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("AIRFLOW_CONN_LEASE_API", raising=False)
+    monkeypatch.setattr(lease_api, "_secret_cache", [])
+    monkeypatch.setattr(lease_api, "_lookup_secret", lambda: None)  # the lookup as it answers "not defined"
+    with make_client(store) as client:
+        response = acquire(client, "k", "o")
+    assert response.status_code == 403
+    assert "lease API not enabled" in response.json()["detail"]
+    assert store.holder("k") is None
+
+
+def test_the_connection_lookup_answers_none_when_lease_api_is_undefined(monkeypatch: pytest.MonkeyPatch) -> None:
+    from airflow_lease_provider.hooks import lease as hooks
+
+    def missing(conn_id: str) -> Any:
+        assert conn_id == "lease_api"
+        raise hooks.AirflowNotFoundException(conn_id)
+
+    monkeypatch.setattr(hooks, "_get_connection", missing)
+    assert lease_api._lookup_secret() is None
+
+
+def test_acquire_renew_check_release_and_their_resends(client: TestClient, store: LeaseStore) -> None:
+    ref, capability = grant(acquire(client, "daily", "run-1", ttl=30))
+    assert store.holder("daily").token == ref["token"]
+    # Held by another: 409 with who holds it, and no capability.
+    held = acquire(client, "daily", "run-2")
+    assert held.status_code == 409
+    assert held.json()["status"] == "held"
+    assert [(h["owner"], h["token"]) for h in held.json()["holders"]] == [("run-1", ref["token"])]
+    assert "capability" not in held.text
+    first = client.post("/lease/v1/renew", json=ref, headers=auth(capability))
+    second = client.post("/lease/v1/renew", json=ref, headers=auth(capability))
+    assert first.status_code == second.status_code == 200, first.text
+    assert second.json()["lease"]["expires_at"] >= first.json()["lease"]["expires_at"]
+    assert capability not in first.text
+    checked = client.get("/lease/v1/check", params=ref, headers=auth(capability))
+    assert checked.status_code == 200 and checked.json()["held"] is True
+    assert client.post("/lease/v1/check", json=ref, headers=auth(capability)).json()["held"] is True
+    released = [client.post("/lease/v1/release", json=ref, headers=auth(capability)) for _ in range(2)]
+    assert [r.status_code for r in released] == [200, 200]
+    assert released[0].json() == released[1].json()
+    assert released[0].json()["released"] is True
+    assert store.holder("daily") is None
+    assert client.post("/lease/v1/check", json=ref, headers=auth(capability)).json()["held"] is False
+    # The next grant is another's: the old capability acts under nothing.
+    ref2, _ = grant(acquire(client, "daily", "run-2"))
+    assert ref2["token"] > ref["token"]
+    for path in ("/lease/v1/renew", "/lease/v1/release", "/lease/v1/check"):
+        assert client.post(path, json=ref, headers=auth(capability)).status_code == 403, path
+    assert store.holder("daily").owner == "run-2"
+
+
+def test_a_capability_acts_only_under_its_own_grant(client: TestClient, store: LeaseStore) -> None:
+    a, cap_a = grant(acquire(client, "key-a", "a"))
+    b, cap_b = grant(acquire(client, "key-b", "b"))
+    assert cap_a != cap_b
+    # B's capability for A's grant, A's with a made-up token or owner, a made-up capability: all 403.
+    attempts = [(a, cap_b), ({**a, "token": a["token"] + 1}, cap_a), ({**a, "owner": "b"}, cap_a),
+                (a, secrets.token_urlsafe(32)), (a, SECRET)]
+    for ref, credential in attempts:
+        for path in ("/lease/v1/renew", "/lease/v1/release", "/lease/v1/check"):
+            response = client.post(path, json=ref, headers=auth(credential))
+            assert response.status_code == 403, (path, ref, response.text)
+        fenced = client.post("/lease/v1/fence", json={**ref, "resource": "r"}, headers=auth(credential))
+        assert fenced.status_code == 403
+    assert store.holder("key-a").token == a["token"] and store.holder("key-a").released_at is None
+    # A direct-path grant (no capability on its row) cannot be acted under at all.
+    direct = store.acquire("direct", "task", timedelta(seconds=30))
+    assert direct is not None
+    ref = {"key": "direct", "owner": "task", "token": direct.token}
+    assert client.post("/lease/v1/release", json=ref, headers=auth(cap_a)).status_code == 403
+    assert store.holder("direct") is not None
+
+
+def test_a_lapsed_grant_renews_as_lost(client: TestClient) -> None:
+    ref, capability = grant(acquire(client, "short", "me", ttl=1))
+    time.sleep(1.3)
+    response = client.post("/lease/v1/renew", json=ref, headers=auth(capability))
+    assert response.status_code == 409
+    assert response.json()["status"] == "lost"
+    fenced = client.post("/lease/v1/fence", json={**ref, "resource": "r"}, headers=auth(capability))
+    assert fenced.status_code == 409
+
+
+def test_an_acquire_sent_again_with_its_request_id_gets_the_same_grant(client: TestClient, store: LeaseStore) -> None:
+    request_id = secrets.token_urlsafe(24)
+    first = acquire(client, "resent", "me", request_id=request_id)
+    second = acquire(client, "resent", "me", request_id=request_id)
+    assert grant(first) == grant(second)
+    assert second.json().get("resent") is True
+    assert store.holder("resent").token == first.json()["lease"]["token"]
+    # Another request id of the same owner re-enters: a new grant, the first's capability is void.
+    ref, capability = grant(first)
+    third, _ = grant(acquire(client, "resent", "me", request_id=secrets.token_urlsafe(24)))
+    assert third["token"] > ref["token"]
+    assert client.post("/lease/v1/renew", json=ref, headers=auth(capability)).status_code == 403
+
+
+def test_slots_policy(client: TestClient) -> None:
+    got = [grant(acquire(client, "sem", f"w{i}", policy="slots", slots=2)) for i in range(2)]
+    assert {ref["key"] for ref, _ in got} == {"sem", "sem#2"}
+    refused = acquire(client, "sem", "w3", policy="slots", slots=2)
+    assert refused.status_code == 409
+    assert sorted(h["owner"] for h in refused.json()["holders"]) == ["w0", "w1"]
+    # Each slot's holder renews under its own slot key; a slot count change while held: 409.
+    for ref, capability in got:
+        assert client.post("/lease/v1/renew", json=ref, headers=auth(capability)).status_code == 200
+    assert acquire(client, "sem", "w4", policy="slots", slots=3).status_code == 409
+
+
+def test_replace_policy_takes_over_from_an_older_run(client: TestClient) -> None:
+    t0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
+    old, old_cap = grant(acquire(client, "rep", "run-1", policy="replace", run_after=t0.isoformat()))
+    taken = acquire(client, "rep", "run-2", policy="replace", run_after=(t0 + timedelta(days=1)).isoformat())
+    new, _ = grant(taken)
+    assert new["token"] > old["token"]
+    assert taken.json()["replaced"] == {"owner": "run-1", "token": old["token"]}
+    assert client.post("/lease/v1/renew", json=old, headers=auth(old_cap)).status_code == 403
+    older = acquire(client, "rep", "run-0", policy="replace", run_after=(t0 - timedelta(days=1)).isoformat())
+    assert older.status_code == 409
+
+
+def test_fence_accepts_the_holder_once_per_idempotency_key_and_refuses_a_stale_token(
+    client: TestClient, store: LeaseStore
+) -> None:
+    ref, capability = grant(acquire(client, "pub", "me"))
+    body = {**ref, "resource": "blog", "idempotency_key": "2026-12-07"}
+    accepted = client.post("/lease/v1/fence", json=body, headers=auth(capability))
+    assert accepted.status_code == 200 and accepted.json()["accepted"] is True
+    again = client.post("/lease/v1/fence", json=body, headers=auth(capability))
+    assert again.status_code == 409 and again.json()["status"] == "refused"
+    fences = FenceStore(store.db.dsn, schema=store.schema)
+    try:
+        assert fences.current("blog", key="pub") == ref["token"]
+        # A newer token of the key published directly: this holder's next publish is refused by the fence.
+        assert fences.accept("blog", ref["token"] + 1, key="pub")
+    finally:
+        fences.close()
+    stale = client.post("/lease/v1/fence", json={**ref, "resource": "blog"}, headers=auth(capability))
+    assert stale.status_code == 409 and stale.json()["accepted"] is False and stale.json()["reason"]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [({"key": "k", "owner": "o", "ttl_seconds": 0}, "ttl_seconds"),
+     ({"key": "", "owner": "o", "ttl_seconds": 5}, "key"),
+     ({"key": "k" * 513, "owner": "o", "ttl_seconds": 5}, "key"),
+     ({"key": "k", "owner": "o", "ttl_seconds": 5, "policy": "replace"}, "run_after"),
+     ({"key": "k", "owner": "o", "ttl_seconds": 5, "slots": 2}, "slots"),
+     ({"key": "k", "owner": "o", "ttl_seconds": 5, "policy": "mine"}, "policy"),
+     ({"key": "k", "owner": "o", "ttl_seconds": 5, "request_id": "short"}, "request_id"),
+     ({"key": "k\x00", "owner": "o", "ttl_seconds": 5}, "key")],
+)
+def test_bad_input_is_422_naming_the_field(client: TestClient, store: LeaseStore, body: dict[str, Any], field: str) -> None:
+    response = client.post("/lease/v1/acquire", json=body, headers=auth(SECRET))
+    assert response.status_code == 422, response.text
+    assert field in response.text
+    assert store.holder("k") is None
+
+
+def test_an_unreachable_store_is_503(enabled: None) -> None:
+    dead = LeaseStore("postgresql://postgres@127.0.0.1:1/none", connect_timeout=timedelta(seconds=1))
+    with make_client(dead) as client:
+        acquired = acquire(client, "k", "o")
+        renewed = client.post("/lease/v1/renew", json={"key": "k", "owner": "o", "token": 1}, headers=auth("x" * 43))
+    assert acquired.status_code == renewed.status_code == 503
+    assert "127.0.0.1" not in acquired.text + renewed.text
