@@ -87,6 +87,17 @@ OPTIONS: dict[str, dict[str, str]] = {
         "example": "/var/lib/airflow/lease-postgres",
         "default": "",
     },
+    "access": {
+        "description": (
+            "How a task reaches its lease: direct (its own connection to the lease store), api "
+            "(over HTTP through the api-server's lease API, docs/api.md), or auto: direct when the "
+            "lease connection is defined and its server answers from the task's host, else api."
+        ),
+        "version_added": "0.2.0",
+        "type": "string",
+        "example": "api",
+        "default": "auto",
+    },
     "embedded": {
         "description": (
             "Whether a missing lease connection falls back to the embedded PostgreSQL, "

@@ -191,6 +191,28 @@ def metadata_dsn() -> str | None:
         return None
 
 
+ACCESS_CHOICES = ("auto", "direct", "api")
+
+
+def access() -> str:
+    """``[lease] access``: ``auto``, ``direct`` or ``api`` (docs/api.md); anything else is refused."""
+    value = _get("access").lower() or "auto"
+    if value not in ACCESS_CHOICES:
+        raise ValueError(f"[lease] access = {value!r}: expected one of {', '.join(ACCESS_CHOICES)}")
+    return value
+
+
+def api_server_url() -> str:
+    """The api-server's base URL as a task reaches it: ``[workers] execution_api_server_url`` (``[core]``'s
+    before Airflow 3.1) without its ``/execution/`` path, else ``[api] base_url``, else Airflow's default."""
+    for section in ("workers", "core"):
+        url = _get("execution_api_server_url", section=section)
+        if url:
+            url = url.rstrip("/")
+            return url[: -len("/execution")] if url.endswith("/execution") else url
+    return _get("base_url", section="api").rstrip("/") or "http://localhost:8080"
+
+
 def metadata_on_sqlite() -> bool:
     """Whether Airflow's metadata database is known to be SQLite: a file on one host, so no second host
     can exist. Unknown is not SQLite (the safe answer: no embedded store)."""

@@ -1,0 +1,230 @@
+"""The task side of the lease API (issue 41; docs/api.md): :class:`HttpLeaseStore`, the lease operations over
+HTTP through the api-server, and :func:`choose_access`, the path a task takes.
+
+:class:`HttpLeaseStore` offers what :class:`~airflow_lease_provider.core.keeper.LeaseKeeper` uses of a store
+(``renew``, ``holder``, ``release``, ``db.statement_timeout``, ``record_events``), so a lease taken over HTTP
+is kept exactly like a direct one: renewed every TTL/3, its deadline counted from just *before* each request
+was sent (``Lease.sent_at``) with the time left the store measured, lost at ``deadline - safety margin``
+whatever the api-server does. An api-server that does not answer in time, answers 5xx, or cannot be reached
+is an unreachable store (:class:`~airflow_lease_provider.core.LeaseStoreUnavailable`): the keeper retries
+until the deadline and then declares the lease lost (fail closed, as the direct path). A renewal refused
+(409) or no longer this grant's (403) is a lost lease.
+
+Airflow-free: it needs the api-server's URL and the acquire secret (the password of the ``lease_api``
+connection, which a task reads through Airflow like any connection).
+"""
+
+from __future__ import annotations
+
+import socket
+import time
+from collections.abc import Callable
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+from typing import Any
+
+import httpx
+
+from airflow_lease_provider.core import (
+    Acquisition,
+    InvalidArgument,
+    Lease,
+    LeaseError,
+    LeaseStoreUnavailable,
+    TokenHolder,
+)
+
+#: How long one request may take by default: an answer later than this is no answer (the keeper retries).
+DEFAULT_TIMEOUT = timedelta(seconds=5)
+#: Where the lease API is under the api-server's base URL.
+API_PATH = "/lease/v1"
+
+
+class LeaseAPIRefused(LeaseError):
+    """The lease API refused the credentials (401, 403): the acquire secret, or a capability no longer
+    this grant's."""
+
+
+def lease_from_json(data: dict[str, Any], sent_at: float | None) -> Lease:
+    def when(name: str) -> datetime | None:
+        value = data.get(name)
+        return datetime.fromisoformat(value) if value else None
+
+    return Lease(
+        key=data["key"], owner=data["owner"], token=int(data["token"]), ttl=timedelta(seconds=data["ttl_seconds"]),
+        acquired_at=when("acquired_at"), renewed_at=when("renewed_at"),  # type: ignore[arg-type]
+        expires_at=when("expires_at"), released_at=when("released_at"),  # type: ignore[arg-type]
+        observed_at=when("observed_at"), sent_at=sent_at,  # type: ignore[arg-type]
+        slot=int(data.get("slot", 1)), slots=int(data.get("slots", 1)), count_epoch=int(data.get("count_epoch", 0)),
+    )
+
+
+class HttpLeaseStore:
+    """Leases through the api-server's lease API.
+
+    :param base_url: the api-server's base URL (``[lease] access = api`` uses
+        :func:`~airflow_lease_provider.settings.api_server_url`).
+    :param secret: the acquire secret (the ``lease_api`` connection's password). Never logged or repeated.
+    :param timeout: how long one request may take.
+    :param client: an ``httpx.Client`` to send through (tests pass FastAPI's ``TestClient``).
+    """
+
+    #: The api-server's store records the acquired and released events; the keeper's own (lost, renewed
+    #: late) are not sent over HTTP yet.
+    record_events = False
+    events = None
+
+    def __init__(
+        self, base_url: str, secret: str, *, timeout: timedelta = DEFAULT_TIMEOUT, client: httpx.Client | None = None
+    ) -> None:
+        self.base_url = base_url.rstrip("/") + API_PATH
+        self._secret = secret
+        self.timeout = timeout
+        # What the keeper bounds its waits by (a store's statement timeout).
+        self.db = SimpleNamespace(statement_timeout=timeout)
+        self._client = client or httpx.Client(timeout=timeout.total_seconds())
+        self._own_client = client is None
+        #: The capability of each grant this store took, by (key, owner, token): kept in memory only.
+        self._capabilities: dict[tuple[str, str, int], str] = {}
+
+    def __repr__(self) -> str:  # never the secret
+        return f"HttpLeaseStore({self.base_url!r})"
+
+    # -- HTTP ---------------------------------------------------------------------------------------
+
+    def _send(self, method: str, path: str, credential: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+        headers = {"Authorization": f"Bearer {credential}"}
+        try:
+            if method == "GET":
+                response = self._client.get(self.base_url + path, params=body, headers=headers,
+                                            timeout=self.timeout.total_seconds())
+            else:
+                response = self._client.post(self.base_url + path, json=body, headers=headers,
+                                             timeout=self.timeout.total_seconds())
+        except httpx.TimeoutException as exc:
+            raise LeaseStoreUnavailable(
+                f"the lease API did not answer {path} within {self.timeout.total_seconds():g}s ({type(exc).__name__})"
+            ) from None
+        except httpx.HTTPError as exc:
+            raise LeaseStoreUnavailable(f"the lease API could not be reached for {path} ({type(exc).__name__})") from None
+        try:
+            answer = response.json()
+        except ValueError:
+            answer = {"detail": response.text[:200]}
+        code = response.status_code
+        if code >= 500:
+            raise LeaseStoreUnavailable(f"the lease API answered {code} to {path}: {answer.get('detail', '')}")
+        if code == 422:
+            raise InvalidArgument("request", path, f"refused by the lease API: {answer.get('detail')}")
+        if code in (401, 403) and path == "/acquire":
+            raise LeaseAPIRefused(f"the lease API refused the acquire ({code}): {answer.get('detail')}")
+        return code, answer
+
+    def _capability(self, lease: Lease) -> str:
+        capability = self._capabilities.get((lease.key, lease.owner, lease.token))
+        if capability is None:
+            raise LeaseAPIRefused(f"no capability for lease {lease.key!r} token {lease.token}: not taken through this store")
+        return capability
+
+    @staticmethod
+    def _ref(lease: Lease) -> dict[str, Any]:
+        return {"key": lease.key, "owner": lease.owner, "token": lease.token}
+
+    # -- the operations -------------------------------------------------------------------------------
+
+    def _acquire(self, body: dict[str, Any]) -> Acquisition:
+        sent_at = time.monotonic()
+        code, answer = self._send("POST", "/acquire", self._secret, body)
+        if code == 200:
+            lease = lease_from_json(answer["lease"], sent_at)
+            self._capabilities[(lease.key, lease.owner, lease.token)] = answer["capability"]
+            replaced = answer.get("replaced")
+            return Acquisition(lease, None, TokenHolder(replaced["owner"], int(replaced["token"])) if replaced else None)
+        if code == 409 and answer.get("status") == "held":
+            holders = tuple(_holder(h, body["key"], sent_at) for h in answer.get("holders", []))
+            return Acquisition(None, holders[0] if holders else None, holders=holders if len(holders) > 1 else ())
+        raise LeaseError(f"the lease API answered {code} to the acquire: {answer.get('detail', answer.get('status'))}")
+
+    def try_acquire(self, key: str, owner: str, ttl: timedelta, *, slots: int = 1, request_id: str | None = None,
+                    **_: Any) -> Acquisition:
+        body: dict[str, Any] = {"key": key, "owner": owner, "ttl_seconds": ttl.total_seconds(),
+                                "policy": "slots" if slots != 1 else "single", "slots": slots}
+        if request_id:
+            body["request_id"] = request_id
+        return self._acquire(body)
+
+    def try_replace(self, key: str, owner: str, ttl: timedelta, *, run_after: datetime, **_: Any) -> Acquisition:
+        return self._acquire({"key": key, "owner": owner, "ttl_seconds": ttl.total_seconds(), "policy": "replace",
+                              "run_after": run_after.isoformat()})
+
+    def acquire(self, key: str, owner: str, ttl: timedelta, **kwargs: Any) -> Lease | None:
+        return self.try_acquire(key, owner, ttl, **kwargs).lease
+
+    def renew(self, lease: Lease, ttl: timedelta | None = None) -> Lease | None:
+        """The renewed lease, or None when it is lost (refused, or the grant is no longer this one)."""
+        body = self._ref(lease)
+        if ttl is not None:
+            body["ttl_seconds"] = ttl.total_seconds()
+        sent_at = time.monotonic()
+        code, answer = self._send("POST", "/renew", self._capability(lease), body)
+        if code == 200:
+            return lease_from_json(answer["lease"], sent_at)
+        if code in (403, 409):
+            return None
+        raise LeaseError(f"the lease API answered {code} to the renewal: {answer.get('detail')}")
+
+    def release(self, lease: Lease, **_: Any) -> bool:
+        code, answer = self._send("POST", "/release", self._capability(lease), self._ref(lease))
+        return code == 200 and bool(answer.get("released"))
+
+    def check(self, lease: Lease) -> bool:
+        """Whether the grant is still held (one read of the store, through the api-server)."""
+        code, answer = self._send("GET", "/check", self._capability(lease), self._ref(lease))
+        return code == 200 and bool(answer.get("held"))
+
+    def holder(self, key: str) -> Lease | None:
+        # The API shows a grant to its holder only: who holds a lease this process lost is not known here.
+        raise LeaseError("the lease API does not say who holds a lease to anyone but its holder")
+
+    def fence(self, lease: Lease, resource: str, *, idempotency_key: str | None = None) -> tuple[bool, str]:
+        """Advance the fence of ``resource`` to the grant's token (the store's own fence); (accepted, reason)."""
+        body = {**self._ref(lease), "resource": resource}
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        code, answer = self._send("POST", "/fence", self._capability(lease), body)
+        if code == 403:
+            return False, "not this grant's capability any more (the lease changed)"
+        return bool(answer.get("accepted")), str(answer.get("reason") or answer.get("status") or "")
+
+    def close(self) -> None:
+        if self._own_client:
+            self._client.close()
+
+
+def _holder(data: dict[str, Any], key: str, sent_at: float) -> Lease:
+    """A holder as the acquire's 409 names it (owner, token, expiry; no more is shown to a non-holder)."""
+    expires = datetime.fromisoformat(data["expires_at"])
+    return Lease(key=key, owner=data["owner"], token=int(data["token"]), ttl=timedelta(0), acquired_at=expires,
+                 renewed_at=expires, expires_at=expires, released_at=None, observed_at=expires, sent_at=sent_at,
+                 slot=int(data.get("slot", 1)), slots=int(data.get("slots", 1)))
+
+
+def reachable(host: str, port: int, timeout: float = 2.0) -> bool:
+    """Whether a TCP connection to ``host:port`` opens within ``timeout`` (the direct path's precondition)."""
+    try:
+        with socket.create_connection((host, port), timeout=timeout):
+            return True
+    except OSError:
+        return False
+
+
+def choose_access(setting: str, connection_endpoint: Callable[[], tuple[str, int] | None]) -> str:
+    """``direct`` or ``api``: the path a task takes (``[lease] access``, docs/api.md).
+
+    ``direct`` and ``api`` are taken as set. ``auto``: direct when ``connection_endpoint()`` names the lease
+    connection's server (None: no connection is defined) and it answers from here; else api.
+    """
+    if setting in ("direct", "api"):
+        return setting
+    endpoint = connection_endpoint()
+    return "direct" if endpoint is not None and reachable(*endpoint) else "api"
