@@ -24,6 +24,7 @@ from typing import Annotated, Any, Literal
 
 from fastapi import Depends, FastAPI, Header, HTTPException, Query, Request, status
 from fastapi.encoders import jsonable_encoder
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel, Field
 
@@ -313,6 +314,13 @@ async def _lease_error(request: Request, exc: Exception) -> JSONResponse:
     return _error(status.HTTP_503_SERVICE_UNAVAILABLE, deps.public_message(exc))
 
 
+async def _bad_input(request: Request, exc: Exception) -> JSONResponse:
+    """422 naming each bad field and why, without echoing the value sent (a request id is a secret)."""
+    errors = exc.errors() if isinstance(exc, RequestValidationError) else []
+    detail = [{"loc": list(e.get("loc", ())), "msg": e.get("msg", ""), "type": e.get("type", "")} for e in errors]
+    return JSONResponse({"detail": detail}, status_code=status.HTTP_422_UNPROCESSABLE_CONTENT)
+
+
 def create_api() -> FastAPI:
     """The lease API's app (mounted at ``/v1`` of the plugin's app; ``docs/lease-api.openapi.json`` is its
     OpenAPI, written by ``scripts/lease_api_openapi.py``)."""
@@ -321,6 +329,7 @@ def create_api() -> FastAPI:
         description="Leases with fencing tokens through the Airflow api-server (docs/api.md).",
     )
     app.add_exception_handler(LeaseError, _lease_error)
+    app.add_exception_handler(RequestValidationError, _bad_input)
     responses: dict[int | str, dict[str, Any]] = {
         401: {"description": "no credentials"}, 403: {"description": "wrong credentials, or API not enabled"},
         409: {"description": "held, lost, or refused by the fence"}, 503: {"description": "store unreachable"},

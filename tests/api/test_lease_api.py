@@ -235,13 +235,30 @@ def test_fence_accepts_the_holder_once_per_idempotency_key_and_refuses_a_stale_t
      ({"key": "k", "owner": "o", "ttl_seconds": 5, "policy": "replace"}, "run_after"),
      ({"key": "k", "owner": "o", "ttl_seconds": 5, "slots": 2}, "slots"),
      ({"key": "k", "owner": "o", "ttl_seconds": 5, "policy": "mine"}, "policy"),
-     ({"key": "k", "owner": "o", "ttl_seconds": 5, "request_id": "short"}, "request_id"),
+     ({"key": "k", "owner": "o", "ttl_seconds": 5, "request_id": "short-secret"}, "request_id"),
      ({"key": "k\x00", "owner": "o", "ttl_seconds": 5}, "key")],
 )
 def test_bad_input_is_422_naming_the_field(client: TestClient, store: LeaseStore, body: dict[str, Any], field: str) -> None:
     response = client.post("/lease/v1/acquire", json=body, headers=auth(SECRET))
     assert response.status_code == 422, response.text
     assert field in response.text
+    if "request_id" in body:
+        assert body["request_id"] not in response.text  # a request id is a secret: never echoed
+    assert store.holder("k") is None
+
+
+def test_a_secrets_backend_that_fails_is_503_and_takes_nothing(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    def broken() -> Any:
+        raise RuntimeError(f"backend down (it said {SECRET})")
+
+    monkeypatch.setattr(lease_api, "_secret_cache", [])
+    monkeypatch.setattr(lease_api, "_lookup_secret", broken)
+    with make_client(store) as client:
+        response = acquire(client, "k", "o")
+    assert response.status_code == 503
+    assert SECRET not in response.text and SECRET not in caplog.text
     assert store.holder("k") is None
 
 
