@@ -27,6 +27,7 @@ import httpx
 
 from airflow_lease_provider.core import (
     Acquisition,
+    Holding,
     InvalidArgument,
     Lease,
     LeaseError,
@@ -70,9 +71,12 @@ class HttpLeaseStore:
     """
 
     #: The api-server's store records the acquired and released events; the keeper's own (lost, renewed
-    #: late) are not sent over HTTP yet.
+    #: late) and the task's outcomes are not sent over HTTP yet (:class:`_NoLedger`).
     record_events = False
-    events = None
+    #: What the task runtime reads of a store: not a shared database (the runtime closes it after the task),
+    #: and the schema is the api-server's business.
+    shared = False
+    schema = "(lease API)"
 
     def __init__(
         self, base_url: str, secret: str, *, timeout: timedelta = DEFAULT_TIMEOUT, client: httpx.Client | None = None
@@ -86,6 +90,7 @@ class HttpLeaseStore:
         self._own_client = client is None
         #: The capability of each grant this store took, by (key, owner, token): kept in memory only.
         self._capabilities: dict[tuple[str, str, int], str] = {}
+        self.events = _NoLedger()
 
     def __repr__(self) -> str:  # never the secret
         return f"HttpLeaseStore({self.base_url!r})"
@@ -182,6 +187,24 @@ class HttpLeaseStore:
         code, answer = self._send("GET", "/check", self._capability(lease), self._ref(lease))
         return code == 200 and bool(answer.get("held"))
 
+    def holds(self, key: str, owner: str, *, token: int | None = None) -> Holding:
+        """Whether this process's grant of ``key`` by ``owner`` (``token``, when given) is still held, read
+        afresh through the api-server; who else holds it is not shown over HTTP (the holder is then None)."""
+        mine = [(k, o, t) for (k, o, t) in self._capabilities if k == key and o == owner and token in (None, t)]
+        for ref in sorted(mine, key=lambda r: r[2], reverse=True):
+            sent_at = time.monotonic()
+            code, answer = self._send("POST", "/check", self._capabilities[ref], {"key": ref[0], "owner": ref[1], "token": ref[2]})
+            if code == 200 and answer.get("held"):
+                return Holding(key, owner, token, lease_from_json(answer["lease"], sent_at))
+        return Holding(key, owner, token, None)
+
+    def holder_host(self, lease: Lease) -> str | None:
+        return None  # not shown over HTTP
+
+    @property
+    def store_id(self) -> str:
+        raise LeaseError("fenced publishing from a task on the lease API path is not wired yet (docs/api.md)")
+
     def holder(self, key: str) -> Lease | None:
         # The API shows a grant to its holder only: who holds a lease this process lost is not known here.
         raise LeaseError("the lease API does not say who holds a lease to anyone but its holder")
@@ -199,6 +222,13 @@ class HttpLeaseStore:
     def close(self) -> None:
         if self._own_client:
             self._client.close()
+
+
+class _NoLedger:
+    """The ledger of a store on the API path: the task's own events are not sent over HTTP yet."""
+
+    def __getattr__(self, name: str) -> Callable[..., None]:
+        return lambda *args, **kwargs: None
 
 
 def _holder(data: dict[str, Any], key: str, sent_at: float) -> Lease:

@@ -98,6 +98,16 @@ OPTIONS: dict[str, dict[str, str]] = {
         "example": "api",
         "default": "auto",
     },
+    "api_url": {
+        "description": (
+            "The api-server's base URL as tasks reach it, for the lease API path; empty: "
+            "[workers] execution_api_server_url without its /execution/ path, else [api] base_url."
+        ),
+        "version_added": "0.2.0",
+        "type": "string",
+        "example": "https://airflow.example.com",
+        "default": "",
+    },
     "embedded": {
         "description": (
             "Whether a missing lease connection falls back to the embedded PostgreSQL, "

@@ -204,7 +204,10 @@ def access() -> str:
 
 def api_server_url() -> str:
     """The api-server's base URL as a task reaches it: ``[workers] execution_api_server_url`` (``[core]``'s
-    before Airflow 3.1) without its ``/execution/`` path, else ``[api] base_url``, else Airflow's default."""
+    before Airflow 3.1) without its ``/execution/`` path, else ``[api] base_url``, else Airflow's default;
+    ``[lease] api_url`` before all of them."""
+    if _get("api_url"):
+        return _get("api_url").rstrip("/")
     for section in ("workers", "core"):
         url = _get("execution_api_server_url", section=section)
         if url:

@@ -21,14 +21,15 @@ import weakref
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from airflow_lease_provider import settings
-from airflow_lease_provider.core import LeaseStore
+from airflow_lease_provider.core import LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.db import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT
 from airflow_lease_provider.hooks import LeaseHook
+from airflow_lease_provider.hooks.lease import get_connection
 from airflow_lease_provider.runtime.signals import Terminate, stop_on_terminate
-from airflow_lease_provider.version_compat import in_task_process
+from airflow_lease_provider.version_compat import AirflowNotFoundException, in_task_process
 
 log = logging.getLogger(__name__)
 
@@ -55,8 +56,31 @@ def connection_grace(ttl: timedelta | None, renew_every: timedelta | None) -> ti
     return max(grace, timedelta(milliseconds=1))
 
 
+def api_task_store(task: Any) -> LeaseStore:
+    """``[lease] access = api``: the task's leases through the api-server's lease API (docs/api.md), with the
+    acquire secret of the ``lease_api`` connection (read through Airflow, as every connection of a task). One
+    request may take a tenth of the TTL at most (5 s at most): the keeper retries within the TTL."""
+    from airflow_lease_provider.client import DEFAULT_TIMEOUT, HttpLeaseStore  # only on the API path: httpx
+
+    try:
+        secret = get_connection("lease_api").password
+    except AirflowNotFoundException:
+        secret = None
+    if not secret:
+        raise LeaseStoreUnavailable(
+            "[lease] access = api needs the connection 'lease_api' with a password (the lease API's acquire "
+            "secret: docs/api.md)"
+        )
+    ttl = getattr(task, "lease_ttl", None)
+    timeout = min(DEFAULT_TIMEOUT, ttl / 10) if isinstance(ttl, timedelta) and ttl > timedelta(0) else DEFAULT_TIMEOUT
+    return cast(LeaseStore, HttpLeaseStore(settings.api_server_url(), secret, timeout=timeout))
+
+
 def task_store(task: Any, conn_id: str | None) -> LeaseStore:
-    """The store of ``task``'s lease connection: this process's shared one, closed once idle for its grace."""
+    """The store of ``task``'s lease connection: this process's shared one, closed once idle for its grace
+    (``[lease] access = api``: :func:`api_task_store`)."""
+    if settings.access() == "api":
+        return api_task_store(task)
     grace = connection_grace(getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
     return LeaseHook(conn_id).get_task_store(grace)
 
@@ -80,7 +104,7 @@ def prepare(task: Any, context: Any) -> None:
     store is checked already (``dag.test()``'s next tasks). Nothing is made outside a task process, with
     ``[lease] hold_connection`` (the task's store is a connection of its own), or when the connection cannot
     be read (the execute reads it again and says why)."""
-    if not in_task_process() or not isinstance(context, MutableMapping):
+    if not in_task_process() or not isinstance(context, MutableMapping) or settings.access() == "api":
         return
     store: LeaseStore | None = None
     # The lookup (an API call for a connection Airflow keeps) was under the execute's SIGTERM note: so it is here.

@@ -18,7 +18,7 @@ SECRET = secrets.token_urlsafe(24)
 @pytest.fixture(scope="module")
 def api(world: World) -> World:
     # In the metadata database, as a platform team defines it (the api-server reads it there by itself).
-    world.server.airflow("connections", "add", "lease_api", "--conn-type", "http", "--conn-password", SECRET)
+    world.server.airflow("connections", "add", "lease_api", "--conn-type", "http", f"--conn-password={SECRET}")
     return world
 
 
@@ -49,3 +49,29 @@ def test_a_grant_over_http_on_a_real_api_server(api: World) -> None:
     assert api.store.holder("api-server-key") is None
     log = api.server.log_tail()
     assert SECRET not in log and capability not in log
+
+
+def test_a_leased_task_on_the_api_path(api: World) -> None:
+    """``[lease] access = api``: the task takes, renews and releases its lease through the api-server (the
+    row's capability digest says the grant was made there), with its own connection to the store unused."""
+    from pathlib import Path
+
+    from psycopg2 import sql
+
+    from airflow_lease_provider.core import EventKind
+    from tests.pg import execute
+
+    dags = Path(__file__).with_name("api_dags")
+    env = {"AIRFLOW__LEASE__ACCESS": "api", "AIRFLOW__LEASE__API_URL": api.server.url,
+           "AIRFLOW__CORE__DAGS_FOLDER": str(dags)}
+    run = api.server.airflow("dags", "test", "lease_api_path", "2026-12-01T00:00:00+00:00", extra_env=env)
+    assert api.store.holder("api-path") is None, run.stdout[-3000:]
+    row = execute(api.store.db.dsn, sql.SQL(
+        "SELECT owner, api_capability IS NOT NULL, renewed_at - acquired_at, released_at IS NOT NULL "
+        "FROM {}.lease WHERE key = 'api-path'").format(sql.Identifier(api.store.schema)))
+    assert row, run.stdout[-3000:]
+    owner, over_api, renewed_after, released = row[0]
+    assert owner.startswith("lease_api_path/") and over_api and released
+    assert renewed_after.total_seconds() >= 2  # renewed over HTTP while the body ran
+    kinds = {e.kind for e in api.store.events.query(key="api-path")}
+    assert {EventKind.ACQUIRED, EventKind.RELEASED} <= kinds
