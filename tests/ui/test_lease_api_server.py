@@ -75,3 +75,23 @@ def test_a_leased_task_on_the_api_path(api: World) -> None:
     assert renewed_after.total_seconds() >= 2  # renewed over HTTP while the body ran
     kinds = {e.kind for e in api.store.events.query(key="api-path")}
     assert {EventKind.ACQUIRED, EventKind.RELEASED} <= kinds
+
+
+def test_a_leased_task_on_the_api_path_is_skipped_while_another_holds_the_key(api: World) -> None:
+    """The overlap policy over HTTP: the key held (here by a direct holder), the API path's run is skipped,
+    naming the holder, and takes nothing."""
+    from datetime import timedelta
+    from pathlib import Path
+
+    holder = api.store.acquire("api-path", "someone-else", timedelta(minutes=2))
+    assert holder is not None
+    try:
+        dags = Path(__file__).with_name("api_dags")
+        env = {"AIRFLOW__LEASE__ACCESS": "api", "AIRFLOW__LEASE__API_URL": api.server.url,
+               "AIRFLOW__CORE__DAGS_FOLDER": str(dags)}
+        run = api.server.airflow("dags", "test", "lease_api_path", "2026-12-02T00:00:00+00:00", extra_env=env)
+        assert "someone-else" in run.stdout + run.stderr, (run.stdout + run.stderr)[-3000:]
+        now = api.store.holder("api-path")
+        assert now is not None and (now.owner, now.token) == ("someone-else", holder.token)
+    finally:
+        api.store.release(holder)
