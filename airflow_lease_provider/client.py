@@ -84,8 +84,9 @@ class HttpLeaseStore:
         self.base_url = base_url.rstrip("/") + API_PATH
         self._secret = secret
         self.timeout = timeout
-        # What the keeper bounds its waits by (a store's statement timeout).
-        self.db = SimpleNamespace(statement_timeout=timeout)
+        # What the keeper bounds its waits by (a store's statement timeout), and what the task runtime's
+        # preparation reads (no schema to check here: runtime/store.py).
+        self.db = SimpleNamespace(statement_timeout=timeout, schema_current=True)
         self._client = client or httpx.Client(timeout=timeout.total_seconds())
         self._own_client = client is None
         #: The capability of each grant this store took, by (key, owner, token): kept in memory only.

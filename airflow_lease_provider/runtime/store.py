@@ -26,7 +26,7 @@ from typing import Any, cast
 from airflow_lease_provider import settings
 from airflow_lease_provider.core import LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.db import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT
-from airflow_lease_provider.hooks import LeaseHook
+from airflow_lease_provider.hooks import LeaseConnectionMissing, LeaseHook
 from airflow_lease_provider.hooks.lease import get_connection
 from airflow_lease_provider.runtime.signals import Terminate, stop_on_terminate
 from airflow_lease_provider.version_compat import AirflowNotFoundException, in_task_process
@@ -56,16 +56,22 @@ def connection_grace(ttl: timedelta | None, renew_every: timedelta | None) -> ti
     return max(grace, timedelta(milliseconds=1))
 
 
+def api_secret() -> str | None:
+    """The lease API's acquire secret (the ``lease_api`` connection's password), None when not defined."""
+    try:
+        secret = get_connection("lease_api").password
+    except AirflowNotFoundException:
+        return None
+    return str(secret) if secret else None
+
+
 def api_task_store(task: Any) -> LeaseStore:
     """``[lease] access = api``: the task's leases through the api-server's lease API (docs/api.md), with the
     acquire secret of the ``lease_api`` connection (read through Airflow, as every connection of a task). One
     request may take a tenth of the TTL at most (5 s at most): the keeper retries within the TTL."""
     from airflow_lease_provider.client import DEFAULT_TIMEOUT, HttpLeaseStore  # only on the API path: httpx
 
-    try:
-        secret = get_connection("lease_api").password
-    except AirflowNotFoundException:
-        secret = None
+    secret = api_secret()
     if not secret:
         raise LeaseStoreUnavailable(
             "[lease] access = api needs the connection 'lease_api' with a password (the lease API's acquire "
@@ -77,12 +83,24 @@ def api_task_store(task: Any) -> LeaseStore:
 
 
 def task_store(task: Any, conn_id: str | None) -> LeaseStore:
-    """The store of ``task``'s lease connection: this process's shared one, closed once idle for its grace
-    (``[lease] access = api``: :func:`api_task_store`)."""
-    if settings.access() == "api":
+    """The store of ``task``'s lease connection: this process's shared one, closed once idle for its grace.
+
+    ``[lease] access = api``: the lease API (:func:`api_task_store`). ``auto`` (the default): the direct
+    path, except where it has no store at all: no lease connection is defined (the task names none, and
+    ``[lease] conn_id``'s is missing where no embedded store may be used, as on an Edge worker) and the
+    lease API is enabled (a ``lease_api`` connection): then the API. Nothing more is looked up on the direct
+    path; without ``lease_api`` the missing connection's error stands (docs/api.md)."""
+    access = settings.access()
+    if access == "api":
         return api_task_store(task)
     grace = connection_grace(getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
-    return LeaseHook(conn_id).get_task_store(grace)
+    try:
+        return LeaseHook(conn_id).get_task_store(grace)
+    except LeaseConnectionMissing:
+        if access == "auto" and conn_id is None and api_secret():
+            log.info("lease: no lease connection here; taking the lease through the api-server's lease API")
+            return api_task_store(task)
+        raise
 
 
 @dataclass

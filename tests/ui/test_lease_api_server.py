@@ -95,3 +95,26 @@ def test_a_leased_task_on_the_api_path_is_skipped_while_another_holds_the_key(ap
         assert now is not None and (now.owner, now.token) == ("someone-else", holder.token)
     finally:
         api.store.release(holder)
+
+
+def test_auto_takes_the_api_path_where_no_lease_connection_is_defined(api: World) -> None:
+    """``[lease] access = auto`` (the default) on a worker with no lease connection and no embedded store (an
+    Edge worker's situation): the lease goes through the api-server, because ``lease_api`` is defined."""
+    from pathlib import Path
+
+    from psycopg2 import sql
+
+    from tests.pg import execute
+
+    query = sql.SQL(
+        "SELECT token, api_capability IS NOT NULL, released_at IS NOT NULL FROM {}.lease WHERE key = 'api-path'"
+    ).format(sql.Identifier(api.store.schema))
+    before = execute(api.store.db.dsn, query)
+    dags = Path(__file__).with_name("api_dags")
+    env = {"AIRFLOW__LEASE__CONN_ID": "lease_not_on_this_worker", "AIRFLOW__LEASE__EMBEDDED": "false",
+           "AIRFLOW__LEASE__API_URL": api.server.url, "AIRFLOW__CORE__DAGS_FOLDER": str(dags)}
+    run = api.server.airflow("dags", "test", "lease_api_path", "2026-12-03T00:00:00+00:00", extra_env=env)
+    row = execute(api.store.db.dsn, query)
+    output = (run.stdout + run.stderr)[-3000:]
+    assert row and (not before or row[0][0] > before[0][0]), (before, row, output)  # this run's grant
+    assert row[0][1] and row[0][2], (row, output)  # made through the API, and released
