@@ -16,6 +16,7 @@ connection, which a task reads through Airflow like any connection).
 
 from __future__ import annotations
 
+import logging
 import socket
 import time
 from collections.abc import Callable
@@ -34,6 +35,8 @@ from airflow_lease_provider.core import (
     LeaseStoreUnavailable,
     TokenHolder,
 )
+
+log = logging.getLogger(__name__)
 
 #: How long one request may take by default: an answer later than this is no answer (the keeper retries).
 DEFAULT_TIMEOUT = timedelta(seconds=5)
@@ -70,9 +73,9 @@ class HttpLeaseStore:
     :param client: an ``httpx.Client`` to send through (tests pass FastAPI's ``TestClient``).
     """
 
-    #: The api-server's store records the acquired and released events; the keeper's own (lost, renewed
-    #: late) and the task's outcomes are not sent over HTTP yet (:class:`_NoLedger`).
-    record_events = False
+    #: The api-server's store records the acquired and released events itself; the task's own (a skip, an
+    #: overlap failure) and the keeper's (lost, renewed late) are sent to ``/event`` (:class:`HttpLedger`).
+    record_events = True
     #: What the task runtime reads of a store: not a shared database (the runtime closes it after the task),
     #: and the schema is the api-server's business.
     shared = False
@@ -91,7 +94,7 @@ class HttpLeaseStore:
         self._own_client = client is None
         #: The capability of each grant this store took, by (key, owner, token): kept in memory only.
         self._capabilities: dict[tuple[str, str, int], str] = {}
-        self.events = _NoLedger()
+        self.events = HttpLedger(self)
 
     def __repr__(self) -> str:  # never the secret
         return f"HttpLeaseStore({self.base_url!r})"
@@ -225,8 +228,39 @@ class HttpLeaseStore:
             self._client.close()
 
 
-class _NoLedger:
-    """The ledger of a store on the API path: the task's own events are not sent over HTTP yet."""
+class HttpLedger:
+    """The ledger of a store on the API path: :meth:`record` sends the task's own events to the lease API's
+    ``/event`` (a refusal with the acquire secret, a grant's event with its capability; docs/api.md). Sent
+    once, never again after a lost answer (as the direct ledger: at most once), and never raises. Anything
+    else a ledger offers (a catch-up record, queries) is not offered over HTTP: a no-op."""
+
+    def __init__(self, store: HttpLeaseStore) -> None:
+        self._store = store
+
+    def record(self, kind: Any, key: str, *, owner: str | None = None, token: int | None = None,
+               detail: dict[str, Any] | None = None, run: Any = None) -> bool:
+        kind = str(getattr(kind, "value", kind))
+        body: dict[str, Any] = {"kind": kind, "key": key, "owner": owner, "token": token, "detail": detail or {}}
+        if run is not None:
+            body["run"] = {"dag_id": run.dag_id, "run_id": run.run_id, "task_id": run.task_id,
+                           "map_index": run.map_index}
+        try:
+            if kind in ("skipped_overlap", "overlap_failed"):
+                credential = self._store._secret
+            else:
+                credential = self._store._capabilities.get((key, owner or "", token or 0)) or ""
+                if not credential:
+                    log.warning("lease: the %s event of %r is not recorded: no capability for it here", kind, key)
+                    return False
+            code, answer = self._store._send("POST", "/event", credential, body)
+        except LeaseError as exc:
+            log.warning("lease: the %s event of %r could not be recorded over the lease API: %s", kind, key, exc)
+            return False
+        if code != 200:
+            log.warning("lease: the lease API did not record the %s event of %r (%s): %s", kind, key, code,
+                        answer.get("detail", answer.get("status")))
+            return False
+        return True
 
     def __getattr__(self, name: str) -> Callable[..., None]:
         return lambda *args, **kwargs: None

@@ -36,6 +36,7 @@ from airflow_lease_provider.core import (
     LeaseError,
     LeaseStore,
     LeaseStoreUnavailable,
+    RunRef,
     SlotCountMismatch,
 )
 from airflow_lease_provider.core import capability as caps
@@ -174,6 +175,30 @@ class RenewBody(GrantRef):
     ttl_seconds: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
 
 
+#: What a task may record over the API with the acquire secret: that it was refused a key another holds
+#: (docs/api.md, "The task's events"). Only while the holder it names holds the key.
+REFUSAL_EVENTS = ("skipped_overlap", "overlap_failed")
+#: What a grant's holder may record about its own grant, by its capability.
+GRANT_EVENTS = ("lost", "renewed_late")
+
+
+class RunBody(BaseModel):
+    dag_id: Name
+    run_id: Name
+    task_id: Name | None = None
+    map_index: int = Field(default=-1, ge=-1, le=2**31 - 1)
+
+
+class EventBody(BaseModel):
+    kind: Literal["skipped_overlap", "overlap_failed", "lost", "renewed_late"]
+    key: Name
+    owner: Name
+    token: int | None = Field(default=None, ge=1, le=2**63 - 1, description="the grant (lost, renewed_late)")
+    run: RunBody | None = Field(default=None, description="the task instance the event is about (run columns)")
+    detail: dict[str, Any] = Field(default_factory=dict, description="as the direct path records it; a refusal "
+                                   "names the holder in `holder_token`")
+
+
 class FenceBody(GrantRef):
     resource: Name
     idempotency_key: str | None = Field(default=None, min_length=1, max_length=MAX_NAME)
@@ -294,6 +319,29 @@ def fence(body: FenceBody, store: StoreDep, fences: FencesDep, credential: Beare
     return {**answer, "status": "accepted"}
 
 
+def event(body: EventBody, store: StoreDep, credential: BearerDep) -> Any:
+    """Record one of the task's own events in the ledger, as the direct path does (docs/api.md, "The task's
+    events"). A refusal (``skipped_overlap``, ``overlap_failed``): the acquire secret, and only while the
+    holder the detail names (``holder_token``) holds the key and is not ``owner``, so nobody records a skip
+    that no acquire could have met. A grant's own event (``lost``, ``renewed_late``): that grant's capability."""
+    if body.kind in REFUSAL_EVENTS:
+        may_acquire(credential)
+        holder_token = body.detail.get("holder_token")
+        holders = store.slot_holders(body.key)
+        if not any(h.token == holder_token and h.owner != body.owner for h in holders):
+            return _conflict({"status": "not_held", "recorded": False, "key": body.key,
+                              "detail": "the holder named in holder_token does not hold the key"})
+    else:
+        if body.token is None:
+            raise InvalidArgument("token", None, f"is required for a {body.kind!r} event")
+        _holder_of(store, GrantRef(key=body.key, owner=body.owner, token=body.token), credential)
+    run = RunRef(body.run.dag_id, body.run.run_id, body.run.map_index, task_id=body.run.task_id) if body.run else None
+    recorded = store.events.record(body.kind, body.key, owner=body.owner, token=body.token, detail=body.detail, run=run)
+    if not recorded:
+        raise LeaseStoreUnavailable("the event could not be recorded")
+    return {"status": "recorded", "recorded": True, "kind": body.kind, "key": body.key}
+
+
 # -- errors -----------------------------------------------------------------------------------------
 
 
@@ -340,4 +388,5 @@ def create_api() -> FastAPI:
     app.add_api_route("/check", check_get, methods=["GET"], responses=responses)
     app.add_api_route("/check", check_post, methods=["POST"], responses=responses)
     app.add_api_route("/fence", fence, methods=["POST"], responses=responses)
+    app.add_api_route("/event", event, methods=["POST"], responses=responses)
     return app

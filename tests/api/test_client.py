@@ -134,3 +134,23 @@ def test_settings_access_and_the_api_server_url(monkeypatch: pytest.MonkeyPatch)
         settings.access()
     monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", "http://api.example:8080/execution/")
     assert settings.api_server_url() == "http://api.example:8080"
+
+
+def test_a_skip_over_http_is_recorded_once_through_the_task_outcome_path(server: PausableClient, store: LeaseStore) -> None:
+    """``outcomes.report`` on the API path writes the skip as on the direct path: one event, the run columns."""
+    from airflow_lease_provider.core import RunRef
+    from airflow_lease_provider.runtime.outcomes import Outcome, report
+
+    http = http_store(server)
+    holder = http.acquire("skipped", "first-run", timedelta(seconds=30))
+    assert holder is not None
+    run = RunRef("dag", "scheduled__2", task_id="t")
+    refused = http.try_acquire("skipped", run.owner(), timedelta(seconds=30))
+    assert refused.lease is None and refused.holder is not None
+    report(Outcome.SKIPPED_OVERLAP, store=http, key="skipped", owner=run.owner(), message="skipping", run=run,
+           detail={"holder_owner": refused.holder.owner, "holder_token": refused.holder.token, "policy": "skip"})
+    skips = [e for e in store.events.query(key="skipped") if e.kind == "skipped_overlap"]
+    assert len(skips) == 1 and skips[0].run == run and skips[0].owner == run.owner()
+    # The keeper's loss, by the grant's capability.
+    assert http.events.record("lost", "skipped", owner="first-run", token=holder.token, detail={"reason": "test"})
+    assert [e.token for e in store.events.query(key="skipped") if e.kind == "lost"] == [holder.token]

@@ -16,7 +16,7 @@ import pytest
 from fastapi import FastAPI
 from fastapi.testclient import TestClient
 
-from airflow_lease_provider.core import FenceStore, LeaseStore
+from airflow_lease_provider.core import FenceStore, LeaseStore, RunRef
 from airflow_lease_provider.plugins import lease_api
 
 SECRET = "acquire-" + secrets.token_urlsafe(16)
@@ -62,7 +62,8 @@ def grant(response: Any) -> tuple[dict[str, Any], str]:
 
 
 ROUTES = [("POST", "/lease/v1/acquire"), ("POST", "/lease/v1/renew"), ("POST", "/lease/v1/release"),
-          ("POST", "/lease/v1/check"), ("GET", "/lease/v1/check?key=k&owner=o&token=1"), ("POST", "/lease/v1/fence")]
+          ("POST", "/lease/v1/check"), ("GET", "/lease/v1/check?key=k&owner=o&token=1"), ("POST", "/lease/v1/fence"),
+          ("POST", "/lease/v1/event")]
 
 
 @pytest.mark.parametrize(("method", "path"), ROUTES)
@@ -269,3 +270,47 @@ def test_an_unreachable_store_is_503(enabled: None) -> None:
         renewed = client.post("/lease/v1/renew", json={"key": "k", "owner": "o", "token": 1}, headers=auth("x" * 43))
     assert acquired.status_code == renewed.status_code == 503
     assert "127.0.0.1" not in acquired.text + renewed.text
+
+
+RUN = {"dag_id": "d", "run_id": "scheduled__2026-12-01", "task_id": "t", "map_index": -1}
+
+
+def test_a_skip_is_recorded_once_with_the_run_columns_while_the_named_holder_holds_the_key(
+    client: TestClient, store: LeaseStore
+) -> None:
+    ref, capability = grant(acquire(client, "ev", "holder"))
+    skip = {"kind": "skipped_overlap", "key": "ev", "owner": "d/scheduled__2026-12-01/t", "run": RUN,
+            "detail": {"holder_owner": "holder", "holder_token": ref["token"], "policy": "skip"}}
+    # A capability is not the acquire secret (a refusal is recorded with the secret only).
+    assert client.post("/lease/v1/event", json=skip, headers=auth(capability)).status_code == 403
+    assert client.post("/lease/v1/event", json=skip, headers=auth(SECRET + "x")).status_code == 403
+    # A holder that does not hold the key (a forged history): refused, nothing recorded.
+    forged = {**skip, "detail": {**skip["detail"], "holder_token": ref["token"] + 7}}
+    assert client.post("/lease/v1/event", json=forged, headers=auth(SECRET)).status_code == 409
+    # Nor may the holder "skip" against itself.
+    assert client.post("/lease/v1/event", json={**skip, "owner": "holder"}, headers=auth(SECRET)).status_code == 409
+    assert not [e for e in store.events.query(key="ev") if e.kind == "skipped_overlap"]
+    answer = client.post("/lease/v1/event", json=skip, headers=auth(SECRET))
+    assert answer.status_code == 200, answer.text
+    skips = [e for e in store.events.query(key="ev") if e.kind == "skipped_overlap"]
+    assert len(skips) == 1
+    assert skips[0].owner == "d/scheduled__2026-12-01/t"
+    assert skips[0].run == RunRef("d", "scheduled__2026-12-01", task_id="t")
+    assert skips[0].detail["holder_token"] == ref["token"]
+    # Once the holder released, no skip against it is recorded any more.
+    assert client.post("/lease/v1/release", json=ref, headers=auth(capability)).status_code == 200
+    assert client.post("/lease/v1/event", json=skip, headers=auth(SECRET)).status_code == 409
+
+
+def test_a_grant_event_needs_that_grant_s_capability(client: TestClient, store: LeaseStore) -> None:
+    ref, capability = grant(acquire(client, "ev2", "holder"))
+    other_ref, other_capability = grant(acquire(client, "ev3", "holder"))
+    lost = {"kind": "lost", **ref, "detail": {"reason": "the api-server stopped answering"}}
+    assert client.post("/lease/v1/event", json=lost, headers=auth(SECRET)).status_code == 403
+    assert client.post("/lease/v1/event", json=lost, headers=auth(other_capability)).status_code == 403
+    no_token = {k: v for k, v in lost.items() if k != "token"}
+    assert client.post("/lease/v1/event", json=no_token, headers=auth(capability)).status_code == 422
+    assert client.post("/lease/v1/event", json=lost, headers=auth(capability)).status_code == 200
+    events = [e for e in store.events.query(key="ev2") if e.kind == "lost"]
+    assert len(events) == 1 and events[0].token == ref["token"]
+    assert not [e for e in store.events.query(key="ev3") if e.kind == "lost"]

@@ -83,6 +83,8 @@ def test_a_leased_task_on_the_api_path_is_skipped_while_another_holds_the_key(ap
     from datetime import timedelta
     from pathlib import Path
 
+    from airflow_lease_provider.core import EventKind
+
     holder = api.store.acquire("api-path", "someone-else", timedelta(minutes=2))
     assert holder is not None
     try:
@@ -93,6 +95,15 @@ def test_a_leased_task_on_the_api_path_is_skipped_while_another_holds_the_key(ap
         assert "someone-else" in run.stdout + run.stderr, (run.stdout + run.stderr)[-3000:]
         now = api.store.holder("api-path")
         assert now is not None and (now.owner, now.token) == ("someone-else", holder.token)
+        # The skip is in the ledger once, with the run columns, as on the direct path (the Leases page and
+        # `airflow-lease events` read it there).
+        skips = [e for e in api.store.events.query(key="api-path")
+                 if e.kind == EventKind.SKIPPED_OVERLAP and e.detail.get("holder_token") == holder.token]
+        assert len(skips) == 1, (skips, (run.stdout + run.stderr)[-3000:])
+        skip = skips[0]
+        assert skip.run is not None and (skip.run.dag_id, skip.run.task_id) == ("lease_api_path", "work")
+        assert "2026-12-02" in skip.run.run_id and skip.owner == skip.run.owner()
+        assert skip.detail["holder_owner"] == "someone-else" and skip.detail["policy"] == "skip"
     finally:
         api.store.release(holder)
 
