@@ -28,11 +28,14 @@ import httpx
 
 from airflow_lease_provider.core import (
     Acquisition,
+    FenceDecision,
     Holding,
     InvalidArgument,
     Lease,
     LeaseError,
+    LeaseLost,
     LeaseStoreUnavailable,
+    RunRef,
     TokenHolder,
 )
 
@@ -94,6 +97,7 @@ class HttpLeaseStore:
         self._own_client = client is None
         #: The capability of each grant this store took, by (key, owner, token): kept in memory only.
         self._capabilities: dict[tuple[str, str, int], str] = {}
+        self._store_id: str | None = None
         self.events = HttpLedger(self)
 
     def __repr__(self) -> str:  # never the secret
@@ -147,24 +151,37 @@ class HttpLeaseStore:
         if code == 200:
             lease = lease_from_json(answer["lease"], sent_at)
             self._capabilities[(lease.key, lease.owner, lease.token)] = answer["capability"]
+            self._store_id = answer.get("store_id") or self._store_id
             replaced = answer.get("replaced")
             return Acquisition(lease, None, TokenHolder(replaced["owner"], int(replaced["token"])) if replaced else None)
         if code == 409 and answer.get("status") == "held":
             holders = tuple(_holder(h, body["key"], sent_at) for h in answer.get("holders", []))
-            return Acquisition(None, holders[0] if holders else None, holders=holders if len(holders) > 1 else ())
+            return Acquisition(None, holders[0] if holders else None, holders=holders if len(holders) > 1 else (),
+                               holder_older=bool(answer.get("holder_older")))
         raise LeaseError(f"the lease API answered {code} to the acquire: {answer.get('detail', answer.get('status'))}")
 
     def try_acquire(self, key: str, owner: str, ttl: timedelta, *, slots: int = 1, request_id: str | None = None,
-                    **_: Any) -> Acquisition:
+                    run: RunRef | None = None, **_: Any) -> Acquisition:
         body: dict[str, Any] = {"key": key, "owner": owner, "ttl_seconds": ttl.total_seconds(),
-                                "policy": "slots" if slots != 1 else "single", "slots": slots}
+                                "policy": "slots" if slots != 1 else "single", "slots": slots, "run": _run(run)}
         if request_id:
             body["request_id"] = request_id
         return self._acquire(body)
 
-    def try_replace(self, key: str, owner: str, ttl: timedelta, *, run_after: datetime, **_: Any) -> Acquisition:
+    def try_replace(self, key: str, owner: str, ttl: timedelta, *, run_after: datetime, run: RunRef | None = None,
+                    takeover: bool = True, **_: Any) -> Acquisition:
         return self._acquire({"key": key, "owner": owner, "ttl_seconds": ttl.total_seconds(), "policy": "replace",
-                              "run_after": run_after.isoformat()})
+                              "run_after": run_after.isoformat(), "run": _run(run), "takeover": takeover})
+
+    def replaced_by(self, lease: Lease) -> TokenHolder | None:
+        """Who took ``lease`` over (policy replace), or None: not replaced (lost otherwise, or still held)."""
+        code, answer = self._send("POST", "/replaced_by", self._secret, self._ref(lease))
+        if code != 200:
+            raise LeaseError(f"the lease API answered {code} to replaced_by: {answer.get('detail')}")
+        by = answer.get("replaced_by")
+        if not by:
+            return None
+        return TokenHolder(str(by["owner"]), int(by["token"]), RunRef.from_columns(by["run"]) if by.get("run") else None)
 
     def acquire(self, key: str, owner: str, ttl: timedelta, **kwargs: Any) -> Lease | None:
         return self.try_acquire(key, owner, ttl, **kwargs).lease
@@ -207,7 +224,14 @@ class HttpLeaseStore:
 
     @property
     def store_id(self) -> str:
-        raise LeaseError("fenced publishing from a task on the lease API path is not wired yet (docs/api.md)")
+        """The api-server's lease store's id, as its last grant here said (an object fence records it)."""
+        if self._store_id is None:
+            raise LeaseError("no grant was taken through this lease API store yet: its store id is not known")
+        return self._store_id
+
+    def fences(self) -> HttpFences:
+        """The fences of the api-server's store, for this store's grants (``lease.fence()`` on the API path)."""
+        return HttpFences(self)
 
     def holder(self, key: str) -> Lease | None:
         # The API shows a grant to its holder only: who holds a lease this process lost is not known here.
@@ -228,6 +252,57 @@ class HttpLeaseStore:
             self._client.close()
 
 
+class HttpFences:
+    """The fence of the api-server's lease store, through the lease API, as a task's lease context uses a
+    :class:`~airflow_lease_provider.core.FenceStore` (``guard``): the decision, raised when refused
+    (:class:`~airflow_lease_provider.core.StaleFencingToken`, ``DuplicatePublish``), and with an idempotency
+    key the claim given back when the block around the side effect raises, as on the direct path. A fenced
+    transaction needs a connection to the database the fence is in: not on the API path."""
+
+    def __init__(self, store: HttpLeaseStore) -> None:
+        self._store = store
+
+    def guard(self, resource: str, token: int, *, key: str, owner: str | None = None,
+              idempotency_key: str | None = None, **_: Any) -> FenceDecision:
+        ref = {"key": key, "owner": owner or "", "token": token}
+        capability = self._store._capabilities.get((key, owner or "", token))
+        if capability is None:
+            raise LeaseAPIRefused(f"no capability for lease {key!r} token {token}: not taken through this store")
+        body: dict[str, Any] = {**ref, "resource": resource}
+        if idempotency_key is not None:
+            body["idempotency_key"] = idempotency_key
+        code, answer = self._store._send("POST", "/fence", capability, body)
+        if code == 403:
+            raise LeaseLost(key, token, "the lease API no longer takes this grant's capability (the lease changed)")
+        if code == 409 and answer.get("status") == "lost":
+            raise LeaseLost(key, token, "the lease API says the lease is no longer held")
+        if code not in (200, 409) or "outcome" not in answer:
+            raise LeaseError(f"the lease API answered {code} to the fence: {answer.get('detail', answer.get('status'))}")
+
+        def give_back() -> bool:
+            try:
+                _, given = self._store._send("POST", "/fence/give_back", capability,
+                                             {**body, "idempotency_key": idempotency_key})
+            except LeaseError:
+                return False
+            return bool(given.get("given_back"))
+
+        decision = FenceDecision(
+            resource, token, str(answer["outcome"]), answer.get("current_token"), idempotency_key=idempotency_key,
+            key=key, newest_grant=answer.get("newest_grant"),
+            _release=give_back if idempotency_key is not None and answer.get("accepted") else None,
+        )
+        decision.raise_if_rejected()
+        return decision
+
+    def transaction(self, *args: Any, **kwargs: Any) -> Any:
+        raise LeaseError(
+            "a fenced transaction in the lease store's database needs a connection to it; with [lease] access "
+            "= api (or auto without one) use lease.fence() and carry the token, or publish to another "
+            "database with conn_id (docs/api.md)"
+        )
+
+
 class HttpLedger:
     """The ledger of a store on the API path: :meth:`record` sends the task's own events to the lease API's
     ``/event`` (a refusal with the acquire secret, a grant's event with its capability; docs/api.md). Sent
@@ -242,8 +317,7 @@ class HttpLedger:
         kind = str(getattr(kind, "value", kind))
         body: dict[str, Any] = {"kind": kind, "key": key, "owner": owner, "token": token, "detail": detail or {}}
         if run is not None:
-            body["run"] = {"dag_id": run.dag_id, "run_id": run.run_id, "task_id": run.task_id,
-                           "map_index": run.map_index}
+            body["run"] = _run(run)
         try:
             if kind in ("skipped_overlap", "overlap_failed"):
                 credential = self._store._secret
@@ -264,6 +338,12 @@ class HttpLedger:
 
     def __getattr__(self, name: str) -> Callable[..., None]:
         return lambda *args, **kwargs: None
+
+
+def _run(run: RunRef | None) -> dict[str, Any] | None:
+    if run is None:
+        return None
+    return {"dag_id": run.dag_id, "run_id": run.run_id, "task_id": run.task_id, "map_index": run.map_index}
 
 
 def _holder(data: dict[str, Any], key: str, sent_at: float) -> Lease:

@@ -147,6 +147,16 @@ def may_acquire(credential: BearerDep) -> None:
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
 
 
+class RunBody(BaseModel):
+    dag_id: Name
+    run_id: Name
+    task_id: Name | None = None
+    map_index: int = Field(default=-1, ge=-1, le=2**31 - 1)
+
+    def ref(self) -> RunRef:
+        return RunRef(self.dag_id, self.run_id, self.map_index, task_id=self.task_id)
+
+
 class AcquireBody(BaseModel):
     key: Name
     owner: Name
@@ -163,6 +173,9 @@ class AcquireBody(BaseModel):
         description="a random string of the client's: the same request sent again answers the same grant "
         "(and capability) while that grant is live; secret like the capability it yields",
     )
+    run: RunBody | None = Field(default=None, description="the task instance taking it (the events' run columns)")
+    takeover: bool = Field(default=True, description="policy replace: False never takes over (the holder's "
+                           "run is older: `holder_older` in the 409)")
 
 
 class GrantRef(BaseModel):
@@ -180,13 +193,6 @@ class RenewBody(GrantRef):
 REFUSAL_EVENTS = ("skipped_overlap", "overlap_failed")
 #: What a grant's holder may record about its own grant, by its capability.
 GRANT_EVENTS = ("lost", "renewed_late")
-
-
-class RunBody(BaseModel):
-    dag_id: Name
-    run_id: Name
-    task_id: Name | None = None
-    map_index: int = Field(default=-1, ge=-1, le=2**31 - 1)
 
 
 class EventBody(BaseModel):
@@ -243,6 +249,7 @@ def acquire(body: AcquireBody, store: StoreDep, _: Annotated[None, Depends(may_a
     if body.policy != "slots" and body.slots != 1:
         raise InvalidArgument("slots", body.slots, "needs policy 'slots'")
     capability = caps.from_request_id(body.request_id) if body.request_id else caps.new_capability()
+    run = body.run.ref() if body.run else None
     if body.request_id:
         # A resend of an acquire whose answer was lost: its grant, if it is live, with the same capability.
         for held in store.slot_holders(body.key):
@@ -250,16 +257,19 @@ def acquire(body: AcquireBody, store: StoreDep, _: Annotated[None, Depends(may_a
                 return {"status": "granted", "lease": lease_json(held), "capability": capability, "resent": True}
     if body.policy == "replace":
         assert body.run_after is not None
-        taken = store.try_replace(body.key, body.owner, ttl, run_after=body.run_after)
+        taken = store.try_replace(body.key, body.owner, ttl, run_after=body.run_after, run=run,
+                                  takeover=body.takeover)
     else:
-        taken = store.try_acquire(body.key, body.owner, ttl, slots=body.slots)
+        taken = store.try_acquire(body.key, body.owner, ttl, slots=body.slots, run=run)
     lease = taken.lease
     if lease is None:
         holders = taken.holders or ((taken.holder,) if taken.holder is not None else ())
-        return _conflict({"status": "held", "key": body.key, "holders": [holder_json(h) for h in holders]})
+        return _conflict({"status": "held", "key": body.key, "holders": [holder_json(h) for h in holders],
+                          "holder_older": taken.holder_older})
     if not caps.bind(store, lease, capability):
         return _conflict({"status": "lost", "key": body.key, "detail": "the grant lapsed before it was answered"})
-    answer: dict[str, Any] = {"status": "granted", "lease": lease_json(lease), "capability": capability}
+    answer: dict[str, Any] = {"status": "granted", "lease": lease_json(lease), "capability": capability,
+                              "store_id": store.store_id}
     if taken.replaced is not None:
         answer["replaced"] = {"owner": taken.replaced.owner, "token": taken.replaced.token}
     return answer
@@ -313,7 +323,9 @@ def fence(body: FenceBody, store: StoreDep, fences: FencesDep, credential: Beare
         body.resource, lease.token, key=lease.key, owner=lease.owner, idempotency_key=body.idempotency_key,
         store_id=store.store_id, count_epoch=lease.count_epoch, base_key=lease.lease_key,
     )
-    answer = {"accepted": decision.accepted, "resource": body.resource, "key": body.key, "token": body.token}
+    answer = {"accepted": decision.accepted, "resource": body.resource, "key": body.key, "token": body.token,
+              "outcome": decision.outcome, "current_token": decision.current_token,
+              "newest_grant": decision.newest_grant}
     if not decision.accepted:
         return _conflict({**answer, "status": "refused", "reason": decision.reason})
     return {**answer, "status": "accepted"}
@@ -335,11 +347,39 @@ def event(body: EventBody, store: StoreDep, credential: BearerDep) -> Any:
         if body.token is None:
             raise InvalidArgument("token", None, f"is required for a {body.kind!r} event")
         _holder_of(store, GrantRef(key=body.key, owner=body.owner, token=body.token), credential)
-    run = RunRef(body.run.dag_id, body.run.run_id, body.run.map_index, task_id=body.run.task_id) if body.run else None
+    run = body.run.ref() if body.run else None
     recorded = store.events.record(body.kind, body.key, owner=body.owner, token=body.token, detail=body.detail, run=run)
     if not recorded:
         raise LeaseStoreUnavailable("the event could not be recorded")
     return {"status": "recorded", "recorded": True, "kind": body.kind, "key": body.key}
+
+
+class GiveBackBody(GrantRef):
+    resource: Name
+    idempotency_key: str = Field(min_length=1, max_length=MAX_NAME)
+
+
+def give_back(body: GiveBackBody, store: StoreDep, fences: FencesDep, credential: BearerDep) -> Any:
+    """Give back the idempotency claim of this grant's external publish whose side effect failed (the
+    ``with lease.fence(..., idempotency_key=...)`` block raised): only that publish's own claim (same
+    resource, key, token, owner), and only while the grant is current (a lost grant keeps its claim: at most
+    once, failing toward "not published again", docs/core.md)."""
+    _holder_of(store, body, credential)
+    given = fences._give_back({"resource": body.resource, "idempotency_key": body.idempotency_key,
+                               "token": body.token, "owner": body.owner})
+    return {"given_back": given}
+
+
+def replaced_by(body: GrantRef, store: StoreDep, _: Annotated[None, Depends(may_acquire)]) -> Any:
+    """Who took the grant over (policy replace), or null: the replaced task ends skipped, naming that run.
+    The acquire secret: it says no more than a refused acquire's 409 says to the same caller (who holds)."""
+    now = datetime.now().astimezone()
+    ref = Lease(key=body.key, owner=body.owner, token=body.token, ttl=timedelta(0), acquired_at=now, renewed_at=now,
+                expires_at=now, released_at=None, observed_at=now)
+    by = store.replaced_by(ref)
+    if by is None:
+        return {"replaced_by": None}
+    return {"replaced_by": {"owner": by.owner, "token": by.token, "run": by.run.columns() if by.run else None}}
 
 
 # -- errors -----------------------------------------------------------------------------------------
@@ -389,4 +429,6 @@ def create_api() -> FastAPI:
     app.add_api_route("/check", check_post, methods=["POST"], responses=responses)
     app.add_api_route("/fence", fence, methods=["POST"], responses=responses)
     app.add_api_route("/event", event, methods=["POST"], responses=responses)
+    app.add_api_route("/fence/give_back", give_back, methods=["POST"], responses=responses)
+    app.add_api_route("/replaced_by", replaced_by, methods=["POST"], responses=responses)
     return app
