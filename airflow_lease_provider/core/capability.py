@@ -13,8 +13,11 @@ from __future__ import annotations
 import base64
 import hashlib
 import secrets
+import time
+from datetime import timedelta
 from typing import Any
 
+from airflow_lease_provider.core import validation
 from airflow_lease_provider.core.types import Lease
 
 #: Bytes of randomness in a capability.
@@ -53,3 +56,15 @@ def grant(store: Any, key: str, owner: str, token: int, capability: str) -> Leas
     params = {"key": key, "owner": owner, "token": token, "digest": digest(key, owner, token, capability)}
     rows = store._ready().run("api_capability_grant", params)
     return Lease.from_row(rows[0]) if rows else None
+
+
+
+def renew(store: Any, key: str, owner: str, token: int, capability: str, ttl: timedelta | None) -> Lease | None:
+    """Renew the grant (key, owner, token) by ``ttl`` (None: its own TTL) when ``capability`` is its
+    capability, in one statement (one round trip); None: lost, or not this grant's capability (the caller
+    tells which with :func:`grant`, on that rare path only)."""
+    params = {"key": key, "owner": owner, "token": token, "digest": digest(key, owner, token, capability),
+              "ttl": None if ttl is None else validation.ttl("ttl", ttl)}
+    sent_at = time.monotonic()
+    rows = store._ready().run("api_capability_renew", params, durable=True)
+    return Lease.from_row(rows[0], sent_at) if rows else None

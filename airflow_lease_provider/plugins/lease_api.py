@@ -277,10 +277,11 @@ def acquire(body: AcquireBody, store: StoreDep, _: Annotated[None, Depends(may_a
 
 def renew(body: RenewBody, store: StoreDep, credential: BearerDep) -> Any:
     """Extend the grant by its TTL (or ``ttl_seconds``) from now; 409 when it is lost."""
-    lease = _holder_of(store, body, credential)
     ttl = timedelta(seconds=body.ttl_seconds) if body.ttl_seconds is not None else None
-    renewed = store.renew(lease, ttl) if lease.held else None
+    # One statement checks the capability and renews (one round trip); only a refusal reads which it was.
+    renewed = caps.renew(store, body.key, body.owner, body.token, credential, ttl)
     if renewed is None:
+        _holder_of(store, body, credential)  # 403 when not this grant's capability
         return _conflict({"status": "lost", "key": body.key, "token": body.token})
     return {"status": "renewed", "lease": lease_json(renewed)}
 

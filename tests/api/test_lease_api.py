@@ -314,3 +314,22 @@ def test_a_grant_event_needs_that_grant_s_capability(client: TestClient, store: 
     events = [e for e in store.events.query(key="ev2") if e.kind == "lost"]
     assert len(events) == 1 and events[0].token == ref["token"]
     assert not [e for e in store.events.query(key="ev3") if e.kind == "lost"]
+
+
+def test_a_renewal_is_one_statement_checking_the_capability(
+    client: TestClient, store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """1,000 leases renewing through one api-server: each renewal is one round trip to the store."""
+    ref, capability = grant(acquire(client, "one-trip", "o", ttl=30))
+    db = store._ready()
+    sent: list[str] = []
+    real_run = db.run
+    monkeypatch.setattr(db, "run", lambda name, *a, **kw: (sent.append(name), real_run(name, *a, **kw))[1])
+    renewed = client.post("/lease/v1/renew", json={**ref, "ttl_seconds": 40}, headers=auth(capability))
+    assert renewed.status_code == 200 and renewed.json()["lease"]["ttl_seconds"] == 40
+    assert sent == ["api_capability_renew"]
+    # Its own TTL when none is sent; a wrong capability is still 403 (read only on that path), a lapsed one 409.
+    sent.clear()
+    assert client.post("/lease/v1/renew", json=ref, headers=auth(capability)).json()["lease"]["ttl_seconds"] == 40
+    assert sent == ["api_capability_renew"]
+    assert client.post("/lease/v1/renew", json=ref, headers=auth(capability + "x")).status_code == 403

@@ -483,3 +483,17 @@ SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at
        l.count_epoch
   FROM {schema}.lease l
  WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s AND l.api_capability = %(digest)s;
+
+-- name: api_capability_renew [prepared]
+-- The lease API's renewal in one round trip: the renew statement (above), which also requires the
+-- capability's digest to be the one kept for this grant. No row: lost, or not this grant's capability
+-- (the route then reads api_capability_grant to answer which). ttl NULL: the grant's own. Keep its SET
+-- and WHERE as renew's.
+UPDATE {schema}.lease AS l
+   SET renewed_at = pg_catalog.clock_timestamp(),
+       expires_at = pg_catalog.clock_timestamp() + COALESCE(%(ttl)s::interval, l.ttl),
+       ttl = COALESCE(%(ttl)s::interval, l.ttl)
+ WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s AND l.api_capability = %(digest)s
+   AND l.expires_at > pg_catalog.clock_timestamp() AND l.released_at IS NULL
+RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+          pg_catalog.clock_timestamp() AS observed_at, l.slot, l.slots, l.count_epoch;
