@@ -108,6 +108,16 @@ OPTIONS: dict[str, dict[str, str]] = {
         "example": "https://airflow.example.com",
         "default": "",
     },
+    "api_pool_size": {
+        "description": (
+            "The api-server's lease API: at most this many connections to the lease store, shared by its "
+            "request threads (each request takes one for its one statement and gives it back)."
+        ),
+        "version_added": "0.2.0",
+        "type": "integer",
+        "example": "16",
+        "default": "8",
+    },
     "embedded": {
         "description": (
             "Whether a missing lease connection falls back to the embedded PostgreSQL, "

@@ -216,6 +216,14 @@ def api_server_url() -> str:
     return _get("base_url", section="api").rstrip("/") or "http://localhost:8080"
 
 
+def api_pool_size() -> int:
+    """``[lease] api_pool_size``: the lease API's connections to the store (a whole number of at least 1)."""
+    raw = _get("api_pool_size") or DEFAULTS["api_pool_size"]
+    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"[lease] api_pool_size = {raw!r}: must be a whole number of at least 1")
+    return int(raw)
+
+
 def metadata_on_sqlite() -> bool:
     """Whether Airflow's metadata database is known to be SQLite: a file on one host, so no second host
     can exist. Unknown is not SQLite (the safe answer: no embedded store)."""

@@ -333,3 +333,54 @@ def test_a_renewal_is_one_statement_checking_the_capability(
     assert client.post("/lease/v1/renew", json=ref, headers=auth(capability)).json()["lease"]["ttl_seconds"] == 40
     assert sent == ["api_capability_renew"]
     assert client.post("/lease/v1/renew", json=ref, headers=auth(capability + "x")).status_code == 403
+
+
+def test_request_threads_have_stores_of_their_own_on_one_pool_of_api_pool_size(
+    store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each request thread renews on a store of its own (a store runs one statement at a time), and all of
+    them share at most ``[lease] api_pool_size`` connections: nobody queues on one connection."""
+    import threading
+    from types import SimpleNamespace
+
+    from airflow_lease_provider import settings
+    from airflow_lease_provider.core import capability as caps
+
+    monkeypatch.setenv("AIRFLOW__LEASE__API_POOL_SIZE", "3")
+    assert settings.api_pool_size() == 3
+    where = SimpleNamespace(location=SimpleNamespace(dsn=store.db.dsn, schema=store.schema))
+    monkeypatch.setattr(lease_api.LeaseHook, "for_api_server", lambda **_: where)
+    monkeypatch.setattr(lease_api, "_local", threading.local())
+    grants = []
+    for n in range(8):
+        lease = store.acquire(f"pooled-{n}", "o", timedelta(seconds=30))
+        assert lease is not None
+        capability = caps.new_capability()
+        assert caps.bind(store, lease, capability)
+        grants.append((lease, capability))
+    stores: list[LeaseStore] = []
+    renewed: list[bool] = []
+    start = threading.Barrier(8)
+
+    def renew_many(lease: Any, capability: str) -> None:
+        mine = lease_api.get_api_store()
+        stores.append(mine)
+        assert lease_api.get_api_store() is mine  # one per thread, kept
+        start.wait()
+        for _ in range(10):
+            renewed.append(caps.renew(mine, lease.key, lease.owner, lease.token, capability, None) is not None)
+
+    threads = [threading.Thread(target=renew_many, args=g) for g in grants]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert renewed == [True] * 80
+    assert len({id(s) for s in stores}) == 8
+    pools = {id(s.db._shared_pool()) for s in stores}
+    assert len(pools) == 1
+    pool = stores[0].db._shared_pool()
+    assert pool.size == 3 and pool.connects <= 3 and pool.reuses >= 70
+    with pytest.raises(ValueError, match="api_pool_size"):
+        monkeypatch.setenv("AIRFLOW__LEASE__API_POOL_SIZE", "0")
+        settings.api_pool_size()
