@@ -104,19 +104,67 @@ def task_store(task: Any, conn_id: str | None) -> LeaseStore:
     ``[lease] access = api``: the lease API (:func:`api_task_store`). ``auto`` (the default): the direct
     path, except where it has no store at all: no lease connection is defined (the task names none, and
     ``[lease] conn_id``'s is missing where no embedded store may be used, as on an Edge worker) and the
-    lease API is enabled (a ``lease_api`` connection): then the API. Nothing more is looked up on the direct
-    path; without ``lease_api`` the missing connection's error stands (docs/api.md)."""
+    lease API is enabled (a ``lease_api`` connection): then the API; without ``lease_api`` the missing
+    connection's error stands (docs/api.md). ``auto`` with a lease
+    connection whose server does not accept a TCP connection from here within its connect timeout, while
+    the lease API is enabled: the API too (logged once per endpoint)."""
     access = settings.access()
     if access == "api":
         return api_task_store(task)
     grace = connection_grace(getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
+    hook = LeaseHook(conn_id)
     try:
-        return LeaseHook(conn_id).get_task_store(grace)
+        store = hook.get_task_store(grace)
     except LeaseConnectionMissing:
         if access == "auto" and conn_id is None and api_secret():
             log.info("lease: no lease connection here; taking the lease through the api-server's lease API")
             return api_task_store(task)
         raise
+    if access == "auto" and not hook.location.embedded and not direct_reachable(store) and api_secret():
+        endpoint = _endpoint(store.db.dsn)
+        if endpoint not in _logged_unreachable:
+            _logged_unreachable.add(endpoint)
+            log.warning(
+                "lease: the lease store (%s) does not answer from this host within %gs; taking leases through "
+                "the api-server's lease API ([lease] access = auto: docs/api.md)",
+                hook.location.where, store.db.connect_timeout.total_seconds(),
+            )
+        return api_task_store(task)
+    return store
+
+
+#: Endpoints of lease stores found answering from this process (probed once), and those logged unreachable.
+_reachable_endpoints: set[tuple[str, int]] = set()
+_logged_unreachable: set[tuple[str, int] | None] = set()
+
+
+def _endpoint(dsn: str) -> tuple[str, int] | None:
+    """The one TCP endpoint of ``dsn`` (None: a Unix socket, several hosts, or none named)."""
+    from psycopg2.extensions import parse_dsn
+
+    try:
+        options = parse_dsn(dsn)
+    except Exception:
+        return None
+    host, port = options.get("host") or options.get("hostaddr") or "", options.get("port") or "5432"
+    if not host or host.startswith("/") or "," in host or "," in port or not port.isdigit():
+        return None
+    return host, int(port)
+
+
+def direct_reachable(store: LeaseStore) -> bool:
+    """Whether the store's server accepts a TCP connection from here within the store's connect timeout
+    (``[lease] access = auto``). Probed once per endpoint and process while it answers; a Unix socket or a
+    list of hosts is taken as reachable (the direct path then says what is wrong)."""
+    from airflow_lease_provider.client import reachable
+
+    endpoint = _endpoint(store.db.dsn)
+    if endpoint is None or endpoint in _reachable_endpoints:
+        return True
+    if reachable(*endpoint, timeout=store.db.connect_timeout.total_seconds()):
+        _reachable_endpoints.add(endpoint)
+        return True
+    return False
 
 
 @dataclass

@@ -154,3 +154,44 @@ def test_a_skip_over_http_is_recorded_once_through_the_task_outcome_path(server:
     # The keeper's loss, by the grant's capability.
     assert http.events.record("lost", "skipped", owner="first-run", token=holder.token, detail={"reason": "test"})
     assert [e.token for e in store.events.query(key="skipped") if e.kind == "lost"] == [holder.token]
+
+
+def test_auto_takes_the_api_path_when_the_lease_connection_does_not_answer_from_here(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``[lease] access = auto`` with a lease connection that is defined but unreachable from the worker (its
+    port closed): a short probe within the connect timeout, then the lease API, logged once; a connection
+    that answers stays direct, and without ``lease_api`` the direct path (and its error) stands."""
+    import json
+    import socket
+
+    from airflow_lease_provider.core import LeaseStore
+    from airflow_lease_provider.runtime import store as runtime_store
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    parts = urlsplit(pg_dsn)
+    closed = {"conn_type": "postgres", "host": "127.0.0.1", "port": closed_port, "login": parts.username or "postgres",
+              "schema": parts.path.lstrip("/") or "postgres", "extra": {"connect_timeout": 2}}
+    monkeypatch.setenv("AIRFLOW__LEASE__ACCESS", "auto")
+    monkeypatch.setenv("AIRFLOW__LEASE__API_URL", "http://api-server.invalid:8080")
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_DEFAULT", json.dumps(closed))
+    monkeypatch.setattr(runtime_store, "_logged_unreachable", set())
+    monkeypatch.setattr(runtime_store, "_reachable_endpoints", set())
+    task = type("Task", (), {"lease_ttl": timedelta(seconds=30), "lease_renew_every": None, "on_overlap": "skip"})()
+    # Without the lease API: the direct path stands (its connect error says what is wrong).
+    monkeypatch.delenv("AIRFLOW_CONN_LEASE_API", raising=False)
+    assert isinstance(runtime_store.task_store(task, None), LeaseStore)
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_API", json.dumps({"conn_type": "http", "password": SECRET}))
+    caplog.set_level("INFO")
+    started = time.monotonic()
+    first = runtime_store.task_store(task, None)
+    assert isinstance(first, HttpLeaseStore) and time.monotonic() - started < 10
+    assert isinstance(runtime_store.task_store(task, None), HttpLeaseStore)
+    said = [r for r in caplog.records if "does not answer from this host" in r.getMessage()]
+    assert len(said) == 1 and "lease API" in said[0].getMessage()
+    # A lease connection that answers: direct.
+    reachable = {**closed, "host": parts.hostname or "127.0.0.1", "port": parts.port or 5432}
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_DEFAULT", json.dumps(reachable))
+    assert isinstance(runtime_store.task_store(task, None), LeaseStore)
