@@ -26,6 +26,7 @@ from typing import Any, cast
 from airflow_lease_provider import settings
 from airflow_lease_provider.core import LeaseError, LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.db import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT
+from airflow_lease_provider.core.db.dsn import server_endpoint
 from airflow_lease_provider.hooks import LeaseConnectionMissing, LeaseHook
 from airflow_lease_provider.hooks.lease import get_connection
 from airflow_lease_provider.runtime.signals import Terminate, stop_on_terminate
@@ -121,7 +122,7 @@ def task_store(task: Any, conn_id: str | None) -> LeaseStore:
             return api_task_store(task)
         raise
     if access == "auto" and not hook.location.embedded and not direct_reachable(store) and api_secret():
-        endpoint = _endpoint(store.db.dsn)
+        endpoint = server_endpoint(store.db.dsn)
         if endpoint not in _logged_unreachable:
             _logged_unreachable.add(endpoint)
             log.warning(
@@ -138,27 +139,13 @@ _reachable_endpoints: set[tuple[str, int]] = set()
 _logged_unreachable: set[tuple[str, int] | None] = set()
 
 
-def _endpoint(dsn: str) -> tuple[str, int] | None:
-    """The one TCP endpoint of ``dsn`` (None: a Unix socket, several hosts, or none named)."""
-    from psycopg2.extensions import parse_dsn
-
-    try:
-        options = parse_dsn(dsn)
-    except Exception:
-        return None
-    host, port = options.get("host") or options.get("hostaddr") or "", options.get("port") or "5432"
-    if not host or host.startswith("/") or "," in host or "," in port or not port.isdigit():
-        return None
-    return host, int(port)
-
-
 def direct_reachable(store: LeaseStore) -> bool:
     """Whether the store's server accepts a TCP connection from here within the store's connect timeout
     (``[lease] access = auto``). Probed once per endpoint and process while it answers; a Unix socket or a
     list of hosts is taken as reachable (the direct path then says what is wrong)."""
-    from airflow_lease_provider.client import reachable
+    from airflow_lease_provider.client import reachable  # httpx is imported by the API path only
 
-    endpoint = _endpoint(store.db.dsn)
+    endpoint = server_endpoint(store.db.dsn)
     if endpoint is None or endpoint in _reachable_endpoints:
         return True
     if reachable(*endpoint, timeout=store.db.connect_timeout.total_seconds()):
