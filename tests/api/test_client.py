@@ -195,3 +195,17 @@ def test_auto_takes_the_api_path_when_the_lease_connection_does_not_answer_from_
     reachable = {**closed, "host": parts.hostname or "127.0.0.1", "port": parts.port or 5432}
     monkeypatch.setenv("AIRFLOW_CONN_LEASE_DEFAULT", json.dumps(reachable))
     assert isinstance(runtime_store.task_store(task, None), LeaseStore)
+
+
+@pytest.mark.parametrize(("dsn", "endpoint"), [
+    ("postgresql://u:p/a@ss@db.example:6543/x", ("db.example", 6543)),  # a password with / and @, as libpq misreads
+    ("postgresql://[::1]:5433/d", ("::1", 5433)),
+    ("host=10.0.0.1 dbname=x", ("10.0.0.1", 5432)),
+    ("host=/tmp dbname=x", None),  # a Unix socket: not probed
+    ("host=h1,h2 dbname=x", None),  # several hosts: libpq's choice, not probed
+    ("postgresql:///db", None),
+])
+def test_the_endpoint_auto_probes(dsn: str, endpoint: tuple[str, int] | None) -> None:
+    from airflow_lease_provider.core.db.dsn import server_endpoint
+
+    assert server_endpoint(dsn) == endpoint
