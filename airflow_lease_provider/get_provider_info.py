@@ -87,6 +87,37 @@ OPTIONS: dict[str, dict[str, str]] = {
         "example": "/var/lib/airflow/lease-postgres",
         "default": "",
     },
+    "access": {
+        "description": (
+            "How a task reaches its lease: direct (its own connection to the lease store), api "
+            "(over HTTP through the api-server's lease API, docs/api.md), or auto: direct when the "
+            "lease connection is defined and its server answers from the task's host, else api."
+        ),
+        "version_added": "0.2.0",
+        "type": "string",
+        "example": "api",
+        "default": "auto",
+    },
+    "api_url": {
+        "description": (
+            "The api-server's base URL as tasks reach it, for the lease API path; empty: "
+            "[workers] execution_api_server_url without its /execution/ path, else [api] base_url."
+        ),
+        "version_added": "0.2.0",
+        "type": "string",
+        "example": "https://airflow.example.com",
+        "default": "",
+    },
+    "api_pool_size": {
+        "description": (
+            "The api-server's lease API: at most this many connections to the lease store, shared by its "
+            "request threads (each request takes one for its one statement and gives it back)."
+        ),
+        "version_added": "0.2.0",
+        "type": "integer",
+        "example": "16",
+        "default": "8",
+    },
     "embedded": {
         "description": (
             "Whether a missing lease connection falls back to the embedded PostgreSQL, "
@@ -212,6 +243,9 @@ def get_provider_info() -> dict[str, Any]:
                 "class-name": "airflow_lease_provider.decorators.fenced.fenced_publish_task",
             },
         ],
+        # The lease store in the metadata database, by `airflow db migrate` (Airflow 3.2+ reads this list;
+        # docs/api.md, decision 1).
+        "db-managers": ["airflow_lease_provider.db_manager.LeaseDBManager"],
         "config": {
             "lease": {
                 "description": "Options of airflow-lease-provider: where leases live and how they renew.",

@@ -9,6 +9,7 @@ import math
 import os
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 from airflow_lease_provider import version_compat
 from airflow_lease_provider.core.keeper import DEFAULT_RENEW_FRACTION
@@ -162,6 +163,65 @@ def metadata_database() -> str:
         return known
     recorded = os.environ.get(METADATA_RECORD_ENV, "")
     return recorded if recorded in ("sqlite", "other") else "unknown"
+
+
+def libpq_dsn(url: Any) -> str | None:
+    """A ``postgresql://`` URI for libpq from a SQLAlchemy URL (or its string), password included; None when
+    the URL is not PostgreSQL's. Never logged: it carries the password."""
+    from sqlalchemy.engine import (
+        make_url,  # only where the metadata database is read: the api-server, the CLI
+    )
+
+    parsed = make_url(url) if isinstance(url, str) else url
+    if parsed.get_backend_name() != "postgresql":
+        return None
+    return str(parsed.set(drivername="postgresql").render_as_string(hide_password=False))
+
+
+def metadata_dsn() -> str | None:
+    """Airflow's metadata database as a libpq URI when it is PostgreSQL (``[database] sql_alchemy_conn`` as
+    Airflow resolves it, ``_cmd`` and ``_secret`` included); None when it is not, or hidden from this process
+    (a task process). Issue 41: the api-server's lease store there (docs/api.md)."""
+    value = _get("sql_alchemy_conn", section="database")
+    if not value or value.startswith(version_compat.HIDDEN_METADATA):
+        return None
+    try:
+        return libpq_dsn(value)
+    except Exception:  # an unparsable URL is Airflow's to report; no store there
+        return None
+
+
+ACCESS_CHOICES = ("auto", "direct", "api")
+
+
+def access() -> str:
+    """``[lease] access``: ``auto``, ``direct`` or ``api`` (docs/api.md); anything else is refused."""
+    value = _get("access").lower() or "auto"
+    if value not in ACCESS_CHOICES:
+        raise ValueError(f"[lease] access = {value!r}: expected one of {', '.join(ACCESS_CHOICES)}")
+    return value
+
+
+def api_server_url() -> str:
+    """The api-server's base URL as a task reaches it: ``[workers] execution_api_server_url`` (``[core]``'s
+    before Airflow 3.1) without its ``/execution/`` path, else ``[api] base_url``, else Airflow's default;
+    ``[lease] api_url`` before all of them."""
+    if _get("api_url"):
+        return _get("api_url").rstrip("/")
+    for section in ("workers", "core"):
+        url = _get("execution_api_server_url", section=section)
+        if url:
+            url = url.rstrip("/")
+            return url[: -len("/execution")] if url.endswith("/execution") else url
+    return _get("base_url", section="api").rstrip("/") or "http://localhost:8080"
+
+
+def api_pool_size() -> int:
+    """``[lease] api_pool_size``: the lease API's connections to the store (a whole number of at least 1)."""
+    raw = _get("api_pool_size") or DEFAULTS["api_pool_size"]
+    if not raw.isascii() or not raw.isdigit() or int(raw) < 1:
+        raise ValueError(f"[lease] api_pool_size = {raw!r}: must be a whole number of at least 1")
+    return int(raw)
 
 
 def metadata_on_sqlite() -> bool:

@@ -48,7 +48,7 @@ _LAZY: dict[str, str] = {
     "GetUserDep": "airflow.api_fastapi.core_api.security",
     "requires_authenticated": "airflow.api_fastapi.core_api.security",
     "DagDetails": "airflow.api_fastapi.auth.managers.models.resource_details",
-    "SimpleAuthManager": _SIMPLE_AUTH, "SimpleAuthManagerRole": _SIMPLE_AUTH,
+    "SimpleAuthManager": _SIMPLE_AUTH, "SimpleAuthManagerRole": _SIMPLE_AUTH, "BaseDBManager": "airflow.utils.db_manager",
 }
 
 

@@ -346,7 +346,8 @@ SPLIT_FILES = (
     "tests/airflow/test_wrap.py",
 )
 #: Files sharing the UI tier's ``world`` fixture (tests/ui/conftest.py).
-UI_WORLD = ("tests/ui/test_api_server.py", "tests/ui/test_browser.py", "tests/ui/test_timeline_browser.py")
+UI_WORLD = ("tests/ui/test_api_server.py", "tests/ui/test_browser.py", "tests/ui/test_timeline_browser.py",
+            "tests/ui/test_lease_api_server.py")
 #: Every test file's seconds (setup + call + teardown of its tests) and CPU seconds in a full run: what
 #: ``LEASE_TEST_TIMES=tests/durations.json scripts/test`` writes. Measured, not kept by hand: run that
 #: again when the printed budget shows the order is off (a new long file, a file made faster).

@@ -171,6 +171,12 @@ def _get_connection(conn_id: str) -> Any:
     return version_compat.Connection.get_connection_from_secrets(conn_id)
 
 
+def get_connection(conn_id: str) -> Any:
+    """An Airflow connection as this process may read it (the metadata database's included outside a task);
+    raises ``AirflowNotFoundException`` when it is not defined."""
+    return _get_connection(conn_id)
+
+
 #: How errors name a lease store's connection (a fence's says what it is instead).
 LEASE_ROLE = "lease connection"
 
@@ -200,6 +206,26 @@ def resolve(conn_id: str | None, schema: str | None = None, role: str = LEASE_RO
     except Exception as exc:
         raise _unreadable(conn_id, exc, role) from None
     return location
+
+
+def api_server_location(conn_id: str | None = None, schema: str | None = None) -> StoreLocation:
+    """The store of the api-server's lease plugin (the Leases page, the lease API; docs/api.md, decision 2),
+    in this order: the lease connection (``[lease] conn_id``, default ``lease_default``) when it is defined;
+    else the schema ``[lease] schema`` of Airflow's metadata database when that is PostgreSQL (created by
+    ``airflow db migrate``: :mod:`airflow_lease_provider.db_manager`); else the embedded store, where
+    :func:`resolve` allows it (``airflow standalone`` on SQLite), or its error naming the connection."""
+    conn_id = conn_id or settings.conn_id()
+    try:
+        conn = _get_connection(conn_id)
+    except AirflowNotFoundException:
+        conn = None
+    except Exception as exc:
+        raise _unreadable(conn_id, exc) from None
+    if conn is None and not os.environ.get(f"AIRFLOW_CONN_{conn_id.upper()}", "").strip():
+        dsn = settings.metadata_dsn()
+        if dsn is not None:
+            return StoreLocation(dsn, schema or settings.schema(), embedded=False)
+    return _location(conn, conn_id, schema)  # the connection, its error when unreadable, or the embedded store
 
 
 async def location_async(conn_id: str | None, schema: str | None = None) -> StoreLocation:
@@ -353,6 +379,17 @@ class LeaseHook(_StoreHook):
             prepare=settings.prepare_statements(),
             shared=task_grace is not None,
         )
+
+    @classmethod
+    def for_api_server(cls, *, read_only: bool = True) -> LeaseHook:
+        """The api-server plugin's hook: its store where :func:`api_server_location` puts it (read-only for
+        the Leases page; the lease API writes, as a task does)."""
+        hook = cls(read_only=read_only)
+        hook._locate(api_server_location(hook.conn_id))
+        return hook
+
+    def _locate(self, location: StoreLocation) -> None:
+        self._location = location
 
     def get_store(self) -> LeaseStore:
         store: LeaseStore = super().get_store()

@@ -33,7 +33,7 @@ from airflow_lease_provider.core import (
 from airflow_lease_provider.core.db import redact
 from airflow_lease_provider.core.lease import LeaseChanged
 from airflow_lease_provider.core.schema import SchemaMissing
-from airflow_lease_provider.plugins import authz, deps, timeline_api
+from airflow_lease_provider.plugins import authz, deps, lease_api, timeline_api
 from airflow_lease_provider.plugins.authz import may_force_release
 from airflow_lease_provider.plugins.deps import ScopeDep, StoreDep
 from airflow_lease_provider.ttl_advice import ttl_advice
@@ -289,4 +289,7 @@ def create_app() -> FastAPI:
     app.add_api_route("/api/task-instance", get_task_instance, methods=["GET"])
     app.add_api_route("/api/force-release", force_release, methods=["POST"])
     app.include_router(timeline_api.router)
+    # The lease API (docs/api.md): an app of its own, so the UI login above does not apply to it; it takes
+    # the acquire secret and the per-grant capability instead.
+    app.mount("/v1", lease_api.create_api())
     return app

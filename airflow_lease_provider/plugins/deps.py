@@ -40,7 +40,9 @@ def get_store() -> LeaseStore:
         if _store is None:
             # Read-only: the page never creates a store where its connection points (a typo in it says
             # "no lease store there"); the tasks create it.
-            hook = LeaseHook(read_only=True)
+            # Where the api-server keeps it: the lease connection, else the metadata database (PostgreSQL),
+            # else the embedded store (hooks/lease.py, api_server_location).
+            hook = LeaseHook.for_api_server()
             location = hook.location
             store = hook.get_store()
             # Only what a viewer may know: never the host, user or password of the store.

@@ -281,6 +281,8 @@ class LeaseContext:
         on PostgreSQL, the DB-API fence on another DbApiHook connection (hooks/dbapi_fence.py)."""
         from airflow_lease_provider.hooks.dbapi_fence import fence_store  # not paid by tasks that never fence
 
+        if conn_id is None and hasattr(self.store, "fences"):  # the API path: the api-server's fence (docs/api.md)
+            return self.store.fences()
         return fence_store(conn_id, default_conn_id=self.conn_id, lease_store=self.store)
 
     def _as_holder(self, idempotency_key: str | None) -> dict[str, Any]:

@@ -21,14 +21,16 @@ import weakref
 from collections.abc import MutableMapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any
+from typing import Any, cast
 
 from airflow_lease_provider import settings
-from airflow_lease_provider.core import LeaseStore
+from airflow_lease_provider.core import LeaseError, LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.db import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT
-from airflow_lease_provider.hooks import LeaseHook
+from airflow_lease_provider.core.db.dsn import server_endpoint
+from airflow_lease_provider.hooks import LeaseConnectionMissing, LeaseHook
+from airflow_lease_provider.hooks.lease import get_connection
 from airflow_lease_provider.runtime.signals import Terminate, stop_on_terminate
-from airflow_lease_provider.version_compat import in_task_process
+from airflow_lease_provider.version_compat import AirflowNotFoundException, in_task_process
 
 log = logging.getLogger(__name__)
 
@@ -55,10 +57,101 @@ def connection_grace(ttl: timedelta | None, renew_every: timedelta | None) -> ti
     return max(grace, timedelta(milliseconds=1))
 
 
+def api_secret() -> str | None:
+    """The lease API's acquire secret (the ``lease_api`` connection's password), None when not defined."""
+    try:
+        secret = get_connection("lease_api").password
+    except AirflowNotFoundException:
+        return None
+    return str(secret) if secret else None
+
+
+def refuse_unoffered(task: Any) -> None:
+    """What the API path does not offer yet, refused before anything is taken (never a silent difference):
+    the policies that wait (``wait``, with or without ``max_waiting``, and ``replace`` with a ``replace_grace``: their trigger
+    polls the store directly, and waiting places have no route)."""
+    policy = getattr(task, "on_overlap", "skip")
+    waits = policy == "wait" or (policy == "replace" and getattr(task, "replace_grace", None))
+    if waits:
+        what = "on_overlap='replace' with a replace_grace" if policy == "replace" else f"on_overlap={policy!r}"
+        raise LeaseError(
+            f"{what} waits for the lease, which the lease API path does not offer yet; this task takes its lease "
+            "through the api-server ([lease] access = api, or auto with no lease connection here): use skip, fail "
+            "or replace, or give the worker a lease connection and set [lease] access = direct (docs/api.md)"
+        )
+
+
+def api_task_store(task: Any) -> LeaseStore:
+    """``[lease] access = api``: the task's leases through the api-server's lease API (docs/api.md), with the
+    acquire secret of the ``lease_api`` connection (read through Airflow, as every connection of a task). One
+    request may take a tenth of the TTL at most (5 s at most): the keeper retries within the TTL."""
+    from airflow_lease_provider.client import DEFAULT_TIMEOUT, HttpLeaseStore  # only on the API path: httpx
+
+    refuse_unoffered(task)
+    secret = api_secret()
+    if not secret:
+        raise LeaseStoreUnavailable(
+            "[lease] access = api needs the connection 'lease_api' with a password (the lease API's acquire "
+            "secret: docs/api.md)"
+        )
+    ttl = getattr(task, "lease_ttl", None)
+    timeout = min(DEFAULT_TIMEOUT, ttl / 10) if isinstance(ttl, timedelta) and ttl > timedelta(0) else DEFAULT_TIMEOUT
+    return cast(LeaseStore, HttpLeaseStore(settings.api_server_url(), secret, timeout=timeout))
+
+
 def task_store(task: Any, conn_id: str | None) -> LeaseStore:
-    """The store of ``task``'s lease connection: this process's shared one, closed once idle for its grace."""
+    """The store of ``task``'s lease connection: this process's shared one, closed once idle for its grace.
+
+    ``[lease] access = api``: the lease API (:func:`api_task_store`). ``auto`` (the default): the direct
+    path, except where it has no store at all: no lease connection is defined (the task names none, and
+    ``[lease] conn_id``'s is missing where no embedded store may be used, as on an Edge worker) and the
+    lease API is enabled (a ``lease_api`` connection): then the API; without ``lease_api`` the missing
+    connection's error stands (docs/api.md). ``auto`` with a lease
+    connection whose server does not accept a TCP connection from here within its connect timeout, while
+    the lease API is enabled: the API too (logged once per endpoint)."""
+    access = settings.access()
+    if access == "api":
+        return api_task_store(task)
     grace = connection_grace(getattr(task, "lease_ttl", None), getattr(task, "lease_renew_every", None))
-    return LeaseHook(conn_id).get_task_store(grace)
+    hook = LeaseHook(conn_id)
+    try:
+        store = hook.get_task_store(grace)
+    except LeaseConnectionMissing:
+        if access == "auto" and conn_id is None and api_secret():
+            log.info("lease: no lease connection here; taking the lease through the api-server's lease API")
+            return api_task_store(task)
+        raise
+    if access == "auto" and not hook.location.embedded and not direct_reachable(store) and api_secret():
+        endpoint = server_endpoint(store.db.dsn)
+        if endpoint not in _logged_unreachable:
+            _logged_unreachable.add(endpoint)
+            log.warning(
+                "lease: the lease store (%s) does not answer from this host within %gs; taking leases through "
+                "the api-server's lease API ([lease] access = auto: docs/api.md)",
+                hook.location.where, store.db.connect_timeout.total_seconds(),
+            )
+        return api_task_store(task)
+    return store
+
+
+#: Endpoints of lease stores found answering from this process (probed once), and those logged unreachable.
+_reachable_endpoints: set[tuple[str, int]] = set()
+_logged_unreachable: set[tuple[str, int] | None] = set()
+
+
+def direct_reachable(store: LeaseStore) -> bool:
+    """Whether the store's server accepts a TCP connection from here within the store's connect timeout
+    (``[lease] access = auto``). Probed once per endpoint and process while it answers; a Unix socket or a
+    list of hosts is taken as reachable (the direct path then says what is wrong)."""
+    from airflow_lease_provider.client import reachable  # httpx is imported by the API path only
+
+    endpoint = server_endpoint(store.db.dsn)
+    if endpoint is None or endpoint in _reachable_endpoints:
+        return True
+    if reachable(*endpoint, timeout=store.db.connect_timeout.total_seconds()):
+        _reachable_endpoints.add(endpoint)
+        return True
+    return False
 
 
 @dataclass
@@ -80,7 +173,7 @@ def prepare(task: Any, context: Any) -> None:
     store is checked already (``dag.test()``'s next tasks). Nothing is made outside a task process, with
     ``[lease] hold_connection`` (the task's store is a connection of its own), or when the connection cannot
     be read (the execute reads it again and says why)."""
-    if not in_task_process() or not isinstance(context, MutableMapping):
+    if not in_task_process() or not isinstance(context, MutableMapping) or settings.access() == "api":
         return
     store: LeaseStore | None = None
     # The lookup (an API call for a connection Airflow keeps) was under the execute's SIGTERM note: so it is here.

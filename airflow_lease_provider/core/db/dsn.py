@@ -94,6 +94,12 @@ def redact(text: str, dsn: str | None = None) -> str:
 
 
 def _describe_uri(dsn: str) -> str:
+    user, host, port, dbname = _uri_parts(dsn)
+    return f"{user or '?'}@{host or 'local socket'}:{port or '5432'}/{dbname or '?'}"
+
+
+def _uri_parts(dsn: str) -> tuple[str, str, str, str]:
+    """User, host, port and database name of a URI DSN (empty when not given)."""
     rest = _URI_RE.sub("", dsn.strip(), count=1)
     user = ""
     if "@" in rest:
@@ -116,7 +122,24 @@ def _describe_uri(dsn: str) -> str:
     port = params.get("port") or port
     dbname = params.get("dbname") or unquote(dbname)
     user = params.get("user") or user
-    return f"{user or '?'}@{host or 'local socket'}:{port or '5432'}/{dbname or '?'}"
+    return user, host, port, dbname
+
+
+def server_endpoint(dsn: str) -> tuple[str, int] | None:
+    """The one TCP endpoint (host, port) a DSN names; None for a Unix socket, several hosts, or an
+    unparsable string. Read as :func:`describe_dsn` reads it (a URI's userinfo ends at the last ``@``)."""
+    if _URI_RE.match(dsn):
+        _, host, port, _ = _uri_parts(dsn)
+    else:
+        try:
+            info = psycopg2.extensions.parse_dsn(dsn)
+        except psycopg2.ProgrammingError:
+            return None
+        host, port = info.get("host") or info.get("hostaddr") or "", info.get("port") or ""
+    host, port = host.strip("[]"), port or "5432"
+    if not host or host.startswith("/") or "," in host or "," in port or not port.isdigit():
+        return None
+    return host, int(port)
 
 
 def describe_dsn(dsn: str) -> str:

@@ -469,3 +469,35 @@ SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at
 -- name: db_now
 -- The database clock: the time ranges of the timeline and trends end here, as every expiry is measured.
 SELECT clock_timestamp() AS now;
+
+-- name: api_capability_bind
+-- The lease API (migrations/0018): keep the digest of a grant's capability on its row, only while that grant
+-- (key, owner, token) is the row's live grant. No row back: the grant is gone already (lost or taken).
+UPDATE {schema}.lease
+   SET api_capability = %(digest)s
+ WHERE key = %(key)s AND owner = %(owner)s AND token = %(token)s
+   AND released_at IS NULL AND expires_at > clock_timestamp()
+RETURNING key;
+
+-- name: api_capability_grant
+-- The lease API: the row of the grant (key, owner, token) if the capability's digest is the one kept for it,
+-- held or not (a release sent again is answered from it); no row: not this grant's capability.
+SELECT l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+       clock_timestamp() AS observed_at, l.dag_id, l.run_id, l.task_id, l.map_index, l.slot, l.slots,
+       l.count_epoch
+  FROM {schema}.lease l
+ WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s AND l.api_capability = %(digest)s;
+
+-- name: api_capability_renew [prepared]
+-- The lease API's renewal in one round trip: the renew statement (above), which also requires the
+-- capability's digest to be the one kept for this grant. No row: lost, or not this grant's capability
+-- (the route then reads api_capability_grant to answer which). ttl NULL: the grant's own. Keep its SET
+-- and WHERE as renew's.
+UPDATE {schema}.lease AS l
+   SET renewed_at = pg_catalog.clock_timestamp(),
+       expires_at = pg_catalog.clock_timestamp() + COALESCE(%(ttl)s::interval, l.ttl),
+       ttl = COALESCE(%(ttl)s::interval, l.ttl)
+ WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s AND l.api_capability = %(digest)s
+   AND l.expires_at > pg_catalog.clock_timestamp() AND l.released_at IS NULL
+RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
+          pg_catalog.clock_timestamp() AS observed_at, l.slot, l.slots, l.count_epoch;

@@ -42,6 +42,9 @@ CREATE TABLE {schema}.lease (
     -- The count epoch of the grant (migrations/0015): the token floor of the key's holding period it belongs
     -- to; every token of the period is above it, every token the key issued before the period at or below.
     count_epoch    bigint      NOT NULL DEFAULT 0,
+    -- The lease API's capability digest of the current grant (migrations/0018; docs/api.md): NULL for a
+    -- grant of the direct path.
+    api_capability bytea,
     CONSTRAINT lease_slot_check CHECK (slot >= 1 AND slot <= slots)
 ) WITH (fillfactor = 50);
 -- The leases of one DAG (migrations/0011): the DAG-scoped status pages and the DAG tab.

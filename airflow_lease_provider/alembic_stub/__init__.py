@@ -1,0 +1,1 @@
+"""Not an Alembic environment: see ``env.py``."""

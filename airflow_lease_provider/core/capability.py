@@ -1,0 +1,70 @@
+"""The lease API's per-grant capability (docs/api.md, decision 4): Airflow-free, so the server side and its
+tests need no api-server.
+
+A grant made through the API gets a capability, 32 random bytes in URL-safe base64 (or, for an acquire that
+names a ``request_id``, one derived from it, so a resent acquire finds its own grant). The store keeps only
+:func:`digest` of it, bound to the grant's key, owner and token (``lease.api_capability``, migration 0018):
+a digest an older grant left on the row never matches a newer grant. Renew, release, check and fence over
+HTTP present it; :func:`grant` reads the grant it belongs to, or nothing.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import secrets
+import time
+from datetime import timedelta
+from typing import Any
+
+from airflow_lease_provider.core import validation
+from airflow_lease_provider.core.types import Lease
+
+#: Bytes of randomness in a capability.
+CAPABILITY_BYTES = 32
+#: The shortest request id an acquire may name: its capability is derived from it, so it must be as hard to
+#: guess (22 URL-safe characters carry 132 bits).
+MIN_REQUEST_ID = 22
+
+
+def new_capability() -> str:
+    return secrets.token_urlsafe(CAPABILITY_BYTES)
+
+
+def from_request_id(request_id: str) -> str:
+    """The capability of an acquire that named ``request_id`` (the same for every resend of it)."""
+    raw = hashlib.sha256(b"airflow-lease-api-capability\0" + request_id.encode()).digest()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def digest(key: str, owner: str, token: int, capability: str) -> bytes:
+    """What the store keeps of ``capability``: bound to the grant (key, owner, token)."""
+    material = "\0".join((key, owner, str(int(token)), capability)).encode()
+    return hashlib.sha256(material).digest()
+
+
+def bind(store: Any, lease: Lease, capability: str) -> bool:
+    """Keep ``capability``'s digest on ``lease``'s row while it is the live grant; False: it is gone."""
+    params = {"key": lease.key, "owner": lease.owner, "token": lease.token,
+              "digest": digest(lease.key, lease.owner, lease.token, capability)}
+    return bool(store._ready().run("api_capability_bind", params, durable=True))
+
+
+def grant(store: Any, key: str, owner: str, token: int, capability: str) -> Lease | None:
+    """The row of the grant (key, owner, token) when ``capability`` is its capability (held or not); None
+    when it is not (another grant's, a made-up one, or the row holds another grant now)."""
+    params = {"key": key, "owner": owner, "token": token, "digest": digest(key, owner, token, capability)}
+    rows = store._ready().run("api_capability_grant", params)
+    return Lease.from_row(rows[0]) if rows else None
+
+
+
+def renew(store: Any, key: str, owner: str, token: int, capability: str, ttl: timedelta | None) -> Lease | None:
+    """Renew the grant (key, owner, token) by ``ttl`` (None: its own TTL) when ``capability`` is its
+    capability, in one statement (one round trip); None: lost, or not this grant's capability (the caller
+    tells which with :func:`grant`, on that rare path only)."""
+    params = {"key": key, "owner": owner, "token": token, "digest": digest(key, owner, token, capability),
+              "ttl": None if ttl is None else validation.ttl("ttl", ttl)}
+    sent_at = time.monotonic()
+    rows = store._ready().run("api_capability_renew", params, durable=True)
+    return Lease.from_row(rows[0], sent_at) if rows else None

@@ -1,0 +1,211 @@
+"""The task side of the lease API (client.py): a lease kept over HTTP by the same keeper as a direct one, loss
+when the api-server stops answering (fail closed, before the lease could be anybody else's), and the path
+choice. The api-server side is the real route code on a real PostgreSQL store, through FastAPI's TestClient."""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Iterator
+from datetime import timedelta
+from typing import Any
+from urllib.parse import urlsplit
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+
+from airflow_lease_provider import settings
+from airflow_lease_provider.client import HttpLeaseStore, LeaseAPIRefused, choose_access
+from airflow_lease_provider.core import LeaseKeeper, LeaseLost, LeaseStore
+from tests.api.test_lease_api import SECRET, make_client
+
+
+class PausableClient(TestClient):
+    """The api-server, which can stop answering (each request then times out, as a hung server's would)."""
+
+    paused: threading.Event
+
+    def _maybe_hang(self, kwargs: dict[str, Any]) -> None:
+        if self.paused.is_set():
+            time.sleep(float(kwargs.get("timeout") or 1))
+            raise httpx.ReadTimeout("no answer")
+
+    def post(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        self._maybe_hang(kwargs)
+        return super().post(*args, **kwargs)
+
+    def get(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        self._maybe_hang(kwargs)
+        return super().get(*args, **kwargs)
+
+
+@pytest.fixture
+def server(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[PausableClient]:
+    import json
+
+    from airflow_lease_provider.plugins import lease_api
+
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_API", json.dumps({"conn_type": "http", "password": SECRET}))
+    monkeypatch.setattr(lease_api, "_secret_cache", [])
+    app = make_client(store).app
+    with PausableClient(app) as client:
+        client.paused = threading.Event()
+        yield client
+
+
+def http_store(client: TestClient, timeout: float = 2.0) -> HttpLeaseStore:
+    return HttpLeaseStore(str(client.base_url), SECRET, timeout=timedelta(seconds=timeout), client=client)
+
+
+def test_acquire_held_and_a_wrong_secret(server: PausableClient) -> None:
+    http = http_store(server)
+    lease = http.acquire("k", "a", timedelta(seconds=30))
+    assert lease is not None and lease.sent_at is not None
+    taken = http.try_acquire("k", "b", timedelta(seconds=30))
+    assert taken.lease is None and taken.holder is not None and taken.holder.owner == "a"
+    assert http.check(lease)
+    with pytest.raises(LeaseAPIRefused):
+        HttpLeaseStore(str(server.base_url), SECRET + "x", client=server).acquire("k2", "a", timedelta(seconds=30))
+    assert SECRET not in repr(http)
+
+
+def test_the_keeper_renews_over_http_every_interval(server: PausableClient, store: LeaseStore) -> None:
+    http = http_store(server)
+    lease = http.acquire("kept", "me", timedelta(seconds=3))
+    assert lease is not None
+    keeper = LeaseKeeper(http, lease, renew_every=timedelta(seconds=0.5))
+    with keeper:
+        time.sleep(4)  # longer than the TTL: only the renewals keep it
+        assert not keeper.lost
+        held = store.holder("kept")
+        assert held is not None and held.token == lease.token and held.expires_at > lease.expires_at
+    assert keeper.renewals >= 3
+    assert http.release(keeper.lease)
+    assert store.holder("kept") is None
+
+
+def test_an_api_server_that_stops_answering_loses_the_lease_before_it_expires(
+    server: PausableClient, store: LeaseStore
+) -> None:
+    http = http_store(server, timeout=0.5)
+    lease = http.acquire("hung", "me", timedelta(seconds=3))
+    assert lease is not None
+    seen: list[Any] = []
+    lost = threading.Event()
+
+    def on_lost(error: LeaseLost) -> None:
+        # At the moment the holder is told, the store still has its grant: nobody else can have it yet.
+        seen.append(store.holder("hung"))
+        lost.set()
+
+    keeper = LeaseKeeper(http, lease, renew_every=timedelta(seconds=0.5), on_lost=on_lost)
+    with keeper:
+        time.sleep(0.8)
+        assert keeper.renewals >= 1
+        server.paused.set()
+        assert lost.wait(6), "the keeper never declared the lease lost"
+    assert seen and seen[0] is not None and seen[0].token == lease.token
+    assert keeper.lost
+    time.sleep(3.2)
+    assert store.holder("hung") is None  # and it lapsed by its TTL, as a crashed holder's does
+
+
+def test_the_path_choice() -> None:
+    assert choose_access("direct", lambda: None) == "direct"
+    assert choose_access("api", lambda: ("127.0.0.1", 5432)) == "api"
+    assert choose_access("auto", lambda: None) == "api"  # no lease connection
+    assert choose_access("auto", lambda: ("127.0.0.1", 1)) == "api"  # defined, but no route to it
+
+
+def test_auto_is_direct_where_the_store_answers(pg_dsn: str) -> None:
+    parts = urlsplit(pg_dsn)
+    if not parts.hostname:
+        pytest.skip("the test server listens on a Unix socket")
+    assert choose_access("auto", lambda: (parts.hostname, parts.port or 5432)) == "direct"
+
+
+def test_settings_access_and_the_api_server_url(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert settings.access() == "auto"
+    monkeypatch.setenv("AIRFLOW__LEASE__ACCESS", "api")
+    assert settings.access() == "api"
+    monkeypatch.setenv("AIRFLOW__LEASE__ACCESS", "sometimes")
+    with pytest.raises(ValueError, match="sometimes"):
+        settings.access()
+    monkeypatch.setenv("AIRFLOW__CORE__EXECUTION_API_SERVER_URL", "http://api.example:8080/execution/")
+    assert settings.api_server_url() == "http://api.example:8080"
+
+
+def test_a_skip_over_http_is_recorded_once_through_the_task_outcome_path(server: PausableClient, store: LeaseStore) -> None:
+    """``outcomes.report`` on the API path writes the skip as on the direct path: one event, the run columns."""
+    from airflow_lease_provider.core import RunRef
+    from airflow_lease_provider.runtime.outcomes import Outcome, report
+
+    http = http_store(server)
+    holder = http.acquire("skipped", "first-run", timedelta(seconds=30))
+    assert holder is not None
+    run = RunRef("dag", "scheduled__2", task_id="t")
+    refused = http.try_acquire("skipped", run.owner(), timedelta(seconds=30))
+    assert refused.lease is None and refused.holder is not None
+    report(Outcome.SKIPPED_OVERLAP, store=http, key="skipped", owner=run.owner(), message="skipping", run=run,
+           detail={"holder_owner": refused.holder.owner, "holder_token": refused.holder.token, "policy": "skip"})
+    skips = [e for e in store.events.query(key="skipped") if e.kind == "skipped_overlap"]
+    assert len(skips) == 1 and skips[0].run == run and skips[0].owner == run.owner()
+    # The keeper's loss, by the grant's capability.
+    assert http.events.record("lost", "skipped", owner="first-run", token=holder.token, detail={"reason": "test"})
+    assert [e.token for e in store.events.query(key="skipped") if e.kind == "lost"] == [holder.token]
+
+
+def test_auto_takes_the_api_path_when_the_lease_connection_does_not_answer_from_here(
+    pg_dsn: str, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    """``[lease] access = auto`` with a lease connection that is defined but unreachable from the worker (its
+    port closed): a short probe within the connect timeout, then the lease API, logged once; a connection
+    that answers stays direct, and without ``lease_api`` the direct path (and its error) stands."""
+    import json
+    import socket
+
+    from airflow_lease_provider.core import LeaseStore
+    from airflow_lease_provider.runtime import store as runtime_store
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        closed_port = s.getsockname()[1]
+    parts = urlsplit(pg_dsn)
+    closed = {"conn_type": "postgres", "host": "127.0.0.1", "port": closed_port, "login": parts.username or "postgres",
+              "schema": parts.path.lstrip("/") or "postgres", "extra": {"connect_timeout": 2}}
+    monkeypatch.setenv("AIRFLOW__LEASE__ACCESS", "auto")
+    monkeypatch.setenv("AIRFLOW__LEASE__API_URL", "http://api-server.invalid:8080")
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_DEFAULT", json.dumps(closed))
+    monkeypatch.setattr(runtime_store, "_logged_unreachable", set())
+    monkeypatch.setattr(runtime_store, "_reachable_endpoints", set())
+    task = type("Task", (), {"lease_ttl": timedelta(seconds=30), "lease_renew_every": None, "on_overlap": "skip"})()
+    # Without the lease API: the direct path stands (its connect error says what is wrong).
+    monkeypatch.delenv("AIRFLOW_CONN_LEASE_API", raising=False)
+    assert isinstance(runtime_store.task_store(task, None), LeaseStore)
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_API", json.dumps({"conn_type": "http", "password": SECRET}))
+    caplog.set_level("INFO")
+    started = time.monotonic()
+    first = runtime_store.task_store(task, None)
+    assert isinstance(first, HttpLeaseStore) and time.monotonic() - started < 10
+    assert isinstance(runtime_store.task_store(task, None), HttpLeaseStore)
+    said = [r for r in caplog.records if "does not answer from this host" in r.getMessage()]
+    assert len(said) == 1 and "lease API" in said[0].getMessage()
+    # A lease connection that answers: direct.
+    reachable = {**closed, "host": parts.hostname or "127.0.0.1", "port": parts.port or 5432}
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_DEFAULT", json.dumps(reachable))
+    assert isinstance(runtime_store.task_store(task, None), LeaseStore)
+
+
+@pytest.mark.parametrize(("dsn", "endpoint"), [
+    ("postgresql://u:p/a@ss@db.example:6543/x", ("db.example", 6543)),  # a password with / and @, as libpq misreads
+    ("postgresql://[::1]:5433/d", ("::1", 5433)),
+    ("host=10.0.0.1 dbname=x", ("10.0.0.1", 5432)),
+    ("host=/tmp dbname=x", None),  # a Unix socket: not probed
+    ("host=h1,h2 dbname=x", None),  # several hosts: libpq's choice, not probed
+    ("postgresql:///db", None),
+])
+def test_the_endpoint_auto_probes(dsn: str, endpoint: tuple[str, int] | None) -> None:
+    from airflow_lease_provider.core.db.dsn import server_endpoint
+
+    assert server_endpoint(dsn) == endpoint
