@@ -40,7 +40,7 @@ import psycopg2.extras
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
 
 from airflow_lease_provider.core import FenceStore, Lease, LeaseStore, SlotCountMismatch
 from airflow_lease_provider.core.dbapi_fence import DbApiFence
@@ -48,14 +48,28 @@ from airflow_lease_provider.core.types import Acquisition
 from tests.pg import drop_schema, new_schema_name, q
 
 TTL = timedelta(minutes=5)
+#: Which of issue 38's defects the machine looks for (docs/testing.md, "The model of the exclusion rule"):
+#: "all" (the suite), or one of them, the rules that could show the other two left out, so that a run on
+#: the store of 72519bc (scripts/model-on-old-code) shows that one (Hypothesis stops at the first failure):
+#: "1" a replace granted beside a live slot (no races, no publishes), "2" a single holder granted beside an
+#: uncommitted slot grant (no replaces, no publishes), "3" a zombie of a dropped slot accepted by a fence
+#: (no replaces, no races).
+TARGET = os.environ.get("LEASE_MODEL_TARGET", "all")
+if TARGET not in ("all", "1", "2", "3"):
+    raise ValueError(f"LEASE_MODEL_TARGET must be all, 1, 2 or 3, not {TARGET!r}")
+#: Set by scripts/model-on-old-code only: the store of 72519bc has no count epoch, so its publishes name none.
+OLD_CODE = os.environ.get("LEASE_MODEL_OLD_CODE") == "1"
+REPLACES = TARGET in ("all", "1")
+RACES = TARGET in ("all", "2")
+PUBLISHES = TARGET in ("all", "3")
 #: The keys a machine uses: a key granted every way, and a plain key spelled like its slot 2 (few keys and
 #: owners, so that grants meet).
 BASES = ("a", "a#2")
 OWNERS = ("o1", "o2", "o3")
 #: How a key is asked for: a single holder, a semaphore of 2 or 3 slots, a replace.
-KINDS = ("single", "slots2", "slots3", "replace")
+KINDS = ("single", "slots2", "slots3", "replace") if REPLACES else ("single", "slots2", "slots3")
 #: Drawn more often: a semaphore of 2 (so slots meet and counts change both ways).
-ASKED = ("single", "slots2", "slots2", "slots3", "replace")
+ASKED = ("single", "slots2", "slots2", "slots3", "replace") if REPLACES else ("single", "slots2", "slots2", "slots3")
 FENCES = ("store", "elsewhere", "sqlite")
 RESOURCES = ("r1",)
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -76,6 +90,8 @@ MODEL = settings.get_profile(os.environ.get("LEASE_EXCLUSION_PROFILE", "exclusio
 def publish_args(lease: Lease) -> dict[str, Any]:
     """What a holder tells a fence about its grant besides its key, owner and token (docs/core.md, "The
     fence"): the Airflow layer passes the same."""
+    if OLD_CODE:
+        return {}
     return {"count_epoch": lease.count_epoch, "base_key": lease.lease_key}
 
 
@@ -290,11 +306,13 @@ class ExclusionMachine(RuleBasedStateMachine):
         for g in [g for g in self.grants if g.base == self.k(base) and self._valid(g)]:
             self._expire(g)
 
+    @precondition(lambda self: PUBLISHES)
     @rule(i=st.integers(0, 10_000), fence=st.sampled_from(FENCES), resource=st.sampled_from(RESOURCES))
     def publish(self, i: int, fence: str, resource: str) -> None:
         if self.grants:
             self._publish(self.grants[i % len(self.grants)], fence, resource)
 
+    @precondition(lambda self: PUBLISHES)
     @rule(fence=st.sampled_from(FENCES), resource=st.sampled_from(RESOURCES))
     def everyone_publishes(self, fence: str, resource: str) -> None:
         """The last eight grants publish, the newest first (so a fence elsewhere has seen every superseding
@@ -327,6 +345,44 @@ class ExclusionMachine(RuleBasedStateMachine):
                 f"the {fence} fence refused the valid holder {g} at {resource}: {decision}{self.history()}"
             )
 
+    @precondition(lambda self: PUBLISHES)
+    @rule(before=st.sampled_from([2, 3]), lower=st.integers(1, 2), fence=st.sampled_from(FENCES),
+          owners=st.permutations(OWNERS))
+    def lower_the_count_under_a_frozen_holder(self, before: int, lower: int, fence: str, owners: list[str]) -> None:
+        """Issue 38's defect 3 as a scenario: key a is held with ``before`` slots, every holder publishes, the
+        last slot's holder freezes past its TTL, the others release, the count is lowered, the new count's
+        holder publishes, and the frozen holder wakes and publishes under its slot's key, which the lower count
+        never grants again (the check in _publish: refused, by the count epoch). Steps that do not go as
+        planned (the key held otherwise) leave the scenario to the other rules."""
+        base = self.k("a")
+        for g in [g for g in self.grants if g.base == base and self._valid(g)]:
+            assert self.world.stores[0].release(g.lease), g
+            g.released = True
+            self.log.append(f"release {g!r}: True")
+        held = []
+        for owner in owners[:before]:
+            n = len(self.grants)
+            self.acquire(0, "a", owner, f"slots{before}", 0)
+            if len(self.grants) == n:
+                return
+            held.append(self.grants[-1])
+        for g in held:
+            self._publish(g, fence, "r1")
+        zombie = max(held, key=lambda g: g.lease.slot)
+        self._expire(zombie)
+        for g in held:
+            if g is not zombie:
+                assert self.world.stores[1].release(g.lease), g
+                g.released = True
+                self.log.append(f"release {g!r}: True")
+        n = len(self.grants)
+        self.acquire(2, "a", owners[-1], "single" if min(lower, before - 1) == 1 else "slots2", 0)
+        if len(self.grants) == n:
+            return
+        self._publish(self.grants[-1], fence, "r1")
+        self._publish(zombie, fence, "r1")
+
+    @precondition(lambda self: RACES)
     @rule(first=st.sampled_from(KINDS), second=st.sampled_from(KINDS), base=st.sampled_from(BASES),
           owners=st.sampled_from([(a, b) for a in OWNERS for b in OWNERS if a != b]), store=st.integers(0, 2),
           order=st.tuples(st.integers(0, 3), st.integers(0, 3)))
@@ -376,6 +432,7 @@ class ExclusionMachine(RuleBasedStateMachine):
             raise got
         self._record(second, key, got)
 
+    @precondition(lambda self: RACES)
     @rule(kinds=st.lists(st.tuples(st.sampled_from(KINDS), st.sampled_from(OWNERS)), min_size=2, max_size=3,
                          unique_by=lambda t: t[1]),
           base=st.sampled_from(BASES))
