@@ -40,7 +40,13 @@ import psycopg2.extras
 import pytest
 from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from airflow_lease_provider.core import FenceStore, Lease, LeaseStore, SlotCountMismatch
 from airflow_lease_provider.core.dbapi_fence import DbApiFence
