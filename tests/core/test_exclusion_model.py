@@ -356,6 +356,49 @@ class ExclusionMachine(RuleBasedStateMachine):
                 f"the {fence} fence refused the valid holder {g} at {resource}: {decision}{self.history()}"
             )
 
+    def _free(self, base: str) -> None:
+        """Every valid holder of ``base`` releases (a scenario's start)."""
+        for g in [g for g in self.grants if g.base == self.k(base) and self._valid(g)]:
+            assert self.world.stores[0].release(g.lease), g
+            g.released = True
+            self.log.append(f"release {g!r}: True")
+
+    def _take(self, store: int, base: str, owner: str, kind: str) -> Grant | None:
+        n = len(self.grants)
+        self.acquire(store, base, owner, kind, 0)
+        return self.grants[-1] if len(self.grants) > n else None
+
+    @precondition(lambda self: REPLACES)
+    @rule(owners=st.permutations(OWNERS), slots=st.sampled_from([2, 3]), by_holder=st.booleans(),
+          base=st.sampled_from(BASES))
+    def replace_beside_a_held_slot(self, owners: list[str], slots: int, by_holder: bool, base: str) -> None:
+        """Issue 38's defect 1 as a scenario: the key is held with ``slots`` slots (slot 1 by owners[0], slot 2
+        by owners[1]); then a replace, by the holder of slot 1, or by owners[2] once slot 1 is released. A
+        replace is a single-holder grant: refused while slot 2 is held (the invariants)."""
+        self._free(base)
+        first = self._take(0, base, owners[0], f"slots{slots}")
+        second = self._take(1, base, owners[1], f"slots{slots}")
+        if first is None or second is None:
+            return
+        if not by_holder:
+            assert self.world.stores[0].release(first.lease), first
+            first.released = True
+            self.log.append(f"release {first!r}: True")
+        self.acquire(2, base, owners[0] if by_holder else owners[2], "replace", 3)
+
+    @precondition(lambda self: RACES)
+    @rule(owners=st.permutations(OWNERS), slots=st.sampled_from([2, 3]), store=st.integers(0, 2),
+          base=st.sampled_from(BASES))
+    def ask_beside_an_open_slot_grant(self, owners: list[str], slots: int, store: int, base: str) -> None:
+        """Issue 38's defect 2 as a scenario: the key's slot 1 is held (by owners[0]); a slot grant by
+        owners[1] runs in a transaction held open (it takes slot 2) while the holder of slot 1 asks for the
+        key as a single holder from a thread. It must wait for the open grant and see it (refused), not be
+        granted beside it."""
+        self._free(base)
+        if self._take(0, base, owners[0], f"slots{slots}") is None:
+            return
+        self._race_open(f"slots{slots}", "single", base, (owners[1], owners[0]), store, (0, 0))
+
     @precondition(lambda self: PUBLISHES)
     @rule(before=st.sampled_from([2, 3]), lower=st.integers(1, 2), fence=st.sampled_from(FENCES),
           owners=st.permutations(OWNERS))
@@ -365,11 +408,7 @@ class ExclusionMachine(RuleBasedStateMachine):
         holder publishes, and the frozen holder wakes and publishes under its slot's key, which the lower count
         never grants again (the check in _publish: refused, by the count epoch). Steps that do not go as
         planned (the key held otherwise) leave the scenario to the other rules."""
-        base = self.k("a")
-        for g in [g for g in self.grants if g.base == base and self._valid(g)]:
-            assert self.world.stores[0].release(g.lease), g
-            g.released = True
-            self.log.append(f"release {g!r}: True")
+        self._free("a")
         held = []
         for owner in owners[:before]:
             n = len(self.grants)
@@ -403,6 +442,11 @@ class ExclusionMachine(RuleBasedStateMachine):
         """One grant runs inside a transaction held open on its own connection; meanwhile another store
         asks for the same key from a thread, which either answers or waits for a lock; then the first
         commits. Both answers are what the two callers would see."""
+        self._race_open(first, second, base, owners, store, order)
+
+    def _race_open(
+        self, first: str, second: str, base: str, owners: tuple[str, str], store: int, order: tuple[int, int]
+    ) -> None:
         key = self.k(base)
         conn = psycopg2.connect(self.world.dsn)
         try:
