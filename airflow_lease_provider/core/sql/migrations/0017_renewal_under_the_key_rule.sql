@@ -8,8 +8,9 @@
 -- reading every grant makes under the key's grant lock, now first locks every row of the key (key = p_key
 -- OR slot_of = p_key, whatever its expiry) FOR NO KEY UPDATE: a row a renewal (or a release, or a
 -- force-release) has updated and not committed yet makes the grant wait for that transaction; then the
--- reading, a statement of its own with a fresh READ COMMITTED snapshot, sees the renewed expiry. A renewal that arrives after the
--- grant's lock waits for the grant's commit and is then re-checked by its own WHERE (expires_at > now).
+-- reading, a statement of its own with a fresh READ COMMITTED snapshot, sees the renewed expiry. A renewal
+-- that arrives after the grant's lock waits for the grant's commit and is then re-checked by its own WHERE
+-- (expires_at > now).
 -- No expiry predicate on the lock: a row live when the lock is taken and expired by the reading is exactly
 -- the row whose renewal may be in flight. FOR NO KEY UPDATE, not FOR SHARE: two grants of different keys
 -- that share a row (k's slot 2 and the plain key k#2) would both hold it shared and then both wait to
