@@ -11,6 +11,9 @@
 -- reading, a statement of its own with a fresh READ COMMITTED snapshot, sees the renewed expiry. A renewal
 -- that arrives after the grant's lock waits for the grant's commit and is then re-checked by its own WHERE
 -- (expires_at > now).
+-- A single-holder grant (p_slots = 1) locks only the rows slot_of = p_key: the key's own row is locked by
+-- the statement that grants it (lease_acquire's UPDATE re-checks its WHERE after a wait; lease_replace reads
+-- it FOR UPDATE), which then answers "held"; so a key that never had slots takes no new row lock.
 -- No expiry predicate on the lock: a row live when the lock is taken and expired by the reading is exactly
 -- the row whose renewal may be in flight. FOR NO KEY UPDATE, not FOR SHARE: two grants of different keys
 -- that share a row (k's slot 2 and the plain key k#2) would both hold it shared and then both wait to
@@ -27,8 +30,13 @@ AS $$
 BEGIN
     -- plpgsql, not sql: a sql function's body is planned again on every call, a plpgsql one's once per session.
     -- Every row of the key locked first (waits for an uncommitted renewal of any of them), then read in a
-    -- statement of its own (a fresh snapshot, which sees that renewal committed).
-    PERFORM FROM {schema}.lease l WHERE l.key = p_key OR l.slot_of = p_key FOR NO KEY UPDATE OF l;
+    -- statement of its own (a fresh snapshot, which sees that renewal committed). A single-holder grant
+    -- (p_slots = 1) leaves the key's own row to the statement that grants it, which locks it and checks its
+    -- expiry again after any wait (the UPDATE's WHERE; lease_replace's FOR UPDATE), so a key that never had
+    -- slots takes no row lock here.
+    PERFORM FROM {schema}.lease l
+     WHERE (l.key = p_key AND p_slots > 1) OR l.slot_of = p_key
+       FOR NO KEY UPDATE OF l;
     SELECT coalesce(pg_catalog.bool_or(g.live AND l.slots <> p_slots), false),
            coalesce(pg_catalog.max(l.count_epoch) FILTER (WHERE g.live AND l.slots = p_slots),
                     pg_catalog.max(l.token), 0)
