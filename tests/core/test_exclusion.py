@@ -232,11 +232,12 @@ def test_slot_and_single_holders_churning_on_one_key_never_hold_it_together(
 
 #: A deferred constraint trigger of the test's own: a renewal of the row by ``renewer`` waits, at its
 #: commit, for an advisory lock the test holds (the renewal's UPDATE is done, its commit is not: a slow
-#: durable commit, made deterministic). Only in the test's schema; the schema is dropped afterwards.
+#: durable commit, made deterministic). Only in the test's schema, and the lock is the schema's own (tests
+#: running at once on one server must not hold each other's renewals); the schema is dropped afterwards.
 HOLD_COMMIT = """
 CREATE FUNCTION {schema}.hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_catalog.pg_advisory_xact_lock(38, 17);
+    PERFORM pg_catalog.pg_advisory_xact_lock(38, pg_catalog.hashtext(TG_TABLE_SCHEMA));
     RETURN NULL;
 END;
 $$;
@@ -312,7 +313,7 @@ def test_a_renewal_that_commits_after_its_rows_expiry_is_seen_by_a_grant_of_the_
     asking_pid = asking.db._connection().get_backend_pid()
     try:
         with gate.cursor() as cur:
-            cur.execute("SELECT pg_advisory_lock(38, 17)")
+            cur.execute("SELECT pg_advisory_lock(38, hashtext(%s))", (schema,))
         renewer = threading.Thread(target=renew)
         renewer.start()
         # The renewal's UPDATE is done (before the expiry) and its commit waits for the gate.
@@ -323,7 +324,7 @@ def test_a_renewal_that_commits_after_its_rows_expiry_is_seen_by_a_grant_of_the_
         asker.start()
         wait_answered_or_waiting(watcher, asking_pid, asker)
         with gate.cursor() as cur:
-            cur.execute("SELECT pg_advisory_unlock(38, 17)")  # the renewal commits, after its row's expiry
+            cur.execute("SELECT pg_advisory_unlock(38, hashtext(%s))", (schema,))  # the renewal commits
         renewer.join(timeout=60)
         asker.join(timeout=60)
     finally:
