@@ -124,7 +124,9 @@ def test_a_grant_that_arrives_while_another_grant_of_the_key_is_open_waits_for_i
     lock, did not see the uncommitted slot 2, and was granted: two holders."""
     store.ensure_schema()
     if open_kind == "slots2":
-        first = store.try_acquire("race", "a", TTL, slots=2).lease  # slot 1, so the open grant takes slot 2
+        # Slot 1, briefly, so the open grant takes slot 2. It lapses rather than being released while the open
+        # grant holds the key's rows (a release waits for a grant of its key in flight: migration 17).
+        first = store.try_acquire("race", "a", timedelta(seconds=1), slots=2).lease
         assert first is not None
     conn = psycopg2.connect(pg_dsn)
     watcher = psycopg2.connect(pg_dsn)
@@ -137,7 +139,7 @@ def test_a_grant_that_arrives_while_another_grant_of_the_key_is_open_waits_for_i
         assert opened["acquired"], opened
         if open_kind == "slots2":
             assert opened["slot"] == 2
-            assert store.release(first)  # slot 1 is free now: only the open slot 2 is left to see
+            _db_clock_past(watcher, first.expires_at)  # slot 1 is free now: only the open slot 2 is left to see
         other = LeaseStore(pg_dsn, schema=schema)
         pid = other.db._connection().get_backend_pid()
 
@@ -224,6 +226,125 @@ def test_slot_and_single_holders_churning_on_one_key_never_hold_it_together(
         for t, t_from, t_to in spans if t.slots == 2 and s_from < t_to and t_from < s_to
     ]
     assert not together, f"{len(together)} single-holder grants held beside a slot: {together[:3]}"
+
+
+# -- a renewal that commits after its row's expiry (the cross-row renewal race) --------------------------
+
+#: A deferred constraint trigger of the test's own: a renewal of the row by ``renewer`` waits, at its
+#: commit, for an advisory lock the test holds (the renewal's UPDATE is done, its commit is not: a slow
+#: durable commit, made deterministic). Only in the test's schema, and the lock is the schema's own (tests
+#: running at once on one server must not hold each other's renewals); the schema is dropped afterwards.
+HOLD_COMMIT = """
+CREATE FUNCTION {schema}.hold_commit() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_catalog.pg_advisory_xact_lock(38, pg_catalog.hashtext(TG_TABLE_SCHEMA));
+    RETURN NULL;
+END;
+$$;
+CREATE CONSTRAINT TRIGGER hold_commit AFTER UPDATE ON {schema}.lease DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW WHEN (NEW.owner = 'renewer') EXECUTE FUNCTION {schema}.hold_commit();
+"""
+
+
+def _db_clock_past(conn: Any, moment: datetime) -> None:
+    """Until the database clock is past ``moment``."""
+    with conn.cursor() as cur:
+        for _ in range(3000):
+            cur.execute("SELECT clock_timestamp() > %s", (moment,))
+            if cur.fetchone()[0]:
+                return
+            time.sleep(0.005)
+    raise AssertionError(f"the database clock never passed {moment}")
+
+
+@pytest.mark.parametrize(
+    ("held_as", "asked"),
+    [("slots2", "single"), ("slots2", "replace"), ("slots2", "slots3"), ("single", "slots2"),
+     ("replace", "slots2"), ("slot1", "single"), ("slot1", "replace")],
+)
+def test_a_renewal_that_commits_after_its_rows_expiry_is_seen_by_a_grant_of_the_key(
+    pg_dsn: str, schema: str, store: LeaseStore, held_as: str, asked: str
+) -> None:
+    """A holder renews just before its row's expiry and the renewal's commit lands after it (held at its
+    commit by a lock of the test's own); meanwhile another count's grant of the key is asked for just after
+    the expiry. Its answer must not be a grant beside the renewed holder: it waits for the renewal and then
+    sees it (docs/core.md, "Who may hold a key": a renewal under the key's rule). Before migration 17 a grant
+    read the other rows of the key without locking them, found the renewing row expired (its renewal
+    not committed yet) and was granted: two holders of different counts, both valid."""
+    store.ensure_schema()
+    short = timedelta(seconds=1.5)
+    if held_as == "slots2":
+        first = store.try_acquire("rk", "a", TTL, slots=2).lease
+        held = store.try_acquire("rk", "renewer", short, slots=2).lease
+        assert first is not None and held is not None and (held.key, held.slot) == ("rk#2", 2)
+        assert store.release(first)  # only the renewing slot 2 is left
+    elif held_as == "slot1":
+        # A semaphore's slot 1 (the key's own row) renewing against a single-holder grant, which locks only
+        # the other rows of the key and leaves its own row to the statement that grants it.
+        held = store.try_acquire("rk", "renewer", short, slots=2).lease
+    elif held_as == "replace":
+        held = store.try_replace("rk", "renewer", short, run_after=T0).lease
+    else:
+        held = store.try_acquire("rk", "renewer", short).lease
+    assert held is not None
+    execute(pg_dsn, q(HOLD_COMMIT, schema))
+    gate = psycopg2.connect(pg_dsn)
+    gate.autocommit = True
+    watcher = psycopg2.connect(pg_dsn)
+    watcher.autocommit = True
+    renewing = LeaseStore(pg_dsn, schema=schema)
+    asking = LeaseStore(pg_dsn, schema=schema)
+    renewed: list[Any] = []
+    answer: list[Any] = []
+
+    def renew() -> None:
+        try:
+            renewed.append(renewing.renew(held, timedelta(minutes=5)))
+        except Exception as exc:  # shown by the assertions below
+            renewed.append(exc)
+
+    def ask() -> None:
+        try:
+            answer.append(kind_call(asking, asked, "rk", "c", T0 + timedelta(hours=1)))
+        except Exception as exc:  # SlotCountMismatch is the expected answer
+            answer.append(exc)
+
+    renewing_pid = renewing.db._connection().get_backend_pid()
+    asking_pid = asking.db._connection().get_backend_pid()
+    try:
+        with gate.cursor() as cur:
+            cur.execute("SELECT pg_advisory_lock(38, hashtext(%s))", (schema,))
+        renewer = threading.Thread(target=renew)
+        renewer.start()
+        # The renewal's UPDATE is done (before the expiry) and its commit waits for the gate.
+        wait_answered_or_waiting(watcher, renewing_pid, renewer)
+        assert renewer.is_alive(), f"the renewal did not wait at its commit: {renewed}"
+        _db_clock_past(watcher, held.expires_at)
+        asker = threading.Thread(target=ask)
+        asker.start()
+        wait_answered_or_waiting(watcher, asking_pid, asker)
+        with gate.cursor() as cur:
+            cur.execute("SELECT pg_advisory_unlock(38, hashtext(%s))", (schema,))  # the renewal commits
+        renewer.join(timeout=60)
+        asker.join(timeout=60)
+    finally:
+        renewing.close()
+        asking.close()
+        gate.close()
+        watcher.close()
+    (renewal,) = renewed
+    (got,) = answer
+    assert isinstance(renewal, Lease) and renewal.token == held.token, renewal
+    assert not isinstance(got, Acquisition) or got.lease is None, (
+        f"{asked} granted {got.lease} beside the renewed {held_as} holder {renewal}"
+    )
+    if held_as == "slot1":
+        # Slot 1 held answers a single-holder acquire or replace as a held lease (docs/core.md).
+        assert isinstance(got, Acquisition) and got.holder is not None and got.holder.owner == "renewer", got
+    else:
+        assert isinstance(got, SlotCountMismatch), got
+    live = store.slot_holders("rk")
+    assert [(h.owner, h.slot, h.token) for h in live] == [("renewer", held.slot, held.token)]
 
 
 # -- defect 3: a zombie of a dropped slot -----------------------------------------------------------------

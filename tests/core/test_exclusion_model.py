@@ -38,9 +38,15 @@ from typing import Any
 import psycopg2
 import psycopg2.extras
 import pytest
-from hypothesis import HealthCheck, settings
+from hypothesis import HealthCheck, Phase, settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, rule, run_state_machine_as_test
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from airflow_lease_provider.core import FenceStore, Lease, LeaseStore, SlotCountMismatch
 from airflow_lease_provider.core.dbapi_fence import DbApiFence
@@ -48,14 +54,28 @@ from airflow_lease_provider.core.types import Acquisition
 from tests.pg import drop_schema, new_schema_name, q
 
 TTL = timedelta(minutes=5)
+#: Which of issue 38's defects the machine looks for (docs/testing.md, "The model of the exclusion rule"):
+#: "all" (the suite), or one of them, the rules that could show the other two left out, so that a run on
+#: the store of 72519bc (scripts/model-on-old-code) shows that one (Hypothesis stops at the first failure):
+#: "1" a replace granted beside a live slot (no races, no publishes), "2" a single holder granted beside an
+#: uncommitted slot grant (no replaces, no publishes), "3" a zombie of a dropped slot accepted by a fence
+#: (no replaces, no races).
+TARGET = os.environ.get("LEASE_MODEL_TARGET", "all")
+if TARGET not in ("all", "1", "2", "3"):
+    raise ValueError(f"LEASE_MODEL_TARGET must be all, 1, 2 or 3, not {TARGET!r}")
+#: Set by scripts/model-on-old-code only: the store of 72519bc has no count epoch, so its publishes name none.
+OLD_CODE = os.environ.get("LEASE_MODEL_OLD_CODE") == "1"
+REPLACES = TARGET in ("all", "1")
+RACES = TARGET in ("all", "2")
+PUBLISHES = TARGET in ("all", "3")
 #: The keys a machine uses: a key granted every way, and a plain key spelled like its slot 2 (few keys and
 #: owners, so that grants meet).
 BASES = ("a", "a#2")
 OWNERS = ("o1", "o2", "o3")
 #: How a key is asked for: a single holder, a semaphore of 2 or 3 slots, a replace.
-KINDS = ("single", "slots2", "slots3", "replace")
+KINDS = ("single", "slots2", "slots3", "replace") if REPLACES else ("single", "slots2", "slots3")
 #: Drawn more often: a semaphore of 2 (so slots meet and counts change both ways).
-ASKED = ("single", "slots2", "slots2", "slots3", "replace")
+ASKED = ("single", "slots2", "slots2", "slots3", "replace") if REPLACES else ("single", "slots2", "slots2", "slots3")
 FENCES = ("store", "elsewhere", "sqlite")
 RESOURCES = ("r1",)
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -71,11 +91,18 @@ settings.register_profile(
     suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
 )
 MODEL = settings.get_profile(os.environ.get("LEASE_EXCLUSION_PROFILE", "exclusion-model"))
+if os.environ.get("LEASE_MODEL_NO_SHRINK") == "1":
+    # scripts/model-on-old-code: the first failing run is reported as it happened (its steps are in the
+    # assertion's "what happened"); shrinking a failure that depends on how threads met takes minutes and
+    # often cannot replay it. The search itself (runs, steps) is the profile's.
+    MODEL = settings(MODEL, phases=[Phase.explicit, Phase.reuse, Phase.generate])
 
 
 def publish_args(lease: Lease) -> dict[str, Any]:
     """What a holder tells a fence about its grant besides its key, owner and token (docs/core.md, "The
     fence"): the Airflow layer passes the same."""
+    if OLD_CODE:
+        return {}
     return {"count_epoch": lease.count_epoch, "base_key": lease.lease_key}
 
 
@@ -290,11 +317,13 @@ class ExclusionMachine(RuleBasedStateMachine):
         for g in [g for g in self.grants if g.base == self.k(base) and self._valid(g)]:
             self._expire(g)
 
+    @precondition(lambda self: PUBLISHES)
     @rule(i=st.integers(0, 10_000), fence=st.sampled_from(FENCES), resource=st.sampled_from(RESOURCES))
     def publish(self, i: int, fence: str, resource: str) -> None:
         if self.grants:
             self._publish(self.grants[i % len(self.grants)], fence, resource)
 
+    @precondition(lambda self: PUBLISHES)
     @rule(fence=st.sampled_from(FENCES), resource=st.sampled_from(RESOURCES))
     def everyone_publishes(self, fence: str, resource: str) -> None:
         """The last eight grants publish, the newest first (so a fence elsewhere has seen every superseding
@@ -327,6 +356,83 @@ class ExclusionMachine(RuleBasedStateMachine):
                 f"the {fence} fence refused the valid holder {g} at {resource}: {decision}{self.history()}"
             )
 
+    def _free(self, base: str) -> None:
+        """Every valid holder of ``base`` releases (a scenario's start)."""
+        for g in [g for g in self.grants if g.base == self.k(base) and self._valid(g)]:
+            assert self.world.stores[0].release(g.lease), g
+            g.released = True
+            self.log.append(f"release {g!r}: True")
+
+    def _take(self, store: int, base: str, owner: str, kind: str) -> Grant | None:
+        n = len(self.grants)
+        self.acquire(store, base, owner, kind, 0)
+        return self.grants[-1] if len(self.grants) > n else None
+
+    @precondition(lambda self: REPLACES)
+    @rule(owners=st.permutations(OWNERS), slots=st.sampled_from([2, 3]), by_holder=st.booleans(),
+          base=st.sampled_from(BASES))
+    def replace_beside_a_held_slot(self, owners: list[str], slots: int, by_holder: bool, base: str) -> None:
+        """Issue 38's defect 1 as a scenario: the key is held with ``slots`` slots (slot 1 by owners[0], slot 2
+        by owners[1]); then a replace, by the holder of slot 1, or by owners[2] once slot 1 is released. A
+        replace is a single-holder grant: refused while slot 2 is held (the invariants)."""
+        self._free(base)
+        first = self._take(0, base, owners[0], f"slots{slots}")
+        second = self._take(1, base, owners[1], f"slots{slots}")
+        if first is None or second is None:
+            return
+        if not by_holder:
+            assert self.world.stores[0].release(first.lease), first
+            first.released = True
+            self.log.append(f"release {first!r}: True")
+        self.acquire(2, base, owners[0] if by_holder else owners[2], "replace", 3)
+
+    @precondition(lambda self: RACES)
+    @rule(owners=st.permutations(OWNERS), slots=st.sampled_from([2, 3]), store=st.integers(0, 2),
+          base=st.sampled_from(BASES))
+    def ask_beside_an_open_slot_grant(self, owners: list[str], slots: int, store: int, base: str) -> None:
+        """Issue 38's defect 2 as a scenario: the key's slot 1 is held (by owners[0]); a slot grant by
+        owners[1] runs in a transaction held open (it takes slot 2) while the holder of slot 1 asks for the
+        key as a single holder from a thread. It must wait for the open grant and see it (refused), not be
+        granted beside it."""
+        self._free(base)
+        if self._take(0, base, owners[0], f"slots{slots}") is None:
+            return
+        self._race_open(f"slots{slots}", "single", base, (owners[1], owners[0]), store, (0, 0))
+
+    @precondition(lambda self: PUBLISHES)
+    @rule(before=st.sampled_from([2, 3]), lower=st.integers(1, 2), fence=st.sampled_from(FENCES),
+          owners=st.permutations(OWNERS))
+    def lower_the_count_under_a_frozen_holder(self, before: int, lower: int, fence: str, owners: list[str]) -> None:
+        """Issue 38's defect 3 as a scenario: key a is held with ``before`` slots, every holder publishes, the
+        last slot's holder freezes past its TTL, the others release, the count is lowered, the new count's
+        holder publishes, and the frozen holder wakes and publishes under its slot's key, which the lower count
+        never grants again (the check in _publish: refused, by the count epoch). Steps that do not go as
+        planned (the key held otherwise) leave the scenario to the other rules."""
+        self._free("a")
+        held = []
+        for owner in owners[:before]:
+            n = len(self.grants)
+            self.acquire(0, "a", owner, f"slots{before}", 0)
+            if len(self.grants) == n:
+                return
+            held.append(self.grants[-1])
+        for g in held:
+            self._publish(g, fence, "r1")
+        zombie = max(held, key=lambda g: g.lease.slot)
+        self._expire(zombie)
+        for g in held:
+            if g is not zombie:
+                assert self.world.stores[1].release(g.lease), g
+                g.released = True
+                self.log.append(f"release {g!r}: True")
+        n = len(self.grants)
+        self.acquire(2, "a", owners[-1], "single" if min(lower, before - 1) == 1 else "slots2", 0)
+        if len(self.grants) == n:
+            return
+        self._publish(self.grants[-1], fence, "r1")
+        self._publish(zombie, fence, "r1")
+
+    @precondition(lambda self: RACES)
     @rule(first=st.sampled_from(KINDS), second=st.sampled_from(KINDS), base=st.sampled_from(BASES),
           owners=st.sampled_from([(a, b) for a in OWNERS for b in OWNERS if a != b]), store=st.integers(0, 2),
           order=st.tuples(st.integers(0, 3), st.integers(0, 3)))
@@ -336,6 +442,11 @@ class ExclusionMachine(RuleBasedStateMachine):
         """One grant runs inside a transaction held open on its own connection; meanwhile another store
         asks for the same key from a thread, which either answers or waits for a lock; then the first
         commits. Both answers are what the two callers would see."""
+        self._race_open(first, second, base, owners, store, order)
+
+    def _race_open(
+        self, first: str, second: str, base: str, owners: tuple[str, str], store: int, order: tuple[int, int]
+    ) -> None:
         key = self.k(base)
         conn = psycopg2.connect(self.world.dsn)
         try:
@@ -376,6 +487,7 @@ class ExclusionMachine(RuleBasedStateMachine):
             raise got
         self._record(second, key, got)
 
+    @precondition(lambda self: RACES)
     @rule(kinds=st.lists(st.tuples(st.sampled_from(KINDS), st.sampled_from(OWNERS)), min_size=2, max_size=3,
                          unique_by=lambda t: t[1]),
           base=st.sampled_from(BASES))

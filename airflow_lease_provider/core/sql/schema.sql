@@ -228,13 +228,23 @@ $$;
 -- taken up afresh (a count changes only then), the largest token any row of the key ever had (its own row,
 -- and every row that was ever one of its slots: slot_of is never cleared), so every token of the new period
 -- is larger than every token the key issued before it, whichever slot. For a plain key that never had slots
--- this is its row's last token: its tokens count on as before. One scan of the key's rows.
+-- this is its row's last token: its tokens count on as before. One scan of the key's rows, after a scan that
+-- locks them all (FOR NO KEY UPDATE), whatever their expiry (migrations/0017): a renewal of one of them
+-- evaluated before its expiry and not committed yet is waited for, and then seen renewed.
 CREATE FUNCTION {schema}.lease_key_state(p_key text, p_slots integer, OUT other_count boolean,
                                          OUT count_epoch bigint)
 LANGUAGE plpgsql VOLATILE
 AS $$
 BEGIN
     -- plpgsql, not sql: a sql function's body is planned again on every call, a plpgsql one's once per session.
+    -- Every row of the key locked first (waits for an uncommitted renewal of any of them), then read in a
+    -- statement of its own (a fresh snapshot, which sees that renewal committed). A single-holder grant
+    -- (p_slots = 1) leaves the key's own row to the statement that grants it, which locks it and checks its
+    -- expiry again after any wait (the UPDATE's WHERE; lease_replace's FOR UPDATE), so a key that never had
+    -- slots takes no row lock here.
+    PERFORM FROM {schema}.lease l
+     WHERE (l.key = p_key AND p_slots > 1) OR l.slot_of = p_key
+       FOR NO KEY UPDATE OF l;
     SELECT coalesce(pg_catalog.bool_or(g.live AND l.slots <> p_slots), false),
            coalesce(pg_catalog.max(l.count_epoch) FILTER (WHERE g.live AND l.slots = p_slots),
                     pg_catalog.max(l.token), 0)
