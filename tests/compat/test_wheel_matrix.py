@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import inspect
 import json
 import os
 import re
@@ -139,8 +138,7 @@ def test_smoke_a_stale_token_cannot_publish(home: Home, pg_dsn: str) -> None:
     store = LeaseStore(pg_dsn, schema=home.schema)
     try:
         # A newer writer already published with a token larger than this lease will get.
-        kwargs = {"key": "compat-zombie"} if "key" in inspect.signature(fences.advance).parameters else {}
-        assert fences.advance("compat.zombie", 10**12, **kwargs).accepted
+        assert fences.advance("compat.zombie", 10**12, key="compat-zombie").accepted
         execute(pg_dsn, q("CREATE TABLE IF NOT EXISTS {schema}.compat_articles (writer text, token bigint)", home.schema))
         result = home.airflow("dags", "test", "compat_fence_rejected", timeout=600, check=False)
         assert _task_states(home, "compat_fence_rejected") == {"late_publish": "failed"}, (

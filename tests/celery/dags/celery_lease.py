@@ -6,7 +6,6 @@ markers the tests write.
 
 from __future__ import annotations
 
-import inspect
 import os
 import time
 from datetime import datetime, timedelta
@@ -86,9 +85,8 @@ with DAG("celery_zombie", schedule=None, start_date=START, catchup=False):
             mark("zombie-try1-lost", str(lost))
         wait_for("zombie-go")
         # A zombie that does not listen: straight to the fence, as code already past its check would.
-        by_key = {"key": lease.key} if "key" in inspect.signature(fences.transaction).parameters else {}
         try:
-            with fences.transaction("celery.zombie_target", lease.token, owner=lease.owner, **by_key) as cur:
+            with fences.transaction("celery.zombie_target", lease.token, owner=lease.owner, key=lease.key) as cur:
                 _write(cur, lease, "try1")
         except StaleFencingToken as refused:
             mark("zombie-try1-refused", str(refused))
