@@ -541,7 +541,6 @@ def test_a_plain_key_spelled_like_a_slot_shares_its_row_and_never_a_holder(store
     assert store.acquire("s#2", "plain", TTL) is None  # and the slot's holder keeps the row
 
 
-@pytest.mark.xfail(strict=True, reason="open: the store fence reads a plain key's count epoch from its row only")
 def test_the_store_fence_keeps_a_plain_keys_holding_period_when_its_row_becomes_another_keys_slot(
     pg_dsn: str, schema: str, store: LeaseStore
 ) -> None:
