@@ -576,3 +576,7 @@ def test_the_store_fence_keeps_a_plain_keys_holding_period_when_its_row_becomes_
         assert publish(fences, "r", zombie, sid).outcome == "count_epoch"
     finally:
         fences.close()
+    # Only the key spelled like a slot keeps its epoch apart; ``a`` (its own row is never another key's) writes
+    # nothing more.
+    kept = execute(pg_dsn, q("SELECT key, count_epoch FROM {schema}.lease_key_epoch ORDER BY key", schema))
+    assert kept == [("a#2", singles[-1].count_epoch)]
