@@ -1,6 +1,9 @@
 """The cost of migration 17 (a grant locks every row of its key before it reads them), before and after.
 
-``.venv/bin/python -m bench.renewal_lock [ROUNDS]`` against ``$LEASE_TEST_DSN`` (default the test server).
+``.venv/bin/python -m bench.renewal_lock [ROUNDS] [BEFORE]`` against ``$LEASE_TEST_DSN`` (default the test
+server). ``BEFORE`` is the migration whose ``lease_key_state`` the ``before`` arm gets (default 15; 17 measures
+migration 19's record of a slot-spelled key's epoch). ``client_grant_slotlike`` grants the free key ``cfree#2``
+(a key spelled like a slot, which migration 19 makes write its epoch).
 Two schemas: ``after`` is this checkout's store; ``before`` is the same store with ``lease_key_state`` put
 back as migration 15 defined it (no row locks). Interleaved rounds (the order alternates), best and median
 per arm. The server figures are ``DO`` loops in one transaction (as docs/benchmarks.md's issue-38 figures:
@@ -25,9 +28,7 @@ from psycopg2 import sql
 from airflow_lease_provider.core import LeaseStore
 
 DSN = os.environ.get("LEASE_TEST_DSN", "postgresql://postgres@127.0.0.1:5432/test")
-MIGRATION_15 = (
-    Path(__file__).parent.parent / "airflow_lease_provider/core/sql/migrations/0015_one_exclusion_rule.sql"
-)
+MIGRATIONS = Path(__file__).parent.parent / "airflow_lease_provider/core/sql/migrations"
 
 SERVER_GRANT = """DO $$ BEGIN FOR i IN 1..4000 LOOP
   PERFORM * FROM {schema}.lease_acquire('free', 'o' || (i % 2), interval '0 seconds', NULL, NULL, NULL, NULL);
@@ -46,7 +47,7 @@ SERVER_RENEW = """DO $$ DECLARE t bigint; BEGIN
   END LOOP;
 END $$"""
 ARMS = {"before": "bench_renewal_lock_before", "after": "bench_renewal_lock_after"}
-FIGURES = ("server_grant", "server_held", "server_renew", "client_grant", "client_renew")
+FIGURES = ("server_grant", "server_held", "server_renew", "client_grant", "client_grant_slotlike", "client_renew")
 
 
 def _execute(query: sql.Composable) -> None:
@@ -59,18 +60,19 @@ def _execute(query: sql.Composable) -> None:
         conn.close()
 
 
-def make(schema: str, before: bool) -> None:
+def make(schema: str, before: bool, migration: int = 15) -> None:
     _execute(sql.SQL("DROP SCHEMA IF EXISTS {} CASCADE").format(sql.Identifier(schema)))
     store = LeaseStore(DSN, schema=schema)
     store.ensure_schema()
     store.try_acquire("held", "h", timedelta(minutes=5))
     store.close()
     if before:
+        path = next(MIGRATIONS.glob(f"{migration:04d}_*.sql"))
         found = re.search(
-            r"CREATE FUNCTION \{schema\}\.lease_key_state.*?\$\$;\n", MIGRATION_15.read_text(), re.S
+            r"CREATE (?:OR REPLACE )?FUNCTION \{schema\}\.lease_key_state.*?\$\$;\n", path.read_text(), re.S
         )
         assert found is not None
-        body = found.group(0).replace("CREATE FUNCTION", "CREATE OR REPLACE FUNCTION")
+        body = re.sub(r"^CREATE (?:OR REPLACE )?FUNCTION", "CREATE OR REPLACE FUNCTION", found.group(0))
         _execute(sql.SQL(body).format(schema=sql.Identifier(schema)))
 
 
@@ -82,12 +84,12 @@ def server(conn: psycopg2.extensions.connection, query: str, schema: str, n: int
     return (time.perf_counter() - started) / n * 1e6
 
 
-def client_grant(schema: str, n: int = 1500) -> float:
+def client_grant(schema: str, n: int = 1500, key: str = "cfree") -> float:
     store = LeaseStore(DSN, schema=schema)
     total = 0.0
     for _ in range(n):
         started = time.perf_counter()
-        lease = store.try_acquire("cfree", "o", timedelta(seconds=60)).lease
+        lease = store.try_acquire(key, "o", timedelta(seconds=60)).lease
         total += time.perf_counter() - started
         assert lease is not None
         store.release(lease)
@@ -107,9 +109,9 @@ def client_renew(schema: str, n: int = 1500) -> float:
     return took
 
 
-def main(rounds: int) -> None:
+def main(rounds: int, migration: int = 15) -> None:
     for arm, schema in ARMS.items():
-        make(schema, arm == "before")
+        make(schema, arm == "before", migration)
     results: dict[tuple[str, str], list[float]] = {(a, f): [] for a in ARMS for f in FIGURES}
     conn = psycopg2.connect(DSN)
     try:
@@ -120,6 +122,7 @@ def main(rounds: int) -> None:
                 results[(arm, "server_held")].append(server(conn, SERVER_HELD, schema, 20000))
                 results[(arm, "server_renew")].append(server(conn, SERVER_RENEW, schema, 20000))
                 results[(arm, "client_grant")].append(client_grant(schema))
+                results[(arm, "client_grant_slotlike")].append(client_grant(schema, key="cfree#2"))
                 results[(arm, "client_renew")].append(client_renew(schema))
     finally:
         conn.close()
@@ -128,11 +131,11 @@ def main(rounds: int) -> None:
     for figure in FIGURES:
         b, a = results[("before", figure)], results[("after", figure)]
         print(
-            f"{figure:13s} best before {min(b):7.1f} us after {min(a):7.1f} us ({min(a) / min(b):.2f}x); "
+            f"{figure:21s} best before {min(b):7.1f} us after {min(a):7.1f} us ({min(a) / min(b):.2f}x); "
             f"median {statistics.median(b):7.1f} / {statistics.median(a):7.1f} us"
         )
     print("load average", " ".join(Path("/proc/loadavg").read_text().split()[:3]))
 
 
 if __name__ == "__main__":
-    main(int(sys.argv[1]) if len(sys.argv) > 1 else 7)
+    main(int(sys.argv[1]) if len(sys.argv) > 1 else 7, int(sys.argv[2]) if len(sys.argv) > 2 else 15)

@@ -539,3 +539,44 @@ def test_a_plain_key_spelled_like_a_slot_shares_its_row_and_never_a_holder(store
     two = [store.try_acquire("s", f"x{i}", TTL, slots=2).lease for i in range(2)]
     assert two[1] is not None and two[1].key == "s#2" and two[1].token > plain.token  # one sequence per row
     assert store.acquire("s#2", "plain", TTL) is None  # and the slot's holder keeps the row
+
+
+def test_the_store_fence_keeps_a_plain_keys_holding_period_when_its_row_becomes_another_keys_slot(
+    pg_dsn: str, schema: str, store: LeaseStore
+) -> None:
+    """The plain key ``a#2`` is held with 3 slots (Z: slot 2, row ``a#2#2``, freezes past its TTL), then by
+    single holders (a later holding period, whose count epoch is at or above Z's token), then its row ``a#2``
+    is granted as slot 2 of ``a``. Z's publish to the fence in the store's own schema is refused at once: the
+    key's count epoch is kept per key, not only on its row, which now says ``a``'s (at 00b50b3: accepted,
+    the model's finding; docs/reliability.md)."""
+    sid = store.store_id
+    held = [store.try_acquire("a#2", f"h{i}", TTL, slots=3).lease for i in range(3)]
+    assert all(h is not None for h in held)
+    zombie = held[1]
+    assert zombie is not None and (zombie.key, zombie.slot, zombie.lease_key) == ("a#2#2", 2, "a#2")
+    for h in (held[0], held[2]):
+        assert h is not None and store.release(h)
+    expire(pg_dsn, schema, zombie)
+    singles = []
+    for owner in ("s1", "s2"):
+        single = store.acquire("a#2", owner, TTL)
+        assert single is not None and single.slots == 1 and single.count_epoch >= zombie.token
+        singles.append(single)
+        assert store.release(single)
+    first = store.try_acquire("a", "x1", TTL, slots=2).lease
+    second = store.try_acquire("a", "x2", TTL, slots=2).lease
+    assert first is not None and first.key == "a"
+    assert second is not None and (second.key, second.slot, second.lease_key) == ("a#2", 2, "a")
+    fences = FenceStore(pg_dsn, schema=schema)
+    try:
+        early = publish(fences, "r", zombie, sid)
+        assert early.outcome == "count_epoch" and early.newest_grant == singles[-1].count_epoch, early
+        # The valid holders of ``a`` are not refused by it.
+        assert publish(fences, "r", first, sid).accepted and publish(fences, "r", second, sid).accepted
+        assert publish(fences, "r", zombie, sid).outcome == "count_epoch"
+    finally:
+        fences.close()
+    # Only the key spelled like a slot keeps its epoch apart; ``a`` (its own row is never another key's) writes
+    # nothing more.
+    kept = execute(pg_dsn, q("SELECT key, count_epoch FROM {schema}.lease_key_epoch ORDER BY key", schema))
+    assert kept == [("a#2", singles[-1].count_epoch)]

@@ -78,6 +78,16 @@ CREATE TABLE {schema}.fence_count_epoch (
     PRIMARY KEY (resource, key)
 ) WITH (fillfactor = 50);
 
+-- Per lease key spelled like a slot (k#2): the count epoch of the key's latest holding period (migrations/0019),
+-- written by lease_key_state under the key's grant lock. Such a key's own row may be granted later as another
+-- key's slot (slot 2 of k), which overwrites the row's count_epoch; this keeps the key's. Read by
+-- fence_advance with the epochs on the key's rows. A key not spelled like a slot has no row here: its own
+-- row is never another key's, and it keeps the epoch of its latest period.
+CREATE TABLE {schema}.lease_key_epoch (
+    key          text        PRIMARY KEY,
+    count_epoch  bigint      NOT NULL
+);
+
 CREATE TABLE {schema}.fence_publish (
     resource         text        NOT NULL,
     idempotency_key  text        NOT NULL,
@@ -253,6 +263,14 @@ BEGIN
      CROSS JOIN LATERAL (SELECT ((l.key = p_key AND l.slot = 1) OR (l.slot_of = p_key AND l.slot > 1))
                                 AND l.expires_at > pg_catalog.clock_timestamp() AS live) g
      WHERE l.key = p_key OR l.slot_of = p_key;
+    -- A key spelled like a slot (k#2) keeps its count epoch where no grant of another key overwrites it: its
+    -- own row may become slot 2 of k (migrations/0019). Only such keys write: a key that never had slots and
+    -- is not spelled like one costs what it did.
+    IF NOT other_count AND pg_catalog.textregexeq(p_key, '#[0-9]+$') THEN
+        INSERT INTO {schema}.lease_key_epoch AS e (key, count_epoch) VALUES (p_key, count_epoch)
+        ON CONFLICT (key) DO UPDATE SET count_epoch = EXCLUDED.count_epoch
+         WHERE e.count_epoch < EXCLUDED.count_epoch;
+    END IF;
 END;
 $$;
 
@@ -510,8 +528,11 @@ BEGIN
         IF p_token < v_newest THEN
             v_outcome := 'superseded';
         ELSIF v_base IS NOT NULL THEN
+            -- The key's epoch on its rows, and (a key spelled like a slot, whose own row may now be another
+            -- key's slot) the one it keeps apart (migrations/0019).
             SELECT pg_catalog.max(l.count_epoch) INTO v_floor FROM {schema}.lease l
              WHERE (l.key = v_base AND l.slot = 1) OR (l.slot_of = v_base AND l.slot > 1);
+            v_floor := greatest(v_floor, (SELECT e.count_epoch FROM {schema}.lease_key_epoch e WHERE e.key = v_base));
             IF p_token <= v_floor THEN
                 v_outcome := 'count_epoch';
                 v_newest := v_floor;
