@@ -37,6 +37,7 @@ from airflow_lease_provider.core import (
 from airflow_lease_provider.core.lease import SlotCountMismatch
 from chaos import sql as chaos_sql
 from chaos.history import Recorder
+from chaos.profiles import Profile
 from chaos.stores import (
     ClientClockLeaseStore,
     CrossKeyFenceStore,
@@ -69,13 +70,15 @@ class WorkerConfig:
     idempotent_fraction: float = 0.5
     delay_fraction: float = 0.0
     join_fraction: float = 0.0
-    slot_keys: int = 0
-    slot_fraction: float = 0.5
-    slot_counts: tuple[int, ...] = (2, 3, 1)
-    count_phase: float = 6.0
-    stray_count_fraction: float = 0.15
-    single_fraction: float = 0.15
-    replace_fraction: float = 0.25
+    # The semaphore keys' mix: the profile's fields (chaos/profiles.py, their one home), passed on by the
+    # harness; the defaults are the profile's.
+    slot_keys: int = Profile.slot_keys
+    slot_fraction: float = Profile.slot_fraction
+    slot_counts: tuple[int, ...] = Profile.slot_counts
+    count_phase: float = Profile.count_phase
+    stray_count_fraction: float = Profile.stray_count_fraction
+    single_fraction: float = Profile.single_fraction
+    replace_fraction: float = Profile.replace_fraction
     #: The harness's monotonic clock when the workers were started (the same clock in every process, never
     #: faked): the slot-count phases and the replaces' run order count from it.
     started: float = 0.0
