@@ -431,3 +431,32 @@ def test_a_token_or_ttl_sent_as_a_string_or_float_is_422_not_coerced(
     acquired = client.post("/lease/v1/acquire", json={"key": "strict-2", "owner": "o", "ttl_seconds": "30"},
                            headers=auth(SECRET))
     assert acquired.status_code == 422 and store.holder("strict-2") is None
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known hole (issue 41 attack tier): fence_publish keeps no lease key, so /fence/give_back deletes the claim "
+    "of any grant with the same resource, idempotency key, owner and token, whatever its key; fix: a key column "
+    "on fence_publish (migration 0020, and fence_schema) matched by fence_claim_release"))
+def test_give_back_with_a_grant_of_another_key_under_the_same_owner_and_token_cannot_free_a_claim(
+    client: TestClient, store: LeaseStore
+) -> None:
+    """An attacker with the acquire secret takes a key of its own under the victim's owner name (owners are
+    free text, and shown by every 409) until its token is the victim's (each new key starts at the same floor;
+    a release and an acquire add one), then gives back the victim's idempotency claim with its own capability:
+    the victim's slot could be published twice."""
+    victim, victim_cap = grant(acquire(client, "victim-key", "victim-task"))
+    claimed = client.post("/lease/v1/fence", json={**victim, "resource": "exports", "idempotency_key": "2026-12-07"},
+                          headers=auth(victim_cap))
+    assert claimed.status_code == 200 and claimed.json()["accepted"] is True, claimed.text
+    attacker, attacker_cap = grant(acquire(client, "attacker-key", "victim-task"))
+    while attacker["token"] < victim["token"]:
+        client.post("/lease/v1/release", json=attacker, headers=auth(attacker_cap))
+        attacker, attacker_cap = grant(acquire(client, "attacker-key", "victim-task"))
+    assert attacker["token"] == victim["token"]
+    client.post("/lease/v1/fence/give_back",
+                json={**attacker, "resource": "exports", "idempotency_key": "2026-12-07"}, headers=auth(attacker_cap))
+    fences = FenceStore(store.db.dsn, schema=store.schema)
+    try:
+        assert fences.published("exports", "2026-12-07"), "another key's grant gave back the victim's claim"
+    finally:
+        fences.close()

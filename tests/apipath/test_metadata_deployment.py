@@ -291,7 +291,8 @@ def send(airflow: Deployment, route: str, credential: str | None, ref: dict[str,
 ALL_ROUTES = ["acquire", "renew", "release", "check", "check?", "fence", "fence/give_back", "event", "replaced_by"]
 
 
-@pytest.mark.parametrize("header", [None, "Basic YWRtaW46YWRtaW4tcHc=", "Bearer", f"Basic {SECRET}", f"Token {SECRET}"])
+@pytest.mark.parametrize("header", [None, "Basic YWRtaW46YWRtaW4tcHc=", "Bearer", f"Basic {SECRET}", f"Token {SECRET}"],
+                         ids=["none", "basic-login", "bearer-empty", "basic-secret", "token-secret"])
 def test_every_lease_route_without_credentials_is_401_and_takes_nothing(airflow: Deployment, header: str | None) -> None:
     before = snapshot(airflow)
     body = {"key": "attack-401", "owner": "o", "token": 1, "ttl_seconds": 60, "resource": "r",
