@@ -358,9 +358,12 @@ def event(body: EventBody, store: StoreDep, credential: BearerDep) -> Any:
         may_acquire(credential)
         holder_token = body.detail.get("holder_token")
         holders = store.slot_holders(body.key)
-        if not any(h.token == holder_token and h.owner != body.owner for h in holders):
+        # The holder the detail names must be the one holding: its token, and its owner when it names one (the
+        # Leases page links the skip to the run of `holder_owner`: a made-up one would blame another run).
+        if not any(h.token == holder_token and h.owner != body.owner
+                   and body.detail.get("holder_owner", h.owner) == h.owner for h in holders):
             return _conflict({"status": "not_held", "recorded": False, "key": body.key,
-                              "detail": "the holder named in holder_token does not hold the key"})
+                              "detail": "the holder named in holder_token (and holder_owner) does not hold the key"})
     else:
         if body.token is None:
             raise InvalidArgument("token", None, f"is required for a {body.kind!r} event")

@@ -287,6 +287,10 @@ def test_a_skip_is_recorded_once_with_the_run_columns_while_the_named_holder_hol
     # A holder that does not hold the key (a forged history): refused, nothing recorded.
     forged = {**skip, "detail": {**skip["detail"], "holder_token": ref["token"] + 7}}
     assert client.post("/lease/v1/event", json=forged, headers=auth(SECRET)).status_code == 409
+    # Nor may it name the holder's token with another run as its owner (the page would blame that run).
+    blamed = {**skip, "detail": {**skip["detail"], "holder_owner": "d/scheduled__2026-11-30/innocent"}}
+    refused = client.post("/lease/v1/event", json=blamed, headers=auth(SECRET))
+    assert refused.status_code == 409 and refused.json()["status"] == "not_held", refused.text
     # Nor may the holder "skip" against itself.
     assert client.post("/lease/v1/event", json={**skip, "owner": "holder"}, headers=auth(SECRET)).status_code == 409
     assert not [e for e in store.events.query(key="ev") if e.kind == "skipped_overlap"]
