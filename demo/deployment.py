@@ -292,10 +292,13 @@ CELERY_WORKERS = ("a", "b")
 
 class Deployment:
     """A running Airflow (api-server, scheduler, dag-processor, with ``triggerer=True`` a triggerer;
-    LocalExecutor, or CeleryExecutor and two Celery workers) with the given DAG files."""
+    LocalExecutor, or CeleryExecutor and two Celery workers) with the given DAG files. ``lease_default=False``
+    defines no ``lease_default`` connection (the lease store is then the metadata database's, through the
+    api-server: docs/api.md)."""
 
     def __init__(self, template: MetadataTemplate, dag_files: list[Path], *,
-                 extra_env: dict[str, str] | None = None, executor: str = "local", triggerer: bool = False) -> None:
+                 extra_env: dict[str, str] | None = None, executor: str = "local", triggerer: bool = False,
+                 lease_default: bool = True) -> None:
         if executor not in EXECUTORS:
             raise ValueError(f"executor={executor!r}: expected one of {', '.join(EXECUTORS)}")
         self.executor = executor
@@ -355,6 +358,10 @@ class Deployment:
                 "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
                 "AIRFLOW__OPERATORS__DEFAULT_QUEUE": "default",
             })
+        if not lease_default:
+            # No lease connection anywhere (issue 41): the api-server's store is the metadata database's
+            # schema (docs/api.md, decision 2), and a task with access=auto takes the lease API.
+            del self.env["AIRFLOW_CONN_LEASE_DEFAULT"]
         self.env.update(extra_env or {})
         self.started: list[subprocess.Popen[bytes]] = []
         #: The running Celery worker of each name (a worker started again replaces its entry).

@@ -37,6 +37,16 @@ def from_request_id(request_id: str) -> str:
     return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
 
 
+def _grant_params(key: str, owner: str, token: int, capability: str) -> dict[str, Any]:
+    """The statement parameters naming the grant (key, owner, token) and ``capability``'s digest for it, the
+    names checked as the store checks them (a NUL, a lone surrogate, an oversized name: InvalidArgument,
+    which the lease API answers 422, never a driver error), the key normalised as the store keeps it."""
+    key = validation.lookup_name("key", key)
+    owner = validation.owner("owner", owner)
+    token = validation.token("token", token)
+    return {"key": key, "owner": owner, "token": token, "digest": digest(key, owner, token, capability)}
+
+
 def digest(key: str, owner: str, token: int, capability: str) -> bytes:
     """What the store keeps of ``capability``: bound to the grant (key, owner, token)."""
     material = "\0".join((key, owner, str(int(token)), capability)).encode()
@@ -45,25 +55,23 @@ def digest(key: str, owner: str, token: int, capability: str) -> bytes:
 
 def bind(store: Any, lease: Lease, capability: str) -> bool:
     """Keep ``capability``'s digest on ``lease``'s row while it is the live grant; False: it is gone."""
-    params = {"key": lease.key, "owner": lease.owner, "token": lease.token,
-              "digest": digest(lease.key, lease.owner, lease.token, capability)}
+    params = _grant_params(lease.key, lease.owner, lease.token, capability)
     return bool(store._ready().run("api_capability_bind", params, durable=True))
 
 
 def grant(store: Any, key: str, owner: str, token: int, capability: str) -> Lease | None:
     """The row of the grant (key, owner, token) when ``capability`` is its capability (held or not); None
     when it is not (another grant's, a made-up one, or the row holds another grant now)."""
-    params = {"key": key, "owner": owner, "token": token, "digest": digest(key, owner, token, capability)}
+    params = _grant_params(key, owner, token, capability)
     rows = store._ready().run("api_capability_grant", params)
     return Lease.from_row(rows[0]) if rows else None
-
 
 
 def renew(store: Any, key: str, owner: str, token: int, capability: str, ttl: timedelta | None) -> Lease | None:
     """Renew the grant (key, owner, token) by ``ttl`` (None: its own TTL) when ``capability`` is its
     capability, in one statement (one round trip); None: lost, or not this grant's capability (the caller
     tells which with :func:`grant`, on that rare path only)."""
-    params = {"key": key, "owner": owner, "token": token, "digest": digest(key, owner, token, capability),
+    params = {**_grant_params(key, owner, token, capability),
               "ttl": None if ttl is None else validation.ttl("ttl", ttl)}
     sent_at = time.monotonic()
     rows = store._ready().run("api_capability_renew", params, durable=True)

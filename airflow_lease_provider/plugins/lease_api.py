@@ -170,7 +170,7 @@ class RunBody(BaseModel):
 class AcquireBody(BaseModel):
     key: Name
     owner: Name
-    ttl_seconds: float = Field(gt=0, le=7 * 24 * 3600, description="the lease's time to live")
+    ttl_seconds: Seconds = Field(description="the lease's time to live")
     policy: Literal["single", "slots", "replace"] = Field(
         default="single",
         description="single: one holder; slots: at most `slots` holders (a semaphore); replace: take the lease "
@@ -188,14 +188,21 @@ class AcquireBody(BaseModel):
                            "run is older: `holder_older` in the 409)")
 
 
+#: A fencing token as the API takes it: a JSON integer, never a string or a float that looks like one (a
+#: token is compared, not parsed: "7" or 7.0 is a client's bug, answered 422 naming the field).
+Token = Annotated[int, Field(ge=1, le=2**63 - 1, strict=True)]
+#: A TTL in seconds: a JSON number, never a string.
+Seconds = Annotated[float, Field(gt=0, le=7 * 24 * 3600, strict=True)]
+
+
 class GrantRef(BaseModel):
     key: Name
     owner: Name
-    token: int = Field(ge=1, le=2**63 - 1)
+    token: Token
 
 
 class RenewBody(GrantRef):
-    ttl_seconds: float | None = Field(default=None, gt=0, le=7 * 24 * 3600)
+    ttl_seconds: Seconds | None = None
 
 
 #: What a task may record over the API with the acquire secret: that it was refused a key another holds
@@ -209,7 +216,7 @@ class EventBody(BaseModel):
     kind: Literal["skipped_overlap", "overlap_failed", "lost", "renewed_late"]
     key: Name
     owner: Name
-    token: int | None = Field(default=None, ge=1, le=2**63 - 1, description="the grant (lost, renewed_late)")
+    token: Token | None = Field(default=None, description="the grant (lost, renewed_late)")
     run: RunBody | None = Field(default=None, description="the task instance the event is about (run columns)")
     detail: dict[str, Any] = Field(default_factory=dict, description="as the direct path records it; a refusal "
                                    "names the holder in `holder_token`")
@@ -351,9 +358,12 @@ def event(body: EventBody, store: StoreDep, credential: BearerDep) -> Any:
         may_acquire(credential)
         holder_token = body.detail.get("holder_token")
         holders = store.slot_holders(body.key)
-        if not any(h.token == holder_token and h.owner != body.owner for h in holders):
+        # The holder the detail names must be the one holding: its token, and its owner when it names one (the
+        # Leases page links the skip to the run of `holder_owner`: a made-up one would blame another run).
+        if not any(h.token == holder_token and h.owner != body.owner
+                   and body.detail.get("holder_owner", h.owner) == h.owner for h in holders):
             return _conflict({"status": "not_held", "recorded": False, "key": body.key,
-                              "detail": "the holder named in holder_token does not hold the key"})
+                              "detail": "the holder named in holder_token (and holder_owner) does not hold the key"})
     else:
         if body.token is None:
             raise InvalidArgument("token", None, f"is required for a {body.kind!r} event")

@@ -287,6 +287,10 @@ def test_a_skip_is_recorded_once_with_the_run_columns_while_the_named_holder_hol
     # A holder that does not hold the key (a forged history): refused, nothing recorded.
     forged = {**skip, "detail": {**skip["detail"], "holder_token": ref["token"] + 7}}
     assert client.post("/lease/v1/event", json=forged, headers=auth(SECRET)).status_code == 409
+    # Nor may it name the holder's token with another run as its owner (the page would blame that run).
+    blamed = {**skip, "detail": {**skip["detail"], "holder_owner": "d/scheduled__2026-11-30/innocent"}}
+    refused = client.post("/lease/v1/event", json=blamed, headers=auth(SECRET))
+    assert refused.status_code == 409 and refused.json()["status"] == "not_held", refused.text
     # Nor may the holder "skip" against itself.
     assert client.post("/lease/v1/event", json={**skip, "owner": "holder"}, headers=auth(SECRET)).status_code == 409
     assert not [e for e in store.events.query(key="ev") if e.kind == "skipped_overlap"]
@@ -384,3 +388,79 @@ def test_request_threads_have_stores_of_their_own_on_one_pool_of_api_pool_size(
     with pytest.raises(ValueError, match="api_pool_size"):
         monkeypatch.setenv("AIRFLOW__LEASE__API_POOL_SIZE", "0")
         settings.api_pool_size()
+
+
+@pytest.mark.parametrize("path", ["renew", "release", "check", "check?", "fence", "fence/give_back", "event"])
+@pytest.mark.parametrize("field", ["key", "owner"])
+def test_a_nul_in_the_grant_named_on_a_capability_route_is_422_naming_the_field_and_changes_nothing(
+    client: TestClient, store: LeaseStore, path: str, field: str
+) -> None:
+    """Found by issue 41's attack tier: these reached the driver unchecked and answered 500 (an unhandled ValueError: "A string
+    literal cannot contain NUL"), with a traceback in the api-server's log; now the capability's lookup checks
+    the names as the store does."""
+    ref, capability = grant(acquire(client, "nul-key", "nul-owner"))
+    before = store.holder("nul-key")
+    hostile = {**ref, field: ref[field] + "\x00", "resource": "nul-target", "idempotency_key": "i", "kind": "lost"}
+    if path == "check?":
+        response = client.get("/lease/v1/check", params=hostile, headers=auth(capability))
+    else:
+        response = client.post(f"/lease/v1/{path}", json=hostile, headers=auth(capability))
+    assert response.status_code == 422, response.text
+    assert response.json()["detail"].startswith(f"{field}=") and "NUL" in response.json()["detail"]
+    assert capability not in response.text
+    after = store.holder("nul-key")
+    assert after is not None and before is not None
+    assert (after.token, after.renewed_at, after.released_at) == (before.token, before.renewed_at, None)
+
+
+@pytest.mark.parametrize(("path", "change"), [
+    ("renew", {"token": "STR"}), ("renew", {"token": "FLOAT"}), ("check", {"token": "STR"}),
+    ("fence", {"token": "STR"}), ("renew", {"ttl_seconds": "30"}),
+])
+def test_a_token_or_ttl_sent_as_a_string_or_float_is_422_not_coerced(
+    client: TestClient, store: LeaseStore, path: str, change: dict[str, Any]
+) -> None:
+    """A token is compared, never parsed: "7" (or 7.0) for 7 is a client's bug, refused naming the field, as
+    a ttl_seconds sent as a string (pydantic's lax mode took both before)."""
+    ref, capability = grant(acquire(client, "strict-key", "strict-owner"))
+    before = store.holder("strict-key")
+    body: dict[str, Any] = {**ref, "resource": "strict-target"}
+    for name, value in change.items():
+        body[name] = str(ref["token"]) if value == "STR" else float(ref["token"]) if value == "FLOAT" else value
+    response = client.post(f"/lease/v1/{path}", json=body, headers=auth(capability))
+    assert response.status_code == 422, response.text
+    assert [e["loc"] for e in response.json()["detail"]] == [["body", next(iter(change))]], response.text
+    after = store.holder("strict-key")
+    assert after is not None and before is not None and after.renewed_at == before.renewed_at
+    acquired = client.post("/lease/v1/acquire", json={"key": "strict-2", "owner": "o", "ttl_seconds": "30"},
+                           headers=auth(SECRET))
+    assert acquired.status_code == 422 and store.holder("strict-2") is None
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "known hole (issue 41 attack tier): fence_publish keeps no lease key, so /fence/give_back deletes the claim "
+    "of any grant with the same resource, idempotency key, owner and token, whatever its key; fix: a key column "
+    "on fence_publish (migration 0020, and fence_schema) matched by fence_claim_release"))
+def test_give_back_with_a_grant_of_another_key_under_the_same_owner_and_token_cannot_free_a_claim(
+    client: TestClient, store: LeaseStore
+) -> None:
+    """An attacker with the acquire secret takes a key of its own under the victim's owner name (owners are
+    free text, and shown by every 409) until its token is the victim's (each new key starts at the same floor;
+    a release and an acquire add one), then gives back the victim's idempotency claim with its own capability:
+    the victim's slot could be published twice."""
+    victim, victim_cap = grant(acquire(client, "victim-key", "victim-task"))
+    claimed = client.post("/lease/v1/fence", json={**victim, "resource": "exports", "idempotency_key": "2026-12-07"},
+                          headers=auth(victim_cap))
+    assert claimed.status_code == 200 and claimed.json()["accepted"] is True, claimed.text
+    attacker, attacker_cap = grant(acquire(client, "attacker-key", "victim-task"))
+    while attacker["token"] < victim["token"]:
+        client.post("/lease/v1/release", json=attacker, headers=auth(attacker_cap))
+        attacker, attacker_cap = grant(acquire(client, "attacker-key", "victim-task"))
+    assert attacker["token"] == victim["token"]
+    client.post("/lease/v1/fence/give_back",
+                json={**attacker, "resource": "exports", "idempotency_key": "2026-12-07"}, headers=auth(attacker_cap))
+    fences = FenceStore(store.db.dsn, schema=store.schema)
+    try:
+        assert fences.published("exports", "2026-12-07"), "another key's grant gave back the victim's claim"
+    finally:
+        fences.close()

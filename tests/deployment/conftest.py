@@ -19,10 +19,15 @@ from demo.deployment import Deployment, MetadataTemplate
 
 @contextmanager
 def deployment_for(template: MetadataTemplate, dag_files: list[Path], dag_ids: set[str],
-                   extra_env: dict[str, str] | None = None, *, triggerer: bool = False) -> Iterator[Deployment]:
-    """A started deployment with ``dag_files``, every DAG in ``dag_ids`` parsed; stopped afterwards."""
-    deployment = Deployment(template, dag_files, extra_env=extra_env, triggerer=triggerer)
+                   extra_env: dict[str, str] | None = None, *, triggerer: bool = False,
+                   lease_default: bool = True, before_start: Any = None) -> Iterator[Deployment]:
+    """A started deployment with ``dag_files``, every DAG in ``dag_ids`` parsed; stopped afterwards.
+    ``before_start(deployment)`` runs once its database exists, before any Airflow process starts."""
+    deployment = Deployment(template, dag_files, extra_env=extra_env, triggerer=triggerer,
+                            lease_default=lease_default)
     try:
+        if before_start is not None:
+            before_start(deployment)
         deployment.start(dag_ids)
         yield deployment
     except BaseException:
