@@ -60,7 +60,7 @@ def current_schema_sql() -> str:
 
 #: The version of the fence-only layout: the store version whose fence it matches. ``fence_schema.sql`` is
 #: version 10's; the files of ``sql/fence_migrations`` bring it to this one (a new target runs them all).
-FENCE_ONLY_VERSION = 15
+FENCE_ONLY_VERSION = 20
 #: The version ``fence_schema.sql`` creates.
 FENCE_ONLY_BASE = 10
 

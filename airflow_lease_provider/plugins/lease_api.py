@@ -387,7 +387,7 @@ def give_back(body: GiveBackBody, store: StoreDep, fences: FencesDep, credential
     once, failing toward "not published again", docs/core.md)."""
     _holder_of(store, body, credential)
     given = fences._give_back({"resource": body.resource, "idempotency_key": body.idempotency_key,
-                               "token": body.token, "owner": body.owner})
+                               "key": body.key, "token": body.token, "owner": body.owner})
     return {"given_back": given}
 
 

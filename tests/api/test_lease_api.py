@@ -437,17 +437,14 @@ def test_a_token_or_ttl_sent_as_a_string_or_float_is_422_not_coerced(
     assert acquired.status_code == 422 and store.holder("strict-2") is None
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "known hole (issue 41 attack tier): fence_publish keeps no lease key, so /fence/give_back deletes the claim "
-    "of any grant with the same resource, idempotency key, owner and token, whatever its key; fix: a key column "
-    "on fence_publish (migration 0020, and fence_schema) matched by fence_claim_release"))
 def test_give_back_with_a_grant_of_another_key_under_the_same_owner_and_token_cannot_free_a_claim(
     client: TestClient, store: LeaseStore
 ) -> None:
     """An attacker with the acquire secret takes a key of its own under the victim's owner name (owners are
     free text, and shown by every 409) until its token is the victim's (each new key starts at the same floor;
     a release and an acquire add one), then gives back the victim's idempotency claim with its own capability:
-    the victim's slot could be published twice."""
+    the victim's slot could be published twice. Fixed by migrations/0020: the claim names its lease key, and
+    only a grant of that key gives it back."""
     victim, victim_cap = grant(acquire(client, "victim-key", "victim-task"))
     claimed = client.post("/lease/v1/fence", json={**victim, "resource": "exports", "idempotency_key": "2026-12-07"},
                           headers=auth(victim_cap))
@@ -457,10 +454,16 @@ def test_give_back_with_a_grant_of_another_key_under_the_same_owner_and_token_ca
         client.post("/lease/v1/release", json=attacker, headers=auth(attacker_cap))
         attacker, attacker_cap = grant(acquire(client, "attacker-key", "victim-task"))
     assert attacker["token"] == victim["token"]
-    client.post("/lease/v1/fence/give_back",
-                json={**attacker, "resource": "exports", "idempotency_key": "2026-12-07"}, headers=auth(attacker_cap))
+    attack = client.post("/lease/v1/fence/give_back", json={**attacker, "resource": "exports",
+                                                            "idempotency_key": "2026-12-07"}, headers=auth(attacker_cap))
+    assert attack.status_code == 200 and attack.json() == {"given_back": False}, attack.text
     fences = FenceStore(store.db.dsn, schema=store.schema)
     try:
         assert fences.published("exports", "2026-12-07"), "another key's grant gave back the victim's claim"
+        # The grant that made the claim still gives it back (its side effect failed).
+        own = client.post("/lease/v1/fence/give_back", json={**victim, "resource": "exports",
+                                                             "idempotency_key": "2026-12-07"}, headers=auth(victim_cap))
+        assert own.status_code == 200 and own.json() == {"given_back": True}, own.text
+        assert not fences.published("exports", "2026-12-07")
     finally:
         fences.close()

@@ -506,14 +506,14 @@ def test_a_fence_only_target_of_version_10_is_upgraded_to_keep_count_epochs(pg_d
                           name))
         fences = FenceStore(pg_dsn, schema=name, fence_only=True)
         try:
-            assert fences.ensure_schema() == FENCE_ONLY_VERSION == 15
+            assert fences.ensure_schema() == FENCE_ONLY_VERSION == 20
             assert fences.current("r", key="k") == 4  # kept
             assert fences.advance("r", 9, key="k#2", count_epoch=7, base_key="k").accepted
             assert fences.advance("r", 6, key="k", count_epoch=0).outcome == "count_epoch"
         finally:
             fences.close()
         versions = execute(pg_dsn, q("SELECT version FROM {schema}.fence_schema_version ORDER BY 1", name))
-        assert versions == [(10,), (15,)]
+        assert versions == [(10,), (15,), (20,)]
     finally:
         drop_schema(pg_dsn, name)
 

@@ -14,6 +14,7 @@ from datetime import timedelta
 
 import psycopg2
 import pytest
+from psycopg2 import sql
 
 from airflow_lease_provider.core import (
     DuplicatePublish,
@@ -24,9 +25,16 @@ from airflow_lease_provider.core import (
     SchemaError,
     StaleFencingToken,
 )
-from airflow_lease_provider.core.schema import SchemaMissing, drop_schema
+from airflow_lease_provider.core.schema import (
+    FENCE_ONLY_VERSION,
+    SchemaMissing,
+    drop_schema,
+    fence_migrations,
+    fence_schema_sql,
+    latest_version,
+)
 from tests.pg import drop_schema as drop_pg_schema
-from tests.pg import execute, new_schema_name, q
+from tests.pg import execute, new_schema_name, q, store_at_version
 
 TTL = timedelta(minutes=5)
 
@@ -119,6 +127,28 @@ def test_giving_a_claim_back_never_frees_another_publishes_claim(fences: FenceSt
     assert first.release() is False
     with pytest.raises(DuplicatePublish):
         fences.guard("git:site", 5, key="site", owner="site/run-3", idempotency_key="slot-8")
+
+
+
+@pytest.mark.parametrize("where", ["store", "fence_only"])
+def test_a_claim_is_given_back_only_by_a_grant_of_its_own_lease_key(
+    fences: FenceStore, target: FenceStore, where: str
+) -> None:
+    """Issue 41's attack, at the store: a grant of another lease key with the claim's owner name and token
+    (owners are free text; every key's tokens start at the same floor) names the claim in a give-back (the
+    call POST /lease/v1/fence/give_back makes): the claim stays, and the slot is still refused to every later
+    publish. The grant that made the claim gives it back."""
+    fence = fences if where == "store" else target
+    claim = {"resource": "exports", "idempotency_key": "2026-12-07", "token": 3, "owner": "victim-task"}
+    assert fence.accept("exports", 3, key="victim-key", owner="victim-task", idempotency_key="2026-12-07")
+    assert fence._give_back({**claim, "key": "attacker-key"}) is False
+    assert fence.published("exports", "2026-12-07")
+    rows = execute(fence.db.dsn, q("SELECT key, token, owner FROM {schema}.fence_publish", fence.schema))
+    assert [tuple(r) for r in rows] == [("victim-key", 3, "victim-task")]
+    with pytest.raises(DuplicatePublish):
+        fence.guard("exports", 3, key="attacker-key", owner="victim-task", idempotency_key="2026-12-07")
+    assert fence._give_back({**claim, "key": "victim-key"}) is True
+    assert not fence.published("exports", "2026-12-07")
 
 
 # -- item 8: a write target gets only the fence ---------------------------------------------------------
@@ -303,3 +333,66 @@ def test_version_9s_fence_call_still_works_after_the_upgrade(store: LeaseStore, 
             assert cur.fetchone() == ("stale", 3)
     finally:
         conn.close()
+
+
+def test_a_store_of_version_19_upgrades_and_its_keyless_claims_are_never_given_back(pg_dsn: str) -> None:
+    """migrations/0020: a claim written before it names no lease key. Which grant made it cannot be told, so
+    no give-back frees it, not even one naming the key that did (fail closed: the slot stays published until
+    the row is deleted by hand); a claim written after it is given back by its own grant only."""
+    name = new_schema_name()
+    try:
+        store_at_version(pg_dsn, name, 19)
+        execute(pg_dsn, q("SELECT * FROM {schema}.fence_advance('exports', 'victim-key', 3, 'victim-task', 'old',"
+                          " NULL::uuid, NULL::text, NULL::bigint)", name))
+        fences = FenceStore(pg_dsn, schema=name)
+        try:
+            assert fences.ensure_schema() == latest_version() >= 20
+            old = {"resource": "exports", "idempotency_key": "old", "token": 3, "owner": "victim-task"}
+            assert fences._give_back({**old, "key": "attacker-key"}) is False
+            assert fences._give_back({**old, "key": "victim-key"}) is False
+            assert fences.published("exports", "old")
+            with pytest.raises(DuplicatePublish):
+                fences.guard("exports", 4, key="victim-key", owner="victim-task", idempotency_key="old")
+            assert fences.accept("exports", 5, key="victim-key", owner="victim-task", idempotency_key="new")
+            new = {"resource": "exports", "idempotency_key": "new", "token": 5, "owner": "victim-task"}
+            assert fences._give_back({**new, "key": "attacker-key"}) is False
+            assert fences._give_back({**new, "key": "victim-key"}) is True
+        finally:
+            fences.close()
+        rows = execute(pg_dsn, q("SELECT idempotency_key, key, token FROM {schema}.fence_publish", name))
+        assert [tuple(r) for r in rows] == [("old", None, 3)]
+    finally:
+        drop_pg_schema(pg_dsn, name)
+
+
+def test_a_fence_only_target_of_version_15_upgrades_and_its_keyless_claims_are_never_given_back(
+    pg_dsn: str,
+) -> None:
+    name = new_schema_name()
+    try:
+        execute(pg_dsn, sql.SQL("CREATE SCHEMA {}").format(sql.Identifier(name)))
+        execute(pg_dsn, q(fence_schema_sql(), name))
+        execute(pg_dsn, q("INSERT INTO {schema}.fence_schema_version (version, name) VALUES (10, 'fence_only')", name))
+        for migration in fence_migrations():
+            if migration.version <= 15:
+                execute(pg_dsn, q(migration.sql, name))
+                execute(pg_dsn, q("INSERT INTO {schema}.fence_schema_version (version, name) VALUES (%s, %s)", name),
+                        (migration.version, migration.name))
+        execute(pg_dsn, q("SELECT * FROM {schema}.fence_advance('exports', 'victim-key', 3, 'victim-task', 'old',"
+                          " NULL::uuid, NULL::text, NULL::bigint)", name))
+        fences = FenceStore(pg_dsn, schema=name, fence_only=True)
+        try:
+            assert fences.ensure_schema() == FENCE_ONLY_VERSION == 20
+            old = {"resource": "exports", "idempotency_key": "old", "token": 3, "owner": "victim-task"}
+            assert fences._give_back({**old, "key": "victim-key"}) is False
+            assert fences.published("exports", "old")
+            assert fences.accept("exports", 5, key="victim-key", owner="victim-task", idempotency_key="new")
+            new = {"resource": "exports", "idempotency_key": "new", "token": 5, "owner": "victim-task"}
+            assert fences._give_back({**new, "key": "attacker-key"}) is False
+            assert fences._give_back({**new, "key": "victim-key"}) is True
+        finally:
+            fences.close()
+        versions = execute(pg_dsn, q("SELECT version FROM {schema}.fence_schema_version ORDER BY 1", name))
+        assert versions == [(10,), (15,), (20,)]
+    finally:
+        drop_pg_schema(pg_dsn, name)

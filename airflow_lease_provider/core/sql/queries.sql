@@ -127,10 +127,12 @@ SELECT outcome, current_token, current_store, newest_grant
 
 -- name: fence_claim_release
 -- Gives back the idempotency claim of an external publish whose side effect failed: only that publish's
--- own claim (the same token and owner), never a later one's.
+-- own claim (the same lease key, token and owner), never a later one's nor another key's grant's with the
+-- same owner and token (migrations/0020). A claim without a key (written before version 20) matches no
+-- key: it is never given back (fail closed).
 DELETE FROM {schema}.fence_publish
  WHERE resource = %(resource)s AND idempotency_key = %(idempotency_key)s AND token = %(token)s
-   AND owner IS NOT DISTINCT FROM %(owner)s
+   AND owner IS NOT DISTINCT FROM %(owner)s AND key = %(key)s
 RETURNING token;
 
 -- name: store_id

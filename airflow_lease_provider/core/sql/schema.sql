@@ -88,12 +88,15 @@ CREATE TABLE {schema}.lease_key_epoch (
     count_epoch  bigint      NOT NULL
 );
 
+-- An idempotency claim per (resource, idempotency key), naming the grant that made it: token, owner and lease
+-- key (key NULL: a claim written before version 20, never given back; migrations/0020).
 CREATE TABLE {schema}.fence_publish (
     resource         text        NOT NULL,
     idempotency_key  text        NOT NULL,
     token            bigint      NOT NULL,
     owner            text,
     published_at     timestamptz NOT NULL DEFAULT clock_timestamp(),
+    key              text,
     PRIMARY KEY (resource, idempotency_key)
 );
 
@@ -490,7 +493,7 @@ AS $$
      ORDER BY f.key = '' LIMIT 1
 $$;
 
--- fence advance (migrations/0003, 0010, 0015): the idempotency claim, the newest-grant check where the
+-- fence advance (migrations/0003, 0010, 0015, 0020): the idempotency claim (naming the lease key), the newest-grant check where the
 -- fence is kept in the lease store that issued the token (the row's newest token, and the key's count
 -- epoch), the count epoch the publish names (p_base: the lease key whose slot p_key is; p_count_epoch: the
 -- grant's count epoch; NULL: not named, not checked), the conditional upsert (a larger token, or an equal
@@ -510,8 +513,10 @@ DECLARE
     v_outcome pg_catalog.text;
 BEGIN
     IF p_idempotency_key IS NOT NULL THEN
-        INSERT INTO {schema}.fence_publish (resource, idempotency_key, token, owner)
-        VALUES (p_resource, p_idempotency_key, p_token, p_owner)
+        -- The claim names the lease key of the grant that made it: only that grant gives it back
+        -- (fence_claim_release, migrations/0020).
+        INSERT INTO {schema}.fence_publish (resource, idempotency_key, token, owner, key)
+        VALUES (p_resource, p_idempotency_key, p_token, p_owner, p_key)
         ON CONFLICT DO NOTHING;
         IF NOT FOUND THEN
             v_outcome := 'duplicate';

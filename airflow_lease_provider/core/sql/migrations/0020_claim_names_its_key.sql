@@ -1,0 +1,110 @@
+-- Version 20 (issue 41, the attack tier's finding): an idempotency claim names the lease key of the grant
+-- that made it. fence_publish kept the resource, idempotency key, token and owner of a claim, and
+-- fence_claim_release (queries.sql; POST /lease/v1/fence/give_back) deleted the claim matching those: a grant
+-- of ANOTHER lease key, taken under the same owner name (owners are free text) with the same token (every
+-- key's tokens start at the same floor), gave back a claim it never made, and the slot could be published
+-- twice. fence_advance now records the key, and fence_claim_release matches it too.
+--
+-- Claims written before this version have no key (NULL) and are never given back: no key matches NULL
+-- (fail closed). Which grant made them cannot be told after the fact (the fence row of a (resource, key)
+-- keeps only its latest token), and giving back is the one step that can let a slot publish twice; the
+-- cost is that a publish in flight across the upgrade whose side effect then fails keeps its claim (the
+-- slot counts as published until the row is deleted by hand), as after a lost answer to a give-back.
+--
+-- {schema} is the store's schema, filled in as a quoted identifier (core/db/sqltext.py, with_schema).
+ALTER TABLE {schema}.fence_publish ADD COLUMN key text;
+
+CREATE OR REPLACE FUNCTION {schema}.fence_advance(p_resource text, p_key text, p_token bigint, p_owner text,
+                                       p_idempotency_key text, p_store uuid, p_base text, p_count_epoch bigint)
+RETURNS TABLE (outcome text, current_token bigint, current_store uuid, newest_grant bigint)
+LANGUAGE plpgsql
+AS $$
+DECLARE
+    v_token bigint;
+    v_store pg_catalog.uuid;
+    v_newest bigint;
+    v_base pg_catalog.text;
+    v_floor bigint;
+    v_outcome pg_catalog.text;
+BEGIN
+    IF p_idempotency_key IS NOT NULL THEN
+        -- The claim names the lease key of the grant that made it: only that grant gives it back
+        -- (fence_claim_release, migrations/0020).
+        INSERT INTO {schema}.fence_publish (resource, idempotency_key, token, owner, key)
+        VALUES (p_resource, p_idempotency_key, p_token, p_owner, p_key)
+        ON CONFLICT DO NOTHING;
+        IF NOT FOUND THEN
+            v_outcome := 'duplicate';
+        END IF;
+    END IF;
+    IF v_outcome IS NULL AND p_store IS NOT NULL THEN
+        -- Kept in the lease store that issued the token: a token below the row's newest grant belongs to a
+        -- holder the lease has moved past (granted again, or force-released); one at or below the key's
+        -- count epoch to a holder of an earlier holding period (a dropped slot of a lowered slot count is
+        -- never granted again). Both refused before any later token has published here.
+        SELECT l.token, CASE WHEN l.slot > 1 THEN l.slot_of ELSE l.key END INTO v_newest, v_base
+          FROM {schema}.lease l
+         WHERE l.key = p_key AND EXISTS (SELECT 1 FROM {schema}.lease_epoch e WHERE e.store_id = p_store);
+        IF p_token < v_newest THEN
+            v_outcome := 'superseded';
+        ELSIF v_base IS NOT NULL THEN
+            -- The key's epoch on its rows, and (a key spelled like a slot, whose own row may now be another
+            -- key's slot) the one it keeps apart (migrations/0019).
+            SELECT pg_catalog.max(l.count_epoch) INTO v_floor FROM {schema}.lease l
+             WHERE (l.key = v_base AND l.slot = 1) OR (l.slot_of = v_base AND l.slot > 1);
+            v_floor := greatest(v_floor, (SELECT e.count_epoch FROM {schema}.lease_key_epoch e WHERE e.key = v_base));
+            IF p_token <= v_floor THEN
+                v_outcome := 'count_epoch';
+                v_newest := v_floor;
+            END IF;
+        END IF;
+    END IF;
+    IF v_outcome IS NULL AND p_count_epoch IS NOT NULL THEN
+        -- The key's count epoch, as its holders told it: raised by the first publish of a later period (the
+        -- row locked, so a publish of an earlier period waits for it and then reads it), read under a share
+        -- lock by every other (so a raise waits for the publishes already deciding). A token at or below it
+        -- is refused.
+        INSERT INTO {schema}.fence_count_epoch (resource, key, count_epoch, accepted_at)
+        VALUES (p_resource, coalesce(p_base, p_key), p_count_epoch, pg_catalog.clock_timestamp())
+        ON CONFLICT DO NOTHING;
+        UPDATE {schema}.fence_count_epoch AS e
+           SET count_epoch = p_count_epoch, accepted_at = pg_catalog.clock_timestamp()
+         WHERE e.resource = p_resource AND e.key = coalesce(p_base, p_key) AND e.count_epoch < p_count_epoch;
+        SELECT e.count_epoch INTO v_floor FROM {schema}.fence_count_epoch e
+         WHERE e.resource = p_resource AND e.key = coalesce(p_base, p_key) FOR SHARE;
+        IF p_token <= v_floor THEN
+            v_outcome := 'count_epoch';
+            v_newest := v_floor;
+        END IF;
+    END IF;
+    IF v_outcome IS NULL THEN
+        -- The key's own row, or (first publish of this key) a new row above the pre-version-3 floor, if any.
+        -- A larger token is accepted; an equal one only from the same owner of the same lease store: the
+        -- grant that token was issued for, publishing again.
+        INSERT INTO {schema}.fence AS f (resource, key, token, owner, accepted_at, store_id)
+        SELECT p_resource, p_key, p_token, p_owner, pg_catalog.clock_timestamp(), p_store
+         WHERE p_token > coalesce((SELECT l.token FROM {schema}.fence l WHERE l.resource = p_resource AND l.key = ''), 0)
+        ON CONFLICT (resource, key) DO UPDATE
+            SET token = EXCLUDED.token, owner = EXCLUDED.owner, accepted_at = EXCLUDED.accepted_at,
+                store_id = CASE WHEN f.token < EXCLUDED.token THEN EXCLUDED.store_id
+                                ELSE coalesce(f.store_id, EXCLUDED.store_id) END
+            WHERE f.token < EXCLUDED.token
+               OR (f.token = EXCLUDED.token AND f.owner = EXCLUDED.owner
+                   AND (f.store_id IS NULL OR EXCLUDED.store_id IS NULL OR f.store_id = EXCLUDED.store_id))
+        RETURNING f.token, f.store_id INTO v_token, v_store;
+        IF FOUND THEN
+            RETURN QUERY SELECT 'accepted'::pg_catalog.text, v_token, v_store, v_newest;
+            RETURN;
+        END IF;
+        v_outcome := 'stale';
+    END IF;
+    IF p_idempotency_key IS NOT NULL AND v_outcome <> 'duplicate' THEN
+        -- A refused publish never uses up its idempotency key.
+        DELETE FROM {schema}.fence_publish WHERE resource = p_resource AND idempotency_key = p_idempotency_key;
+    END IF;
+    SELECT c.token, c.store_id INTO v_token, v_store FROM {schema}.fence c
+     WHERE c.resource = p_resource AND c.key IN (p_key, '')
+     ORDER BY c.key = '' LIMIT 1;
+    RETURN QUERY SELECT v_outcome, v_token, v_store, v_newest;
+END;
+$$;
