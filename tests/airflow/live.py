@@ -140,7 +140,7 @@ class LiveAirflow:
                     "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
                     "AIRFLOW__API__WORKERS": "1",
                     "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-                    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
+                    "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",  # a changed file is parsed again anyway (mtime)
                     "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
                     "AIRFLOW__METRICS__STATSD_ON": "True",
                     "AIRFLOW__METRICS__STATSD_HOST": "127.0.0.1",

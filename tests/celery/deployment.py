@@ -137,7 +137,7 @@ class Deployment:
                 "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
                 "AIRFLOW__WORKERS__MIN_HEARTBEAT_INTERVAL": "2",
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-                "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
+                "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",  # a changed file is parsed again anyway (mtime)
                 "AIRFLOW__LOGGING__LOGGING_LEVEL": "INFO",
                 # Schedulers, API server, DAG processor: the store directly (workers get their own below).
                 "AIRFLOW_CONN_LEASE_DEFAULT": self._lease_uri(None),

@@ -240,7 +240,7 @@ def airflow(tmp_path: Path, metadata_dsn: str) -> Iterator[tuple[Processes, Stat
         "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": sql_alchemy,
         "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
         "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
-        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "5",
+        "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "3600",  # a changed file is parsed again anyway (mtime)
         "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
         "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",
         "AIRFLOW__METRICS__STATSD_ON": "True",
