@@ -1,0 +1,198 @@
+"""Issue 41's acceptance door: leased DAGs on a real EdgeExecutor deployment whose Edge worker cannot reach
+the lease store.
+
+``airflow api-server`` (edge3's worker API on, ``[edge] api_enabled``; the lease plugin; the connection
+``lease_api``, the acquire secret, in the metadata database), ``airflow scheduler`` with
+``[core] executor = EdgeExecutor``, ``airflow dag-processor``, and a real ``airflow edge worker``
+(:meth:`demo.deployment.Deployment.start_edge_worker`) in a network namespace whose only route out is a socat
+forward to the api-server's port, in a mount namespace where the metadata database's Unix socket (the
+embedded server's) is ``/dev/null``, with no database URL and no connection in its environment. The lease
+store is the metadata database's ``airflow_lease`` schema (created by ``airflow db migrate`` through the
+provider's db-manager); no ``lease_default`` is defined anywhere. Each task therefore takes its lease through
+the api-server's lease API (``[lease] access = auto``, the default).
+
+Everything is read back through the doors a platform team has: Airflow's REST API (run and task states,
+XComs, task logs), edge3's own UI API (which worker ran a job), the lease plugin's routes, and the Leases
+page in a headless Chromium.
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import shutil
+import signal
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from demo.airflow_api import wait
+from demo.deployment import ROOT, Deployment, MetadataTemplate
+from tests.pg import scratch_dir
+
+pytestmark = [
+    pytest.mark.airflow, pytest.mark.apipath, pytest.mark.slow, pytest.mark.timeout(1200),
+    pytest.mark.needs("socat", "netns", "chromium"),
+]
+
+DAGS = Path(__file__).parent / "dags"
+MARKERS = scratch_dir("lease-edge-markers-")
+SECRET = secrets.token_urlsafe(24)
+DAG_IDS = {"edge_overlap", "edge_zombie"}
+WORKER = "a"
+
+
+@pytest.fixture(scope="module")
+def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
+    files = [ROOT / "tests" / "airflow" / "dags" / "_util.py", DAGS / "edge_leased.py"]
+    deployment = Deployment(metadata_template, files, extra_env={"LEASE_TEST_MARKERS": str(MARKERS)}, executor="edge")
+    try:
+        deployment.start(DAG_IDS)
+        # The acquire secret, defined on the api-server's side only (in the metadata database).
+        deployment.airflow("connections", "add", "lease_api", "--conn-type", "http", f"--conn-password={SECRET}")
+        deployment.start_edge_worker(WORKER)
+        deployment.wait_edge_workers((WORKER,))
+        for dag_id in DAG_IDS:
+            deployment.api.unpause(dag_id)
+        yield deployment
+    except BaseException:
+        print(deployment.tails())  # pytest shows it with the failure
+        raise
+    finally:
+        deployment.stop()
+        shutil.rmtree(MARKERS, ignore_errors=True)
+
+
+def marker(name: str, timeout: float = 180) -> str:
+    path = MARKERS / name
+    wait(path.exists, bool, timeout, f"marker {name}", interval=0.2)
+    return path.read_text()
+
+
+def plugin(airflow: Deployment, path: str, **params: Any) -> Any:
+    """GET a route of the lease plugin (``/lease/api/...``, the Leases page's data) as the admin user."""
+    api = airflow.api
+    token = api._token or api._login()
+    reply = api._client.get(path, params=params, headers={"Authorization": f"Bearer {token}"})
+    assert reply.status_code == 200, (path, reply.status_code, reply.text[:2000])
+    return reply.json()
+
+
+def edge_jobs(airflow: Deployment, dag_id: str) -> dict[str, dict[str, Any]]:
+    """edge3's jobs of ``dag_id`` by run id (its UI API, as the Edge Executor admin page reads them)."""
+    jobs = plugin(airflow, "/edge_worker/ui/jobs", dag_id_pattern=dag_id)["jobs"]
+    return {job["run_id"]: job for job in jobs}
+
+
+def events(airflow: Deployment, key: str, kind: str | None = None) -> list[dict[str, Any]]:
+    found = plugin(airflow, "/lease/api/events", key=key, **({"kind": kind} if kind else {}))
+    return list(found["events"])
+
+
+def test_the_edge_worker_has_no_route_to_the_store_and_no_lease_connection(airflow: Deployment) -> None:
+    """What makes the rest mean something: the worker's environment names no database and no connection,
+    and from its namespaces the store's server does not answer while the api-server does."""
+    import subprocess
+
+    import psycopg2
+
+    env = airflow.edge_worker_env(WORKER)
+    assert not any(k == "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" or k.startswith("AIRFLOW_CONN_") for k in env), sorted(env)
+    assert "AIRFLOW_CONN_LEASE_DEFAULT" not in airflow.env  # no lease_default on any process
+    worker = airflow.started[-1]
+    assert worker.poll() is None
+    # Inside the worker's namespaces (entered through its pid): the database refuses, the api-server answers.
+    probe = (
+        "import psycopg2, sys, urllib.request\n"
+        "try:\n"
+        "    psycopg2.connect(sys.argv[1], connect_timeout=3).close(); print('db: reached')\n"
+        "except psycopg2.OperationalError:\n"
+        "    print('db: unreachable')\n"
+        "print('api:', urllib.request.urlopen(sys.argv[2] + '/api/v2/monitor/health', timeout=30).status)\n"
+    )
+    pid = worker_pid(airflow)
+    result = subprocess.run(
+        ["nsenter", "-t", str(pid), "-n", "-m", sys.executable, "-c", probe, airflow.dsn, airflow.url],
+        capture_output=True, text=True, timeout=120, check=False,
+    )
+    assert result.stdout.splitlines() == ["db: unreachable", "api: 200"], (result.stdout, result.stderr[-2000:])
+    # From here (the host's namespaces) the same DSN answers: the cut is the namespace's, not a broken DSN.
+    psycopg2.connect(airflow.dsn, connect_timeout=10).close()
+
+
+def worker_pid(airflow: Deployment) -> int:
+    """The pid of the ``airflow edge worker`` process (the last started process execs into it)."""
+    return airflow.started[-1].pid
+
+
+def test_two_runs_at_once_on_the_edge_worker_one_runs_the_other_is_skipped_naming_the_holder(
+    airflow: Deployment,
+) -> None:
+    api = airflow.api
+    first = api.trigger("edge_overlap")
+    marker(f"overlap-started-{first}")
+    holder = f"edge_overlap/{first}/hold"
+    row = plugin(airflow, "/lease/api/lease", key="edge-overlap-key")["lease"]
+    assert row["held"] and row["owner"] == holder, row
+
+    second = api.trigger("edge_overlap")
+    assert api.wait_for_run("edge_overlap", second, timeout=300) == "success"  # a skipped task: the run did not fail
+    assert api.task_states("edge_overlap", second) == {"hold": "skipped"}
+    assert not (MARKERS / f"overlap-started-{second}").exists()  # its body never ran
+    reason = api.xcom("edge_overlap", second, "hold", "lease_skip_reason")
+    assert reason is not None and holder in reason["reason"] and reason["holder_token"] == row["token"], reason
+    log = api.log("edge_overlap", second, "hold")
+    assert holder in log, log[-3000:]
+    assert SECRET not in log
+    # Recorded once, with the skipped run's columns, in the ledger the Leases page reads.
+    skips = events(airflow, "edge-overlap-key", "skipped_overlap")
+    assert len(skips) == 1 and skips[0]["run_id"] == second and skips[0]["detail"]["holder_owner"] == holder, skips
+    assert api.run("edge_overlap", first)["state"] == "running"  # the holder was never disturbed
+
+    (MARKERS / f"overlap-let-go-{first}").write_text("go")
+    assert api.wait_for_run("edge_overlap", first, timeout=300) == "success"
+    assert api.task_states("edge_overlap", first) == {"hold": "success"}
+    assert api.xcom("edge_overlap", first, "hold") == first
+    # Both task instances were Edge jobs of this worker, and the lease went through the API (not the store).
+    jobs = edge_jobs(airflow, "edge_overlap")
+    assert {jobs[r]["edge_worker"] for r in (first, second)} == {f"edge-{WORKER}"}, jobs
+    assert "through the api-server's lease API" in api.log("edge_overlap", first, "hold")
+    assert plugin(airflow, "/lease/api/lease", key="edge-overlap-key")["lease"]["held"] is False  # released
+
+
+def test_a_frozen_holder_on_the_edge_worker_cannot_publish_after_a_newer_run_took_the_lease(
+    airflow: Deployment,
+) -> None:
+    api = airflow.api
+    old = api.trigger("edge_zombie")
+    pid, old_token = int(marker(f"zombie-pid-{old}")), int(marker(f"zombie-token-{old}"))
+    os.kill(pid, signal.SIGSTOP)  # frozen past its 8 s TTL: a lost VM, a GC pause
+    try:
+        wait(lambda: plugin(airflow, "/lease/api/lease", key="edge-zombie-key")["lease"],
+             lambda row: not row["held"], 60, "the frozen holder's lease to lapse")
+        new = api.trigger("edge_zombie")
+        new_token = int(marker(f"zombie-token-{new}"))
+        assert new_token > old_token
+        (MARKERS / f"zombie-go-{new}").write_text("go")
+        assert api.wait_for_run("edge_zombie", new, timeout=300) == "success", api.task_states("edge_zombie", new)
+        (MARKERS / f"zombie-go-{old}").write_text("go")  # the frozen one publishes as soon as it runs again
+    finally:
+        os.kill(pid, signal.SIGCONT)
+    assert api.wait_for_run("edge_zombie", old, timeout=300) == "failed"
+    assert api.task_states("edge_zombie", old) == {"publish": "failed"}
+
+    # The target holds the newer run's write only: the frozen run's late publish was refused before it wrote.
+    target = (MARKERS / "edge-target").read_text().splitlines()
+    assert target == [f"edge_zombie/{new}/publish {new_token}"], target
+    assert not (MARKERS / f"zombie-published-{old}").exists()
+    assert marker(f"zombie-published-{new}") == str(new_token)
+    assert api.xcom("edge_zombie", new, "publish") == new_token
+    log = api.log("edge_zombie", old, "publish")
+    assert "LeaseLost" in log, log[-3000:]
+    assert SECRET not in log
+    jobs = edge_jobs(airflow, "edge_zombie")
+    assert {jobs[r]["edge_worker"] for r in (old, new)} == {f"edge-{WORKER}"}, jobs
+    print("zombie events:", events(airflow, "edge-zombie-key"), events(airflow, "edge-target"))
