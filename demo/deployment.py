@@ -17,6 +17,7 @@ XComs and task logs are read back through it (:class:`demo.airflow_api.AirflowAP
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -290,9 +291,11 @@ EXECUTORS = ("local", "celery", "edge")
 CELERY_WORKERS = ("a", "b")
 #: The executor of an ``edge`` deployment (apache-airflow-providers-edge3, the test group's).
 EDGE_EXECUTOR = "airflow.providers.edge3.executors.EdgeExecutor"
-#: What an Edge worker's environment never gets from the deployment's: the metadata database and any
-#: connection (a lease connection above all). It reaches the api-server, nothing else (issue 41).
-EDGE_WORKER_HIDDEN = ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW_CONN_")
+#: What an Edge worker's environment never gets from the deployment's: the metadata database, its Fernet
+#: key, the UI's session secret and any connection (a lease connection above all). It reaches the api-server,
+#: nothing else (issue 41); it keeps ``[api_auth] jwt_secret``, which edge3 signs its requests with.
+EDGE_WORKER_HIDDEN = ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API__SECRET_KEY",
+                      "AIRFLOW_CONN_")
 
 
 def socket_file(dsn: str) -> Path | None:
@@ -346,6 +349,10 @@ class Deployment:
                 "AIRFLOW__API__WORKERS": "1",
                 "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
                 "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+                # One Fernet key for every process: without it each process that starts first may write a
+                # key of its own into airflow.cfg (or run with none), and a connection added by the CLI
+                # cannot be read by the api-server (a 500 on /api/v2/connections, a 404 to a task).
+                "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
                 "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "30",
                 "AIRFLOW__SCHEDULER__SCHEDULER_IDLE_SLEEP_TIME": "0.5",

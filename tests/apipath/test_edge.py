@@ -26,6 +26,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote
 
 import pytest
 
@@ -41,7 +42,7 @@ pytestmark = [
 DAGS = Path(__file__).parent / "dags"
 MARKERS = scratch_dir("lease-edge-markers-")
 SECRET = secrets.token_urlsafe(24)
-DAG_IDS = {"edge_overlap", "edge_zombie"}
+DAG_IDS = {"edge_overlap", "edge_zombie", "edge_replace"}
 WORKER = "a"
 
 
@@ -100,7 +101,7 @@ def test_the_edge_worker_has_no_route_to_the_store_and_no_lease_connection(airfl
     import psycopg2
 
     env = airflow.edge_worker_env(WORKER)
-    assert not any(k == "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN" or k.startswith("AIRFLOW_CONN_") for k in env), sorted(env)
+    assert not any(k.startswith(("AIRFLOW__DATABASE__", "AIRFLOW_CONN_", "AIRFLOW__CORE__FERNET")) for k in env), sorted(env)
     assert "AIRFLOW_CONN_LEASE_DEFAULT" not in airflow.env  # no lease_default on any process
     worker = airflow.started[-1]
     assert worker.poll() is None
@@ -163,36 +164,125 @@ def test_two_runs_at_once_on_the_edge_worker_one_runs_the_other_is_skipped_namin
     assert plugin(airflow, "/lease/api/lease", key="edge-overlap-key")["lease"]["held"] is False  # released
 
 
-def test_a_frozen_holder_on_the_edge_worker_cannot_publish_after_a_newer_run_took_the_lease(
-    airflow: Deployment,
-) -> None:
+def freeze_and_overtake(airflow: Deployment, dag_id: str, prefix: str, key: str, *, lapse: bool) -> tuple[str, str, int, int]:
+    """Run ``dag_id`` (a :func:`frozen_publish` task), stop its task process (SIGSTOP) once it holds
+    ``key`` (with ``lapse``, until its TTL has passed and the plugin shows the key free), run it again and
+    let the newer run publish, then let the frozen one go and resume it. (old run, new run, their tokens)."""
     api = airflow.api
-    old = api.trigger("edge_zombie")
-    pid, old_token = int(marker(f"zombie-pid-{old}")), int(marker(f"zombie-token-{old}"))
-    os.kill(pid, signal.SIGSTOP)  # frozen past its 8 s TTL: a lost VM, a GC pause
+    old = api.trigger(dag_id)
+    pid, old_token = int(marker(f"{prefix}-pid-{old}")), int(marker(f"{prefix}-token-{old}"))
+    os.kill(pid, signal.SIGSTOP)  # frozen: a lost VM, a GC pause
     try:
-        wait(lambda: plugin(airflow, "/lease/api/lease", key="edge-zombie-key")["lease"],
-             lambda row: not row["held"], 60, "the frozen holder's lease to lapse")
-        new = api.trigger("edge_zombie")
-        new_token = int(marker(f"zombie-token-{new}"))
+        if lapse:
+            wait(lambda: plugin(airflow, "/lease/api/lease", key=key)["lease"], lambda row: not row["held"], 60,
+                 "the frozen holder's lease to lapse")
+        new = api.trigger(dag_id)
+        new_token = int(marker(f"{prefix}-token-{new}"))
         assert new_token > old_token
-        (MARKERS / f"zombie-go-{new}").write_text("go")
-        assert api.wait_for_run("edge_zombie", new, timeout=300) == "success", api.task_states("edge_zombie", new)
-        (MARKERS / f"zombie-go-{old}").write_text("go")  # the frozen one publishes as soon as it runs again
+        (MARKERS / f"{prefix}-go-{new}").write_text("go")
+        assert api.wait_for_run(dag_id, new, timeout=300) == "success", api.task_states(dag_id, new)
+        (MARKERS / f"{prefix}-go-{old}").write_text("go")  # the frozen one publishes as soon as it runs again
     finally:
         os.kill(pid, signal.SIGCONT)
+    return old, new, old_token, new_token
+
+
+def published(airflow: Deployment, dag_id: str, prefix: str, old: str, new: str, new_token: int) -> None:
+    """The target holds the newer run's write only: the frozen run reached the fence, was refused there
+    (the api-server no longer takes its grant's capability) and wrote nothing."""
+    target = (MARKERS / f"{prefix}-target").read_text().splitlines()
+    assert target == [f"{dag_id}/{new}/publish {new_token}"], target
+    assert (MARKERS / f"{prefix}-fence-refused-{old}").exists()
+    assert not (MARKERS / f"{prefix}-published-{old}").exists()
+    assert not (MARKERS / f"{prefix}-fence-refused-{new}").exists()
+    assert marker(f"{prefix}-published-{new}") == str(new_token)
+    assert airflow.api.xcom(dag_id, new, "publish") == new_token
+    jobs = edge_jobs(airflow, dag_id)
+    assert {jobs[r]["edge_worker"] for r in (old, new)} == {f"edge-{WORKER}"}, jobs
+
+
+def test_a_frozen_holder_on_the_edge_worker_cannot_publish_after_a_newer_run_took_the_lapsed_lease(
+    airflow: Deployment,
+) -> None:
+    """The default policy: the holder frozen past its 8 s TTL, a newer run takes the lapsed lease and
+    publishes; resumed, the frozen run's ``lease.fence()`` is refused and its task fails (LeaseLost)."""
+    api = airflow.api
+    old, new, old_token, new_token = freeze_and_overtake(airflow, "edge_zombie", "zombie", "edge-zombie-key", lapse=True)
     assert api.wait_for_run("edge_zombie", old, timeout=300) == "failed"
     assert api.task_states("edge_zombie", old) == {"publish": "failed"}
-
-    # The target holds the newer run's write only: the frozen run's late publish was refused before it wrote.
-    target = (MARKERS / "edge-target").read_text().splitlines()
-    assert target == [f"edge_zombie/{new}/publish {new_token}"], target
-    assert not (MARKERS / f"zombie-published-{old}").exists()
-    assert marker(f"zombie-published-{new}") == str(new_token)
-    assert api.xcom("edge_zombie", new, "publish") == new_token
+    published(airflow, "edge_zombie", "zombie", old, new, new_token)
     log = api.log("edge_zombie", old, "publish")
     assert "LeaseLost" in log, log[-3000:]
     assert SECRET not in log
-    jobs = edge_jobs(airflow, "edge_zombie")
-    assert {jobs[r]["edge_worker"] for r in (old, new)} == {f"edge-{WORKER}"}, jobs
-    print("zombie events:", events(airflow, "edge-zombie-key"), events(airflow, "edge-target"))
+    # The ledger: both grants, only the newer one released (the frozen grant lapsed; no release, no write).
+    seen = [(e["kind"], e["token"]) for e in events(airflow, "edge-zombie-key")]
+    assert sorted(seen) == [("acquired", old_token), ("acquired", new_token), ("released", new_token)], seen
+
+
+def test_a_frozen_holder_replaced_by_a_newer_run_is_refused_by_the_fence_and_skipped_naming_it(
+    airflow: Deployment,
+) -> None:
+    """on_overlap="replace" on the Edge worker: a newer run takes the frozen holder's lease over (a
+    ``replaced`` event in the ledger); resumed, the old run's ``lease.fence()`` is refused, it writes nothing,
+    and its task ends skipped naming the newer run (asked through /lease/v1/replaced_by)."""
+    api = airflow.api
+    old, new, old_token, new_token = freeze_and_overtake(airflow, "edge_replace", "replace", "edge-replace-key",
+                                                         lapse=False)
+    assert api.wait_for_run("edge_replace", old, timeout=300) == "success"  # a skipped task: the run did not fail
+    ti = api.task_instances("edge_replace", old)["publish"]
+    assert ti["state"] == "skipped" and ti["try_number"] == 1, ti
+    published(airflow, "edge_replace", "replace", old, new, new_token)
+    reason = api.xcom("edge_replace", old, "publish", "lease_skip_reason")
+    assert reason["replaced_by_owner"] == f"edge_replace/{new}/publish" and reason["replaced_by_token"] == new_token
+    assert f"edge_replace/{new}/publish" in api.log("edge_replace", old, "publish")
+    (replaced,) = events(airflow, "edge-replace-key", "replaced")
+    assert (replaced["owner"], replaced["token"]) == (f"edge_replace/{old}/publish", old_token), replaced
+    assert (replaced["detail"]["by_owner"], replaced["detail"]["by_token"]) == (f"edge_replace/{new}/publish", new_token)
+
+
+def test_the_leases_page_shows_the_edge_runs(airflow: Deployment) -> None:
+    """The Leases page (the plugin's page in the Airflow UI, headless Chromium): the Edge run's overlap skip,
+    naming the run that held the key, and the frozen holder's takeover (``replaced``); the replaced task
+    instance's Lease tab."""
+    from playwright import sync_api  # the test group's; it drives Debian's Chromium, it downloads none
+
+    from tests.tools import chromium
+    from tests.ui.test_browser import CHROMIUM_ARGS, open_leases_from_nav
+
+    api = airflow.api
+    states = {run["dag_run_id"]: api.task_states("edge_overlap", run["dag_run_id"]).get("hold")
+              for run in api.runs("edge_overlap")}
+    (skipped,) = [run for run, state in states.items() if state == "skipped"]
+    (held,) = [run for run, state in states.items() if state == "success"]
+    replace_runs = {run["dag_run_id"]: api.task_states("edge_replace", run["dag_run_id"]).get("publish")
+                    for run in api.runs("edge_replace")}
+    (old,) = [run for run, state in replace_runs.items() if state == "skipped"]
+    (new,) = [run for run, state in replace_runs.items() if state == "success"]
+    with sync_api.sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=chromium(), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 900})
+            page.set_default_timeout(60_000)
+            page.goto(f"{airflow.url}/auth/login")
+            page.fill("input[name=username]", "admin")
+            page.fill("input[name=password]", "admin-pw")
+            page.click("button[type=submit]")
+            page.wait_for_url(lambda url: "/auth/login" not in url)
+            frame = open_leases_from_nav(page)
+            skip = frame.locator("#events tbody tr[data-kind=skipped_overlap]", has_text="edge-overlap-key")
+            skip.wait_for()
+            assert skip.count() == 1
+            text = skip.inner_text()
+            assert skipped in text and held in text, text
+            # The takeover of the frozen holder, naming both runs.
+            replaced = frame.locator("#events tbody tr[data-kind=replaced]", has_text="edge-replace-key")
+            replaced.wait_for()
+            text = replaced.inner_text()
+            assert replaced.count() == 1 and old in text and new in text, text
+            # The replaced task instance's Lease tab says so, naming the newer run.
+            page.goto(f"{airflow.url}/lease/ui/task?dag_id=edge_replace&run_id={quote(old, safe='')}"
+                      "&task_id=publish&map_index=-1")
+            page.locator("#explain h2", has_text="Replaced by a newer run, skipped").wait_for()
+            assert new in page.locator("#replaced-by").inner_text()
+        finally:
+            browser.close()
