@@ -391,7 +391,9 @@ class Deployment:
         self.started: list[subprocess.Popen[bytes]] = []
         #: The running Celery worker of each name (a worker started again replaces its entry).
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
-        #: The network namespaces the Edge workers run in (deleted by ``stop``).
+        #: The running Edge worker of each name (``start_edge_worker``), and the network namespaces the
+        #: isolated ones run in (deleted by ``stop``).
+        self.edge_workers: dict[str, subprocess.Popen[bytes]] = {}
         self.namespaces: list[str] = []
         self.api = AirflowAPI(self.url, "admin", "admin-pw")
 
@@ -431,7 +433,8 @@ class Deployment:
         worker = [str(VENV_BIN / "airflow"), "edge", "worker", "--edge-hostname", f"edge-{name}",
                   "--concurrency", "4"]
         if not isolated:
-            return self._start(f"edge-{name}", env=env, command=worker)
+            self.edge_workers[name] = self._start(f"edge-{name}", env=env, command=worker)
+            return self.edge_workers[name]
         namespace = f"lease-edge-{secrets.token_hex(4)}"
         subprocess.run(["ip", "netns", "add", namespace], check=True, capture_output=True, timeout=30)
         self.namespaces.append(namespace)
@@ -446,10 +449,12 @@ class Deployment:
             'set -e; if [ -n "$1" ]; then mount --bind /dev/null "$1"; fi; '
             'socat "TCP-LISTEN:$2,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$3" & shift 3; exec "$@"'
         )
-        return self._start(f"edge-{name}", env=env, command=[
+        # ip, unshare and sh each exec the next: the process started is the worker itself.
+        self.edge_workers[name] = self._start(f"edge-{name}", env=env, command=[
             "ip", "netns", "exec", namespace, "unshare", "--mount", "--propagation", "private", "--",
             "sh", "-c", script, "edge-worker", str(hidden or ""), str(self.port), str(bridge), *worker,
         ])
+        return self.edge_workers[name]
 
     def wait_edge_workers(self, names: tuple[str, ...], timeout: float = 120) -> None:
         """Wait until each Edge worker in ``names`` has registered and is idle (edge3's ``edge_worker`` table)."""

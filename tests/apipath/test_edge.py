@@ -100,11 +100,14 @@ def test_the_edge_worker_has_no_route_to_the_store_and_no_lease_connection(airfl
 
     import psycopg2
 
-    env = airflow.edge_worker_env(WORKER)
+    worker = airflow.edge_workers[WORKER]
+    assert worker.poll() is None
+    assert "edge worker" in Path(f"/proc/{worker.pid}/cmdline").read_bytes().replace(b"\0", b" ").decode()
+    # The running worker's own environment: no database, no connection, no Fernet key.
+    env = dict(item.split("=", 1) for item in Path(f"/proc/{worker.pid}/environ").read_text().split("\0") if "=" in item)
+    assert env["AIRFLOW__CORE__EXECUTOR"].endswith("EdgeExecutor")
     assert not any(k.startswith(("AIRFLOW__DATABASE__", "AIRFLOW_CONN_", "AIRFLOW__CORE__FERNET")) for k in env), sorted(env)
     assert "AIRFLOW_CONN_LEASE_DEFAULT" not in airflow.env  # no lease_default on any process
-    worker = airflow.started[-1]
-    assert worker.poll() is None
     # Inside the worker's namespaces (entered through its pid): the database refuses, the api-server answers.
     probe = (
         "import psycopg2, sys, urllib.request\n"
@@ -114,19 +117,13 @@ def test_the_edge_worker_has_no_route_to_the_store_and_no_lease_connection(airfl
         "    print('db: unreachable')\n"
         "print('api:', urllib.request.urlopen(sys.argv[2] + '/api/v2/monitor/health', timeout=30).status)\n"
     )
-    pid = worker_pid(airflow)
     result = subprocess.run(
-        ["nsenter", "-t", str(pid), "-n", "-m", sys.executable, "-c", probe, airflow.dsn, airflow.url],
+        ["nsenter", "-t", str(worker.pid), "-n", "-m", sys.executable, "-c", probe, airflow.dsn, airflow.url],
         capture_output=True, text=True, timeout=120, check=False,
     )
     assert result.stdout.splitlines() == ["db: unreachable", "api: 200"], (result.stdout, result.stderr[-2000:])
     # From here (the host's namespaces) the same DSN answers: the cut is the namespace's, not a broken DSN.
     psycopg2.connect(airflow.dsn, connect_timeout=10).close()
-
-
-def worker_pid(airflow: Deployment) -> int:
-    """The pid of the ``airflow edge worker`` process (the last started process execs into it)."""
-    return airflow.started[-1].pid
 
 
 def test_two_runs_at_once_on_the_edge_worker_one_runs_the_other_is_skipped_naming_the_holder(
