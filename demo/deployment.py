@@ -459,6 +459,9 @@ class Deployment:
     def wait_edge_workers(self, names: tuple[str, ...], timeout: float = 120) -> None:
         """Wait until each Edge worker in ``names`` has registered and is idle (edge3's ``edge_worker`` table)."""
         def states() -> dict[str, str]:
+            for process in self.started:
+                if process.poll() is not None:
+                    raise AssertionError(f"an Airflow process exited with {process.returncode}:\n{self.tails()}")
             conn = psycopg2.connect(self.dsn, connect_timeout=10)
             try:
                 with conn.cursor() as cur:
@@ -467,9 +470,6 @@ class Deployment:
             finally:
                 conn.close()
 
-        for process in self.started:
-            if process.poll() is not None:
-                raise AssertionError(f"an Airflow process exited with {process.returncode}:\n{self.tails()}")
         wait(states, lambda found: all(found.get(f"edge-{n}") in ("idle", "running") for n in names), timeout,
              f"Edge workers {sorted(names)} to register")
 
