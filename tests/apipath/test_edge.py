@@ -106,6 +106,9 @@ def test_the_edge_worker_has_no_route_to_the_store_and_no_lease_connection(airfl
     # (edge3 sets its title: "airflow edge worker: edge-a"; it also overwrites /proc/<pid>/environ, so the
     # environment is read where a task runs: the overlap test's task process writes it down.)
     assert f"edge worker: edge-{WORKER}" in Path(f"/proc/{worker.pid}/cmdline").read_bytes().decode(errors="replace")
+    env = airflow.edge_worker_env(WORKER)  # what start_edge_worker gave it
+    assert not [k for k in env if k.startswith(("AIRFLOW__DATABASE__", "AIRFLOW_CONN_", "AIRFLOW__CORE__FERNET"))], env
+    assert env["AIRFLOW__CORE__EXECUTOR"].endswith("EdgeExecutor")
     assert "AIRFLOW_CONN_LEASE_DEFAULT" not in airflow.env  # no lease_default on any process
     # Inside the worker's namespaces (entered through its pid): the database refuses, the api-server answers.
     probe = (
@@ -131,10 +134,12 @@ def test_two_runs_at_once_on_the_edge_worker_one_runs_the_other_is_skipped_namin
     api = airflow.api
     first = api.trigger("edge_overlap")
     marker(f"overlap-started-{first}")
-    # The task process's own environment on the Edge worker: no database, no connection, no Fernet key.
+    # The task process's own environment on the Edge worker: no connection, no Fernet key, and as metadata
+    # database only the placeholder the Task SDK puts in every task process ("airflow-db-not-allowed:///").
     env = json.loads(marker(f"overlap-env-{first}"))
-    assert {"AIRFLOW_HOME", "AIRFLOW__CORE__EXECUTOR", "AIRFLOW__EDGE__API_URL"} <= set(env), env
-    assert not [k for k in env if k.startswith(("AIRFLOW__DATABASE__", "AIRFLOW_CONN_", "AIRFLOW__CORE__FERNET"))], env
+    assert {"AIRFLOW_HOME", "AIRFLOW__CORE__EXECUTOR", "AIRFLOW__EDGE__API_URL"} <= set(env["names"]), env
+    assert not [k for k in env["names"] if k.startswith(("AIRFLOW_CONN_", "AIRFLOW__CORE__FERNET"))], env
+    assert env["metadata_scheme"] in ("", "airflow-db-not-allowed"), env
     holder = f"edge_overlap/{first}/hold"
     row = plugin(airflow, "/lease/api/lease", key="edge-overlap-key")["lease"]
     assert row["held"] and row["owner"] == holder, row

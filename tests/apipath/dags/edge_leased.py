@@ -23,8 +23,11 @@ with DAG("edge_overlap", schedule=None, start_date=START, catchup=False, tags=["
     @task.leased(lease_key="edge-overlap-key", lease_ttl=timedelta(seconds=30))
     def hold() -> str:
         run_id = get_current_context()["run_id"]
-        # What this process has of Airflow's settings (names only: no value is written down).
-        mark(f"overlap-env-{run_id}", json.dumps(sorted(k for k in os.environ if k.startswith("AIRFLOW"))))
+        # What this process has of Airflow's settings: names only, and the metadata URL's scheme (no value that
+        # could carry a secret is written down).
+        url = os.environ.get("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "")
+        names = sorted(k for k in os.environ if k.startswith("AIRFLOW"))
+        mark(f"overlap-env-{run_id}", json.dumps({"names": names, "metadata_scheme": url.partition(":")[0]}))
         mark(f"overlap-started-{run_id}", str(os.getpid()))
         wait_for(f"overlap-let-go-{run_id}", timeout=600)  # the test lets go once the overlapping run is done
         return run_id
