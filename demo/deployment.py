@@ -17,6 +17,7 @@ XComs and task logs are read back through it (:class:`demo.airflow_api.AirflowAP
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import json
 import os
@@ -285,16 +286,34 @@ class MetadataTemplate:
         shutil.rmtree(self.root, ignore_errors=True)
 
 
-EXECUTORS = ("local", "celery")
+EXECUTORS = ("local", "celery", "edge")
 #: The Celery workers of a ``celery`` deployment (each ``--concurrency`` 2, all on the ``default`` queue).
 CELERY_WORKERS = ("a", "b")
+#: The executor of an ``edge`` deployment (apache-airflow-providers-edge3, the test group's).
+EDGE_EXECUTOR = "airflow.providers.edge3.executors.EdgeExecutor"
+#: What an Edge worker's environment never gets from the deployment's: the metadata database, its Fernet
+#: key, the UI's session secret and any connection (a lease connection above all). It reaches the api-server,
+#: nothing else (issue 41); it keeps ``[api_auth] jwt_secret``, which edge3 signs its requests with.
+EDGE_WORKER_HIDDEN = ("AIRFLOW__DATABASE__SQL_ALCHEMY_CONN", "AIRFLOW__CORE__FERNET_KEY", "AIRFLOW__API__SECRET_KEY",
+                      "AIRFLOW_CONN_")
+
+
+def socket_file(dsn: str) -> Path | None:
+    """The Unix socket file of a PostgreSQL DSN whose host is a socket directory; None for TCP."""
+    parts = psycopg2.extensions.parse_dsn(dsn)
+    host = parts.get("host") or ""
+    return Path(host) / f".s.PGSQL.{parts.get('port') or 5432}" if host.startswith("/") else None
 
 
 class Deployment:
     """A running Airflow (api-server, scheduler, dag-processor, with ``triggerer=True`` a triggerer;
-    LocalExecutor, or CeleryExecutor and two Celery workers) with the given DAG files. ``lease_default=False``
-    defines no ``lease_default`` connection (the lease store is then the metadata database's, through the
-    api-server: docs/api.md)."""
+    LocalExecutor, or CeleryExecutor and two Celery workers, or EdgeExecutor and the Edge workers a test
+    starts with :meth:`start_edge_worker`) with the given DAG files. ``lease_default=False`` defines no
+    ``lease_default`` connection (the lease store is then the metadata database's, through the api-server:
+    docs/api.md).
+
+    ``executor="edge"``: edge3's API on the api-server (``[edge] api_enabled``), and no ``lease_default``
+    anywhere: the api-server's lease store is the metadata database's schema (docs/api.md, decision 2)."""
 
     def __init__(self, template: MetadataTemplate, dag_files: list[Path], *,
                  extra_env: dict[str, str] | None = None, executor: str = "local", triggerer: bool = False,
@@ -333,6 +352,10 @@ class Deployment:
                 "AIRFLOW__API__WORKERS": "1",
                 "AIRFLOW__API__SECRET_KEY": secrets.token_hex(16),
                 "AIRFLOW__API_AUTH__JWT_SECRET": secrets.token_hex(32),
+                # One Fernet key for every process: without it each process that starts first may write a
+                # key of its own into airflow.cfg (or run with none), and a connection added by the CLI
+                # cannot be read by the api-server (a 500 on /api/v2/connections, a 404 to a task).
+                "AIRFLOW__CORE__FERNET_KEY": base64.urlsafe_b64encode(secrets.token_bytes(32)).decode(),
                 "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
                 # A file is parsed again when its mtime changes (the default modified_time order), so re-parsing
                 # unchanged files every 30 s only burned CPU: about 3.4 CPU s a minute with 12 DAG files.
@@ -360,26 +383,103 @@ class Deployment:
                 "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
                 "AIRFLOW__OPERATORS__DEFAULT_QUEUE": "default",
             })
-        if not lease_default:
+        if not lease_default or executor == "edge":
             # No lease connection anywhere (issue 41): the api-server's store is the metadata database's
             # schema (docs/api.md, decision 2), and a task with access=auto takes the lease API.
-            del self.env["AIRFLOW_CONN_LEASE_DEFAULT"]
+            self.env.pop("AIRFLOW_CONN_LEASE_DEFAULT", None)
+        if executor == "edge":
+            self.env.update({
+                "AIRFLOW__CORE__EXECUTOR": EDGE_EXECUTOR,
+                "AIRFLOW__EDGE__API_ENABLED": "True",
+                "AIRFLOW__EDGE__API_URL": f"{self.url}/edge_worker/v1/rpcapi",
+                "AIRFLOW__EDGE__JOB_POLL_INTERVAL": "1",
+                "AIRFLOW__EDGE__HEARTBEAT_INTERVAL": "5",
+            })
         self.env.update(extra_env or {})
         self.started: list[subprocess.Popen[bytes]] = []
         #: The running Celery worker of each name (a worker started again replaces its entry).
         self.workers: dict[str, subprocess.Popen[bytes]] = {}
+        #: The running Edge worker of each name (``start_edge_worker``), and the network namespaces the
+        #: isolated ones run in (deleted by ``stop``).
+        self.edge_workers: dict[str, subprocess.Popen[bytes]] = {}
+        self.namespaces: list[str] = []
         self.api = AirflowAPI(self.url, "admin", "admin-pw")
 
     # -- processes ----------------------------------------------------------------------------------
 
-    def _start(self, name: str, *args: str) -> subprocess.Popen[bytes]:
+    def _start(self, name: str, *args: str, env: dict[str, str] | None = None,
+               command: list[str] | None = None) -> subprocess.Popen[bytes]:
         with (self.logs / f"{name}.log").open("ab") as out:
             process = subprocess.Popen(
-                [str(VENV_BIN / "airflow"), *args], env=self.env, stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True,
+                command or [str(VENV_BIN / "airflow"), *args], env=self.env if env is None else env, stdout=out,
+                stderr=subprocess.STDOUT, start_new_session=True,
             )
         self.started.append(process)
         return process
+
+    def edge_worker_env(self, name: str) -> dict[str, str]:
+        """An Edge worker's environment: a home of its own (its task logs, pushed to the api-server from
+        there), the api-server's URLs and JWT secret (edge3 signs its requests with it), and none of
+        :data:`EDGE_WORKER_HIDDEN`: no metadata database, no connection."""
+        home = self.root / f"edge-{name}"
+        home.mkdir(exist_ok=True)
+        env = {k: v for k, v in self.env.items() if not k.startswith(EDGE_WORKER_HIDDEN)}
+        env["AIRFLOW_HOME"] = str(home)
+        return env
+
+    def start_edge_worker(self, name: str, *, isolated: bool = True) -> subprocess.Popen[bytes]:
+        """Start ``airflow edge worker`` as ``edge-<name>`` (an ``edge`` deployment).
+
+        ``isolated`` (root, ``ip``, ``unshare`` and ``socat``): in a network namespace of its own whose only
+        interface is its loopback, where ``127.0.0.1:<api-server port>`` is a socat forward over a Unix
+        socket to the api-server, so the metadata database's TCP port (and any other) does not answer; in
+        a mount namespace where the database's Unix socket file, when it has one, is ``/dev/null``. The
+        worker then reaches the api-server and nothing else, as an Edge worker on a remote site."""
+        if self.executor != "edge":
+            raise ValueError("start_edge_worker needs an executor='edge' deployment")
+        env = self.edge_worker_env(name)
+        worker = [str(VENV_BIN / "airflow"), "edge", "worker", "--edge-hostname", f"edge-{name}",
+                  "--concurrency", "4"]
+        if not isolated:
+            self.edge_workers[name] = self._start(f"edge-{name}", env=env, command=worker)
+            return self.edge_workers[name]
+        namespace = f"lease-edge-{secrets.token_hex(4)}"
+        subprocess.run(["ip", "netns", "add", namespace], check=True, capture_output=True, timeout=30)
+        self.namespaces.append(namespace)
+        subprocess.run(["ip", "netns", "exec", namespace, "ip", "link", "set", "lo", "up"], check=True,
+                       capture_output=True, timeout=30)
+        bridge = self.root / f"edge-{name}-api.sock"
+        self._start(f"edge-{name}-bridge", command=[
+            "socat", f"UNIX-LISTEN:{bridge},fork,unlink-early", f"TCP:127.0.0.1:{self.port}"])
+        wait(bridge.exists, bool, 30, "the Edge worker's socat bridge", interval=0.1)
+        hidden = socket_file(self.dsn)
+        script = (
+            'set -e; if [ -n "$1" ]; then mount --bind /dev/null "$1"; fi; '
+            'socat "TCP-LISTEN:$2,bind=127.0.0.1,fork,reuseaddr" "UNIX-CONNECT:$3" & shift 3; exec "$@"'
+        )
+        # ip, unshare and sh each exec the next: the process started is the worker itself.
+        self.edge_workers[name] = self._start(f"edge-{name}", env=env, command=[
+            "ip", "netns", "exec", namespace, "unshare", "--mount", "--propagation", "private", "--",
+            "sh", "-c", script, "edge-worker", str(hidden or ""), str(self.port), str(bridge), *worker,
+        ])
+        return self.edge_workers[name]
+
+    def wait_edge_workers(self, names: tuple[str, ...], timeout: float = 120) -> None:
+        """Wait until each Edge worker in ``names`` has registered and is idle (edge3's ``edge_worker`` table)."""
+        def states() -> dict[str, str]:
+            for process in self.started:
+                if process.poll() is not None:
+                    raise AssertionError(f"an Airflow process exited with {process.returncode}:\n{self.tails()}")
+            conn = psycopg2.connect(self.dsn, connect_timeout=10)
+            try:
+                with conn.cursor() as cur:
+                    cur.execute("SELECT worker_name, state FROM edge_worker")
+                    return dict(cur.fetchall())
+            finally:
+                conn.close()
+
+        wait(states, lambda found: all(found.get(f"edge-{n}") in ("idle", "running") for n in names), timeout,
+             f"Edge workers {sorted(names)} to register")
 
     def start_worker(self, name: str) -> None:
         """Start (or start again) the Celery worker ``name`` (``worker-<name>@<host>``)."""
@@ -466,6 +566,8 @@ class Deployment:
             with contextlib.suppress(subprocess.TimeoutExpired):
                 process.wait(timeout=10)
         self.statsd.close()
+        for namespace in self.namespaces:
+            subprocess.run(["ip", "netns", "del", namespace], check=False, capture_output=True, timeout=30)
         if self.redis_db is not None:
             release_redis_db(self.redis_db, self.database)
         drop_database(self.template.admin_dsn, self.database)

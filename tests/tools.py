@@ -73,6 +73,11 @@ def _german_postgres() -> bool:
     )
 
 
+def _netns() -> bool:
+    """``ip netns`` and ``unshare`` as root: the Edge tier's worker in namespaces of its own (tests/apipath)."""
+    return os.geteuid() == 0 and _which("ip") is not None and shutil.which("unshare") is not None
+
+
 @dataclass(frozen=True)
 class Tool:
     name: str
@@ -93,6 +98,9 @@ TOOLS = {
         Tool("chromium", "chromium", "the UI's pages driven in a headless browser by Playwright",
              lambda: chromium() is not None),
         Tool("redis", "redis-server", "the CeleryExecutor's broker at 127.0.0.1:6379", _redis),
+        Tool("socat", "socat", "the Edge worker's one route to the api-server, out of its network namespace",
+             lambda: shutil.which("socat") is not None),
+        Tool("netns", "iproute2", "a network namespace for the Edge worker (root, ip netns, unshare)", _netns),
         Tool("german-postgres", "postgresql locales",
              "a PostgreSQL server answering in German: the machine's initdb with its German messages, "
              "the de_DE locale source, localedef", _german_postgres),
