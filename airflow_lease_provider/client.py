@@ -105,18 +105,18 @@ class HttpLeaseStore:
 
     # -- HTTP ---------------------------------------------------------------------------------------
 
-    def _send(self, method: str, path: str, credential: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def _send(self, method: str, path: str, credential: str, body: dict[str, Any],
+              timeout: float | None = None) -> tuple[int, dict[str, Any]]:
         headers = {"Authorization": f"Bearer {credential}"}
+        wait = self.timeout.total_seconds() if timeout is None else timeout
         try:
             if method == "GET":
-                response = self._client.get(self.base_url + path, params=body, headers=headers,
-                                            timeout=self.timeout.total_seconds())
+                response = self._client.get(self.base_url + path, params=body, headers=headers, timeout=wait)
             else:
-                response = self._client.post(self.base_url + path, json=body, headers=headers,
-                                             timeout=self.timeout.total_seconds())
+                response = self._client.post(self.base_url + path, json=body, headers=headers, timeout=wait)
         except httpx.TimeoutException as exc:
             raise LeaseStoreUnavailable(
-                f"the lease API did not answer {path} within {self.timeout.total_seconds():g}s ({type(exc).__name__})"
+                f"the lease API did not answer {path} within {wait:.3g}s ({type(exc).__name__})"
             ) from None
         except httpx.HTTPError as exc:
             raise LeaseStoreUnavailable(f"the lease API could not be reached for {path} ({type(exc).__name__})") from None
@@ -192,12 +192,29 @@ class HttpLeaseStore:
         if ttl is not None:
             body["ttl_seconds"] = ttl.total_seconds()
         sent_at = time.monotonic()
-        code, answer = self._send("POST", "/renew", self._capability(lease), body)
+        code, answer = self._send("POST", "/renew", self._capability(lease), body, self.renew_timeout(lease, sent_at))
         if code == 200:
             return lease_from_json(answer["lease"], sent_at)
         if code in (403, 409):
             return None
         raise LeaseError(f"the lease API answered {code} to the renewal: {answer.get('detail')}")
+
+    def renew_timeout(self, lease: Lease, now: float) -> float:
+        """How long a renewal of ``lease`` may wait for its answer: as long as the lease can still be saved (its
+        time left, counted as the keeper counts it: from before the request that last extended it), and never
+        less than :attr:`timeout`.
+
+        A renewal answered late but within the lease's time left keeps the lease; given up at the request
+        timeout instead, its work on the api-server is wasted (the renewal is usually done there all the same)
+        and the keeper sends another a second later: on an api-server slowed down by load (issue 41 item 5: a
+        thousand leases on a machine at load 30, every renewal given up after TTL/10), each lease then asked
+        about every 4 s instead of every TTL/3 and the server fell further behind until the leases were lost.
+        Waiting is safe: the keeper's deadline thread declares the lease lost at its deadline whatever a
+        request in flight does, and an answer after that never brings a lost lease back."""
+        base = self.timeout.total_seconds()
+        if lease.sent_at is None:
+            return base
+        return max(base, lease.sent_at + lease.remaining.total_seconds() - now)
 
     def release(self, lease: Lease, **_: Any) -> bool:
         code, answer = self._send("POST", "/release", self._capability(lease), self._ref(lease))

@@ -64,10 +64,11 @@ def _client(index: int, url: str, secret: str, ttl: datetime.timedelta, renew_ev
     store = HttpLeaseStore(url, secret, timeout=timeout, client=client)
     real_send = store._send
 
-    def counted_send(method: str, path: str, credential: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def counted_send(method: str, path: str, credential: str, body: dict[str, Any],
+                     timeout: float | None = None) -> tuple[int, dict[str, Any]]:
         started = time.monotonic()
         try:
-            code, answer = real_send(method, path, credential, body)
+            code, answer = real_send(method, path, credential, body, timeout)
         except Exception as exc:
             with lock:
                 out["no_answer"][path] += 1
@@ -194,7 +195,7 @@ def _backends(conn: Any) -> int:
 
 
 def run_api_scale(url: str, secret: str, store_dsn: str, schema: str, api_server_pid: int, *, leases: int = 1000,
-                  ttl_s: float = 30.0, renew_every_s: float = 10.0, ramp_s: float = 10.0, hold_s: float = 70.0,
+                  ttl_s: float = 30.0, renew_every_s: float = 10.0, ramp_s: float = 20.0, hold_s: float = 60.0,
                   per_process: int = 250, pool_size: int = 8) -> dict[str, Any]:
     """Measure; returns the figures (``verdict`` PASS when every lease was held, none lost, every request
     answered 200, the store showed all held by their owners near the end, and all were released)."""

@@ -209,3 +209,82 @@ def test_the_endpoint_auto_probes(dsn: str, endpoint: tuple[str, int] | None) ->
     from airflow_lease_provider.core.db.dsn import server_endpoint
 
     assert server_endpoint(dsn) == endpoint
+
+
+@pytest.fixture
+def slow_server(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The lease API on a real port (uvicorn, the real routes, the real store), answering every renewal
+    :data:`RENEW_DELAY` late, as an api-server slowed down by load does."""
+    import asyncio
+    import json
+    import socket
+
+    import uvicorn
+    from fastapi import FastAPI, Request
+
+    from airflow_lease_provider.core import FenceStore
+    from airflow_lease_provider.plugins import lease_api
+
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_API", json.dumps({"conn_type": "http", "password": SECRET}))
+    monkeypatch.setattr(lease_api, "_secret_cache", [])
+    app = FastAPI()
+
+    @app.middleware("http")
+    async def slow_renewals(request: Request, call_next: Any) -> Any:
+        if request.url.path.endswith("/renew"):
+            await asyncio.sleep(RENEW_DELAY)
+        return await call_next(request)
+
+    api = lease_api.create_api()
+    api.dependency_overrides[lease_api.get_api_store] = lambda: store
+    api.dependency_overrides[lease_api.get_api_fences] = lambda: FenceStore(store.db.dsn, schema=store.schema)
+    app.mount("/lease/v1", api)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    served = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=served.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not served.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert served.started
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        served.should_exit = True
+        thread.join(timeout=10)
+
+
+#: How late the slow server answers each renewal: longer than the store's request timeout in the test below,
+#: well within the lease's time left.
+RENEW_DELAY = 1.5
+
+
+def test_a_renewal_answered_after_the_request_timeout_but_within_the_time_left_keeps_the_lease(
+    slow_server: str, store: LeaseStore
+) -> None:
+    """Issue 41 item 5: a renewal waits for its answer as long as the lease can still be saved, not just the
+    store's request timeout. With every renewal answered 1.5 s late and a 0.5 s request timeout, renewals
+    given up at the timeout (and sent again a moment later, each one done by the server all the same) lost
+    every lease of a thousand on a loaded api-server; here the lease is kept past two TTLs."""
+    warm = HttpLeaseStore(slow_server, SECRET)  # the server's first request (its secret and store looked up)
+    assert warm.acquire("warm-up", "me", timedelta(seconds=30)) is not None
+    warm.close()
+    http = HttpLeaseStore(slow_server, SECRET, timeout=timedelta(seconds=0.5))
+    try:
+        lease = http.acquire("slow", "me", timedelta(seconds=4))
+        assert lease is not None and lease.sent_at is not None
+        # The renewal may wait for the lease's time left (about the TTL now), never less than the timeout.
+        assert 3.0 < http.renew_timeout(lease, time.monotonic()) <= 4.0
+        assert http.renew_timeout(lease, lease.sent_at + 10) == pytest.approx(0.5)
+        keeper = LeaseKeeper(http, lease, renew_every=timedelta(seconds=1))
+        with keeper:
+            time.sleep(9)  # over two TTLs: only renewals answered 1.5 s late keep it
+            assert not keeper.lost, keeper.lost_reason
+            held = store.holder("slow")
+            assert held is not None and held.token == lease.token and held.expires_at > lease.expires_at
+        assert keeper.renewals >= 3
+        assert store.holder("slow") is None  # released when the keeper stopped
+    finally:
+        http.close()
