@@ -7,9 +7,10 @@ HttpLeaseStore` (its own HTTP client and connection, the task runtime's request 
 and its own :class:`~airflow_lease_provider.core.keeper.LeaseKeeper` (renewal every ``renew_every``, the
 deadline counted from before each request). Clients are threads, ``per_process`` to a process.
 
-Every client acquires its key at a random instant of the ramp and keeps it until the common end, so all are
-held at once from the end of the ramp; a few seconds before the end the store itself is read: every key must be
-held (unexpired, unreleased) by its client's owner. Then each client stops its keeper and releases over HTTP.
+Every client acquires its key at a random instant of the ramp and keeps it for ``ramp_s + hold_s`` from then,
+so all are held at once from the end of the ramp for ``hold_s``; a few seconds before that ends the store itself
+is read: every key must be held (unexpired, unreleased) by its client's owner. Then each client, at its own
+instant, stops its keeper and releases over HTTP (releases spread as the acquires were).
 
 Counted: leases held; lost (the keeper declared the lease lost: a renewal answered lost, or no answer before
 the deadline); renewals, late renewals (the keeper's ``renewed_late``), every HTTP answer by route and
@@ -122,7 +123,7 @@ def _client(index: int, url: str, secret: str, ttl: datetime.timedelta, renew_ev
 
 
 def _worker(first: int, count: int, url: str, secret: str, ttl_s: float, renew_every_s: float, ramp_s: float,
-            go_wall: float, end_wall: float, queue: Any) -> None:
+            hold_s: float, go_wall: float, queue: Any) -> None:
     threading.stack_size(512 * 1024)  # thousands of mostly sleeping threads (a holder, a keeper, a watcher)
     offset = time.monotonic() - time.time()
     out: dict[str, Any] = {"held": 0, "refused": 0, "acquire_failed": 0, "lost": 0, "renewals": 0,
@@ -135,8 +136,10 @@ def _worker(first: int, count: int, url: str, secret: str, ttl_s: float, renew_e
     threads = []
     for index in range(first, first + count):
         start_at = go_wall + offset + rng.uniform(0, ramp_s)
-        thread = threading.Thread(target=_client, args=(index, url, secret, ttl, every, start_at, end_wall + offset,
-                                                        out, lock, context), daemon=True)
+        # Each lease is kept ``ramp_s + hold_s`` from its own acquire: all are held at once from the ramp's end to
+        # the coordinator's ``end``, and the releases are spread as the acquires were (a thousand tasks do not end in one instant).
+        thread = threading.Thread(target=_client, args=(index, url, secret, ttl, every, start_at,
+                                                        start_at + ramp_s + hold_s, out, lock, context), daemon=True)
         thread.start()
         threads.append(thread)
     for thread in threads:
@@ -203,12 +206,12 @@ def run_api_scale(url: str, secret: str, store_dsn: str, schema: str, api_server
     ctx = multiprocessing.get_context("spawn")  # no copy of the bench's threads and connections
     queue = ctx.Queue()
     go = time.time() + 5.0 + 1.5 * processes  # the workers' imports and threads first
-    end = go + ramp_s + hold_s
+    end = go + ramp_s + hold_s  # all are held at once from go + ramp_s to here; each is released ramp_s + hold_s after its acquire
     workers = []
     for p in range(processes):
         first, count = p * per_process, min(per_process, leases - p * per_process)
-        worker = ctx.Process(target=_worker, args=(first, count, url, secret, ttl_s, renew_every_s, ramp_s, go,
-                                                   end, queue), daemon=True)
+        worker = ctx.Process(target=_worker, args=(first, count, url, secret, ttl_s, renew_every_s, ramp_s, hold_s,
+                                                   go, queue), daemon=True)
         worker.start()
         workers.append(worker)
     reader = _store_reader(store_dsn, schema)
@@ -227,7 +230,7 @@ def run_api_scale(url: str, secret: str, store_dsn: str, schema: str, api_server
         cpu_s, window = _cpu_seconds(api_server_pid) - cpu_start, time.monotonic() - cpu_at
         found: list[dict[str, Any]] = []
         for _ in workers:
-            found.append(queue.get(timeout=ramp_s + hold_s + 120))
+            found.append(queue.get(timeout=2 * ramp_s + hold_s + 120))
         for worker in workers:
             worker.join(timeout=30)
         left_held, _ = _held_by_owner(reader, schema)
