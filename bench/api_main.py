@@ -65,7 +65,7 @@ def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(prog="python -m bench --api", description=__doc__.split("\n")[0])
     parser.add_argument("--api", action="store_true")
     parser.add_argument("--dsn", default=os.environ.get("LEASE_BENCH_DSN", DEFAULT_DSN))
-    parser.add_argument("--repeats", type=int, default=3, help="DAG runs after the warm-up, per arm (at least 3)")
+    parser.add_argument("--repeats", type=int, default=5, help="DAG runs after the warm-up, per arm (at least 3)")
     parser.add_argument("--overhead-pairs", type=int, default=6, help="plain/leased pairs per DAG run")
     parser.add_argument("--api-leases", type=int, default=1000, help="leases held at once through the api-server")
     parser.add_argument("--api-ttl", type=float, default=30.0)

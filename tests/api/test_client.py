@@ -288,3 +288,25 @@ def test_a_renewal_answered_after_the_request_timeout_but_within_the_time_left_k
         assert store.holder("slow") is None  # released when the keeper stopped
     finally:
         http.close()
+
+
+def test_a_plain_http_api_server_url_loads_no_ca_bundle_and_https_verifies() -> None:
+    """Issue 41 item 5: every leased task on the API path makes a store; on a plain ``http://`` URL its client
+    loads no CA bundle (40-70 ms of CPU per task for nothing: there is no TLS, and no redirect is followed),
+    while an ``https://`` URL keeps the default verification."""
+    import ssl
+
+    from airflow_lease_provider.client import tls_verify
+
+    def context(store: HttpLeaseStore) -> ssl.SSLContext:
+        return store._client._transport._pool._ssl_context  # type: ignore[attr-defined,no-any-return]
+
+    plain, tls = HttpLeaseStore("http://127.0.0.1:1", SECRET), HttpLeaseStore("https://127.0.0.1:1", SECRET)
+    try:
+        assert not tls_verify("http://airflow:8080") and not tls_verify("HTTP://airflow") and tls_verify("https://a")
+        assert context(plain).cert_store_stats()["x509_ca"] == 0
+        assert context(tls).verify_mode == ssl.CERT_REQUIRED and context(tls).cert_store_stats()["x509_ca"] > 0
+        assert not plain._client.follow_redirects and not tls._client.follow_redirects
+    finally:
+        plain.close()
+        tls.close()
