@@ -75,7 +75,13 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--api-per-process", type=int, default=250, help="client threads per process")
     parser.add_argument("--no-scale", action="store_true", help="skip the thousand leases")
     parser.add_argument("--output", type=Path, default=REPO / "bench" / "results-api.json")
+    parser.add_argument("--report", type=Path, help="run nothing: print a saved run's tables")
     args = parser.parse_args(argv)
+    if args.report:
+        from bench.report import api_report
+
+        print(api_report(json.loads(args.report.read_text())))
+        return 0
     if args.repeats < 3:
         parser.error("--repeats must be at least 3: every figure is a median with its min-max")
     provenance = provenance_of_checkout()

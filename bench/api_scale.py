@@ -275,7 +275,8 @@ def verdict(result: dict[str, Any]) -> str:
         (f"{result['http_errors']} HTTP errors", result["http_errors"] != 0),
         (f"{result['held_at_once_verified']} of {n} held by their owners in the store",
          result["held_at_once_verified"] != n),
-        (f"released {result['released']} of {n}", result["released"] != n),
+        (f"{result['released']} of {n} releases answered ({result.get('held_after_release')} left held in the store)",
+         result["released"] != n),
         (f"renewal p99 {result['renew_p99_ms']} ms", (result["renew_p99_ms"] or 0) >= result["ttl_s"] * 1000),
     ) if bad]
     return "PASS" if not failed else "MISS: " + "; ".join(failed)

@@ -358,6 +358,8 @@ def api_scale_lines(scale: dict[str, Any]) -> list[str]:
     def ms(value: float | None) -> str:
         return "-" if value is None else f"{value:.0f}" if value >= 10 else f"{value:.1f}"
 
+    from bench.api_scale import verdict
+
     load = scale.get("load_1min_during") or {}
     header = ["leases", "TTL, renewal", "held / verified in store", "lost", "late renewals", "renewals",
               "HTTP errors", "renewal p50 / p99 / max ms", "acquire p50 / p99 ms", "api-server CPU",
@@ -370,7 +372,7 @@ def api_scale_lines(scale: dict[str, Any]) -> list[str]:
            f"{scale['api_server_cpu_s']:.0f} s over {scale['api_server_cpu_window_s']:.0f} s "
            f"({scale['api_server_cores']:.2f} cores)", str(scale["api_pool_size"]),
            str(scale["peak_database_backends"]),
-           f"{load.get('min', 0):.1f}-{load.get('max', 0):.1f}" if load else "-", scale["verdict"]]
+           f"{load.get('min', 0):.1f}-{load.get('max', 0):.1f}" if load else "-", verdict(scale)]
     return _table(header, [row], "l" * len(header))
 
 
