@@ -201,8 +201,9 @@ class HttpLeaseStore:
         raise LeaseError(f"the lease API answered {code} to the renewal: {answer.get('detail')}")
 
     def renew_timeout(self, lease: Lease, now: float) -> float:
-        """How long a renewal of ``lease`` may wait for its answer: as long as the lease can still be saved (its
-        time left, counted as the keeper counts it: from before the request that last extended it), and never
+        """How long a renewal of ``lease`` may wait for its answer: half the lease's time left (counted as the
+        keeper counts it: from before the request that last extended it), so that a retry on a new connection
+        still has the other half (a connection that died without a word answers nothing, ever), and never
         less than :attr:`timeout`.
 
         A renewal answered late but within the lease's time left keeps the lease; given up at the request
@@ -215,7 +216,7 @@ class HttpLeaseStore:
         base = self.timeout.total_seconds()
         if lease.sent_at is None:
             return base
-        return max(base, lease.sent_at + lease.remaining.total_seconds() - now)
+        return max(base, (lease.sent_at + lease.remaining.total_seconds() - now) / 2)
 
     def release(self, lease: Lease, **_: Any) -> bool:
         code, answer = self._send("POST", "/release", self._capability(lease), self._ref(lease))
