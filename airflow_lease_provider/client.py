@@ -23,6 +23,7 @@ from collections.abc import Callable
 from datetime import datetime, timedelta
 from types import SimpleNamespace
 from typing import Any
+from urllib.parse import urlsplit
 
 import httpx
 
@@ -93,7 +94,7 @@ class HttpLeaseStore:
         # What the keeper bounds its waits by (a store's statement timeout), and what the task runtime's
         # preparation reads (no schema to check here: runtime/store.py).
         self.db = SimpleNamespace(statement_timeout=timeout, schema_current=True)
-        self._client = client or httpx.Client(timeout=timeout.total_seconds())
+        self._client = client or httpx.Client(timeout=timeout.total_seconds(), verify=tls_verify(self.base_url))
         self._own_client = client is None
         #: The capability of each grant this store took, by (key, owner, token): kept in memory only.
         self._capabilities: dict[tuple[str, str, int], str] = {}
@@ -105,18 +106,18 @@ class HttpLeaseStore:
 
     # -- HTTP ---------------------------------------------------------------------------------------
 
-    def _send(self, method: str, path: str, credential: str, body: dict[str, Any]) -> tuple[int, dict[str, Any]]:
+    def _send(self, method: str, path: str, credential: str, body: dict[str, Any],
+              timeout: float | None = None) -> tuple[int, dict[str, Any]]:
         headers = {"Authorization": f"Bearer {credential}"}
+        wait = self.timeout.total_seconds() if timeout is None else timeout
         try:
             if method == "GET":
-                response = self._client.get(self.base_url + path, params=body, headers=headers,
-                                            timeout=self.timeout.total_seconds())
+                response = self._client.get(self.base_url + path, params=body, headers=headers, timeout=wait)
             else:
-                response = self._client.post(self.base_url + path, json=body, headers=headers,
-                                             timeout=self.timeout.total_seconds())
+                response = self._client.post(self.base_url + path, json=body, headers=headers, timeout=wait)
         except httpx.TimeoutException as exc:
             raise LeaseStoreUnavailable(
-                f"the lease API did not answer {path} within {self.timeout.total_seconds():g}s ({type(exc).__name__})"
+                f"the lease API did not answer {path} within {wait:.3g}s ({type(exc).__name__})"
             ) from None
         except httpx.HTTPError as exc:
             raise LeaseStoreUnavailable(f"the lease API could not be reached for {path} ({type(exc).__name__})") from None
@@ -192,12 +193,30 @@ class HttpLeaseStore:
         if ttl is not None:
             body["ttl_seconds"] = ttl.total_seconds()
         sent_at = time.monotonic()
-        code, answer = self._send("POST", "/renew", self._capability(lease), body)
+        code, answer = self._send("POST", "/renew", self._capability(lease), body, self.renew_timeout(lease, sent_at))
         if code == 200:
             return lease_from_json(answer["lease"], sent_at)
         if code in (403, 409):
             return None
         raise LeaseError(f"the lease API answered {code} to the renewal: {answer.get('detail')}")
+
+    def renew_timeout(self, lease: Lease, now: float) -> float:
+        """How long a renewal of ``lease`` may wait for its answer: half the lease's time left (counted as the
+        keeper counts it: from before the request that last extended it), so that a retry on a new connection
+        still has the other half (a connection that died without a word answers nothing, ever), and never
+        less than :attr:`timeout`.
+
+        A renewal answered late but within the lease's time left keeps the lease; given up at the request
+        timeout instead, its work on the api-server is wasted (the renewal is usually done there all the same)
+        and the keeper sends another a second later: on an api-server slowed down by load (issue 41 item 5: a
+        thousand leases on a machine at load 30, every renewal given up after TTL/10), each lease then asked
+        about every 4 s instead of every TTL/3 and the server fell further behind until the leases were lost.
+        Waiting is safe: the keeper's deadline thread declares the lease lost at its deadline whatever a
+        request in flight does, and an answer after that never brings a lost lease back."""
+        base = self.timeout.total_seconds()
+        if lease.sent_at is None:
+            return base
+        return max(base, (lease.sent_at + lease.remaining.total_seconds() - now) / 2)
 
     def release(self, lease: Lease, **_: Any) -> bool:
         code, answer = self._send("POST", "/release", self._capability(lease), self._ref(lease))
@@ -338,6 +357,16 @@ class HttpLedger:
 
     def __getattr__(self, name: str) -> Callable[..., None]:
         return lambda *args, **kwargs: None
+
+
+def tls_verify(url: str) -> bool:
+    """Whether a client for ``url`` needs TLS verification set up: not for a plain ``http://`` api-server URL.
+
+    ``httpx.Client()`` loads the CA bundle when it is made, whatever the URL: 40-70 ms of CPU, a third of a
+    no-op task under a LocalExecutor, paid by every leased task on the API path (issue 41 item 5). On a
+    plain-HTTP URL there is no TLS to verify, and the client follows no redirect (httpx's default), so nothing
+    is sent anywhere else; an ``https://`` URL gets the default verification, ``SSL_CERT_FILE`` and all."""
+    return urlsplit(url).scheme.lower() != "http"
 
 
 def _run(run: RunRef | None) -> dict[str, Any] | None:

@@ -71,6 +71,33 @@ def _scale(results: dict[str, Any]) -> str:
             f"failed closed, {burst['verdict']})")
 
 
+def _api_overhead(results: dict[str, Any]) -> str:
+    from bench.report import _run_ratios
+
+    runs = results["task_overhead_runs"]
+    api, direct = _run_ratios(runs.get("deployed_api") or {}), _run_ratios(runs.get("deployed") or {})
+    against = ((runs.get("deployed_api") or {}).get("api_over_direct") or {}).get("ratios") or []
+    if not api:
+        return "not measured"
+    return (f"leased over the API / plain task duration in the same DAG run, LocalExecutor: "
+            f"{statistics.median(api):.2f}x (target <= 1.25x); the direct path in the same run "
+            f"{statistics.median(direct):.2f}x; leased over the API / leased direct {statistics.median(against):.2f}x")
+
+
+def _api_scale(results: dict[str, Any]) -> str:
+    scale = results.get("api_scale") or {}
+    if "leases" not in scale:
+        return str(scale.get("verdict", "not measured"))
+    from bench.api_scale import verdict
+
+    load = scale.get("load_1min_during") or {}
+    return (f"{scale['held_at_once_verified']:,} of {scale['leases']:,} leases held at once through one api-server "
+            f"(TTL {scale['ttl_s']:g} s, renewed every {scale['renew_every_s']:g} s; {scale['lost']} lost, "
+            f"{scale['http_errors']} HTTP errors, renewal p50 {scale['renew_p50_ms']:,.0f} ms, p99 "
+            f"{scale['renew_p99_ms']:,.0f} ms; api-server {scale['api_server_cores']:.2f} cores at load "
+            f"{load.get('min', 0):.0f}-{load.get('max', 0):.0f}; {verdict(scale)})")
+
+
 @dataclass(frozen=True)
 class Question:
     question: str
@@ -90,6 +117,10 @@ QUESTIONS = (
              "issue-28-item-2-each-scheduler-call-of-the-timetable", _timetable),
     Question("How many leases does one store hold?", "results-scale.json", "ten-thousand-leases-issue-28-item-3",
              _scale),
+    Question("What does a leased task cost when it takes its lease through the api-server?", "results-api.json",
+             "issue-41-item-5-the-lease-api-path", _api_overhead),
+    Question("How many leases does one api-server keep?", "results-api.json", "issue-41-item-5-the-lease-api-path",
+             _api_scale),
 )
 
 

@@ -104,6 +104,20 @@ DAG_FILE_XCOM = (
     .replace('MAPPED = int(os.environ.get("LEASE_BENCH_MAPPED", "0"))', "MAPPED = 0")
 )
 
+#: The API-path arm under a deployment (issue 41 item 5): the same pairs under their own DAG id and keys, in a
+#: file that sets ``[lease] access = api`` for the task processes that parse it, so each leased task takes,
+#: renews and releases its lease over HTTP through the api-server's lease API (docs/api.md), with the same store
+#: behind it; the api-server has the ``lease_api`` connection (``bench/overhead_deployed.py``).
+API_DAG_ID = "lease_bench_overhead_api"
+DAG_FILE_API = (
+    DAG_FILE.replace("The task-overhead DAG of", "The task-overhead pairs over the lease API ([lease] access = api), of")
+    .replace("\nimport pendulum\n", '\nos.environ["AIRFLOW__LEASE__ACCESS"] = "api"\n\nimport pendulum\n')
+    .replace('dag_id="lease_bench_overhead"', f'dag_id="{API_DAG_ID}"')
+    .replace('lease_key=f"bench-overhead-{i}"', 'lease_key=f"bench-overhead-a-{i}"')
+    .replace('dag_id="lease_bench_overhead_mapped"', 'dag_id="lease_bench_overhead_mapped_api"')
+    .replace('MAPPED = int(os.environ.get("LEASE_BENCH_MAPPED", "0"))', "MAPPED = 0")
+)
+
 RUNNER = textwrap.dedent(
     """
     import importlib.util, json, sys, time

@@ -239,10 +239,12 @@ OVERHEAD_ARMS = (
     ("deployed_no_xcom", "no-op pairs, LocalExecutor deployment, opt-out `[lease] push_lease_xcom = false`"),
     ("deployed_xcom", "reference: no-op pairs, LocalExecutor deployment, `[lease] push_lease_xcom = true`"),
     ("deployed_mapped", "`.expand()` of {n} each, LocalExecutor deployment (REST durations)"),
+    # Issue 41 item 5 (``python -m bench --api``, bench/results-api.json): the same pairs, their leases over HTTP.
+    ("deployed_api", "no-op pairs over the lease API (`[lease] access = api`), LocalExecutor deployment (REST durations)"),
 )
 
 #: Arms that runs saved before (or after) them lack (their rows are left out, not "not measured").
-OPTIONAL_OVERHEAD_ARMS = ("in_process_xcom", "deployed_xcom", "in_process_no_xcom", "deployed_no_xcom")
+OPTIONAL_OVERHEAD_ARMS = ("in_process_xcom", "deployed_xcom", "in_process_no_xcom", "deployed_no_xcom", "deployed_api")
 #: Arms measured for reference, not against the target (the opt-in lease XCom push).
 REFERENCE_OVERHEAD_ARMS = ("in_process_xcom", "deployed_xcom")
 
@@ -261,13 +263,17 @@ def _run_ratios(overhead: dict[str, Any]) -> list[float]:
 
 
 def overhead_targets(
-    arms_found: dict[str, Any], commit: str | None, command: str, *, absent: str = "not measured"
+    arms_found: dict[str, Any], commit: str | None, command: str, *, absent: str = "not measured",
+    only: tuple[str, ...] | None = None,
 ) -> list[dict[str, Any]]:
     """Issue 28 item 1's rows: leased / plain <= 1.25x in the same run, per arm, with PASS/MISS (the reference
-    arms with their ratio and no verdict). ``absent``: what an arm not in ``arms_found`` says."""
+    arms with their ratio and no verdict). ``absent``: what an arm not in ``arms_found`` says. ``only``: these
+    arms' rows alone."""
     rows = []
     where = f"`{(commit or 'unknown')[:7]}`, `{command}`"
     for name, title in OVERHEAD_ARMS:
+        if only is not None and name not in only:
+            continue
         found = arms_found.get(name) or {}
         if name in OPTIONAL_OVERHEAD_ARMS and not found:  # a run saved before that arm was measured
             continue
@@ -313,6 +319,61 @@ def overhead_report(results: dict[str, Any]) -> str:
                 rows, "lllll"),
     ]
     return "\n".join(lines)
+
+
+def api_report(results: dict[str, Any]) -> str:
+    """What ``python -m bench --api`` prints (issue 41 item 5): the direct and API-path overhead rows of one
+    deployment run, the API arm against the direct one per round, and the thousand leases through the
+    api-server, with the commit and command."""
+    meta = results["meta"]
+    runs = results["task_overhead_runs"]
+    found = overhead_targets(runs, meta.get("git_head"), meta.get("command", ""), only=("deployed", "deployed_api"))
+    rows = [[t["figure"], t["measured"], t["target"], t["verdict"], t["at"]] for t in found]
+    api = runs.get("deployed_api") or {}
+    against = (api.get("api_over_direct") or {}).get("ratios") or []
+    rows.append(["leased over the API / leased direct, same round (reference)", _ratio_text(against),
+                 "reference (no target)", "reference", found[0]["at"] if found else "-"])
+    lines = [
+        "### Issue 41 item 5: a leased task over the lease API, and a thousand leases through one api-server",
+        "",
+        f"{meta['cpus']} CPUs; load average at start {meta['load_start']}, at end {meta['load_end']}; "
+        f"{meta['elapsed_s']:.0f} s. Each ratio: median (min-max) over DAG runs after a warm-up run; the "
+        f"direct and API arms' runs interleaved round by round in one deployment (leased tasks over the API: "
+        f"{api.get('leased_over_api', '-')} of {api.get('pairs_per_run', '-')} keys show a capability in the store).",
+        "",
+        *_table(["figure", "leased / plain (median (min-max) over runs)", "target", "verdict", "commit, command"],
+                rows, "lllll"),
+    ]
+    scale = results.get("api_scale")
+    if scale:
+        lines += ["", *api_scale_lines(scale)]
+    return "\n".join(lines)
+
+
+def api_scale_lines(scale: dict[str, Any]) -> list[str]:
+    """The thousand leases through one api-server, as a table (issue 41 item 5's second target)."""
+    if "leases" not in scale:
+        return [f"Leases through one api-server: {scale.get('verdict', 'not measured')}"]
+
+    def ms(value: float | None) -> str:
+        return "-" if value is None else f"{value:.0f}" if value >= 10 else f"{value:.1f}"
+
+    from bench.api_scale import verdict
+
+    load = scale.get("load_1min_during") or {}
+    header = ["leases", "TTL, renewal", "held / verified in store", "lost", "late renewals", "renewals",
+              "HTTP errors", "renewal p50 / p99 / max ms", "acquire p50 / p99 ms", "api-server CPU",
+              "`api_pool_size`", "peak DB backends", "load (1 min)", "verdict"]
+    row = [f"{scale['leases']:,}", f"{scale['ttl_s']:g} s, every {scale['renew_every_s']:g} s",
+           f"{scale['held']:,} / {scale['held_at_once_verified']:,}", str(scale["lost"]), str(scale["late_renewals"]),
+           f"{scale['renewals']:,} ({scale['renewals_per_s']:.0f}/s)", str(scale["http_errors"]),
+           f"{ms(scale['renew_p50_ms'])} / {ms(scale['renew_p99_ms'])} / {ms(scale['renew_max_ms'])}",
+           f"{ms(scale['acquire_p50_ms'])} / {ms(scale['acquire_p99_ms'])}",
+           f"{scale['api_server_cpu_s']:.0f} s over {scale['api_server_cpu_window_s']:.0f} s "
+           f"({scale['api_server_cores']:.2f} cores)", str(scale["api_pool_size"]),
+           str(scale["peak_database_backends"]),
+           f"{load.get('min', 0):.1f}-{load.get('max', 0):.1f}" if load else "-", verdict(scale)]
+    return _table(header, [row], "l" * len(header))
 
 
 # -- targets ------------------------------------------------------------------------------------------

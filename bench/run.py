@@ -290,6 +290,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from bench import timetable_rows
 
         return timetable_rows.main(given)
+    if "--api" in given:  # issue 41 item 5: the lease API path under a deployment (bench/api_main.py)
+        from bench import api_main
+
+        return api_main.main(given)
     if "--overhead" in given:  # issue 28 item 1 alone: in-process and deployed (bench/overhead_main.py)
         from bench import overhead_main
 

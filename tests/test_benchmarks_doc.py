@@ -71,6 +71,23 @@ def test_the_committed_overhead_run_is_in_the_docs_as_the_bench_prints_it() -> N
     assert sum("PASS" in row or "MISS" in row for row in rows) >= 2, table
 
 
+def test_the_committed_api_run_is_in_the_docs_as_the_bench_prints_it() -> None:
+    """Issue 41 item 5: ``python -m bench --api``'s tables, from bench/results-api.json, at its commit: the API
+    arm's row against the target, the direct arm of the same run beside it, and the thousand leases."""
+    from bench.report import api_report
+
+    saved = json.loads((ROOT / "bench" / "results-api.json").read_text())
+    assert saved["meta"]["uncommitted_package_changes"] == []
+    tables = api_report(saved).split("\n\n", 2)[2]
+    assert tables in DOC.read_text(), "docs/benchmarks.md lacks the committed API run's tables as the bench prints it"
+    rows = [row for row in tables.splitlines() if row.startswith("| ") and "---" not in row]
+    assert any("over the lease API" in row and ("PASS" in row or "MISS" in row) for row in rows), tables
+    assert any(row.startswith("| no-op pairs, LocalExecutor") for row in rows), tables
+    from bench.api_scale import verdict
+
+    assert saved["api_scale"]["leases"] == 1000 and verdict(saved["api_scale"]) in tables
+
+
 def _slugs(doc: str) -> set[str]:
     """GitHub's anchors of the doc's headings."""
     return {re.sub(r"[^\w\- ]", "", line.lstrip("#").strip().lower()).replace(" ", "-")

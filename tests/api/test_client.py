@@ -209,3 +209,106 @@ def test_the_endpoint_auto_probes(dsn: str, endpoint: tuple[str, int] | None) ->
     from airflow_lease_provider.core.db.dsn import server_endpoint
 
     assert server_endpoint(dsn) == endpoint
+
+
+@pytest.fixture
+def slow_server(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The lease API on a real port (uvicorn, the real routes, the real store), answering every renewal
+    :data:`RENEW_DELAY` late, as an api-server slowed down by load does."""
+    import asyncio
+    import json
+    import socket
+
+    import uvicorn
+    from fastapi import FastAPI, Request
+
+    from airflow_lease_provider.core import FenceStore
+    from airflow_lease_provider.plugins import lease_api
+
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_API", json.dumps({"conn_type": "http", "password": SECRET}))
+    monkeypatch.setattr(lease_api, "_secret_cache", [])
+    app = FastAPI()
+
+    @app.middleware("http")
+    async def slow_renewals(request: Request, call_next: Any) -> Any:
+        if request.url.path.endswith("/renew"):
+            await asyncio.sleep(RENEW_DELAY)
+        return await call_next(request)
+
+    api = lease_api.create_api()
+    api.dependency_overrides[lease_api.get_api_store] = lambda: store
+    api.dependency_overrides[lease_api.get_api_fences] = lambda: FenceStore(store.db.dsn, schema=store.schema)
+    app.mount("/lease/v1", api)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    served = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=served.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not served.started and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert served.started
+    try:
+        yield f"http://127.0.0.1:{port}"
+    finally:
+        served.should_exit = True
+        thread.join(timeout=10)
+
+
+#: How late the slow server answers each renewal: longer than the store's request timeout in the test below,
+#: well within the lease's time left.
+RENEW_DELAY = 1.5
+
+
+def test_a_renewal_answered_after_the_request_timeout_but_within_the_time_left_keeps_the_lease(
+    slow_server: str, store: LeaseStore
+) -> None:
+    """Issue 41 item 5: a renewal waits for its answer as long as the lease can still be saved, not just the
+    store's request timeout. With every renewal answered 1.5 s late and a 0.5 s request timeout, renewals
+    given up at the timeout (and sent again a moment later, each one done by the server all the same) lost
+    every lease of a thousand on a loaded api-server; here the lease is kept past two TTLs."""
+    warm = HttpLeaseStore(slow_server, SECRET)  # the server's first request (its secret and store looked up)
+    assert warm.acquire("warm-up", "me", timedelta(seconds=30)) is not None
+    warm.close()
+    http = HttpLeaseStore(slow_server, SECRET, timeout=timedelta(seconds=0.5))
+    try:
+        lease = http.acquire("slow", "me", timedelta(seconds=6))
+        assert lease is not None and lease.sent_at is not None
+        # The renewal may wait for half the lease's time left (about the TTL now: a retry has the other half),
+        # never less than the timeout.
+        assert 2.5 < http.renew_timeout(lease, time.monotonic()) <= 3.0
+        assert http.renew_timeout(lease, lease.sent_at + 4) == pytest.approx(1.0, abs=0.1)
+        assert http.renew_timeout(lease, lease.sent_at + 10) == pytest.approx(0.5)
+        keeper = LeaseKeeper(http, lease, renew_every=timedelta(seconds=1))
+        with keeper:
+            time.sleep(13)  # over two TTLs: only renewals answered 1.5 s late keep it
+            assert not keeper.lost, keeper.lost_reason
+            held = store.holder("slow")
+            assert held is not None and held.token == lease.token and held.expires_at > lease.expires_at
+        assert keeper.renewals >= 3
+        assert store.holder("slow") is None  # released when the keeper stopped
+    finally:
+        http.close()
+
+
+def test_a_plain_http_api_server_url_loads_no_ca_bundle_and_https_verifies() -> None:
+    """Issue 41 item 5: every leased task on the API path makes a store; on a plain ``http://`` URL its client
+    loads no CA bundle (40-70 ms of CPU per task for nothing: there is no TLS, and no redirect is followed),
+    while an ``https://`` URL keeps the default verification."""
+    import ssl
+
+    from airflow_lease_provider.client import tls_verify
+
+    def context(store: HttpLeaseStore) -> ssl.SSLContext:
+        return store._client._transport._pool._ssl_context  # type: ignore[attr-defined,no-any-return]
+
+    plain, tls = HttpLeaseStore("http://127.0.0.1:1", SECRET), HttpLeaseStore("https://127.0.0.1:1", SECRET)
+    try:
+        assert not tls_verify("http://airflow:8080") and not tls_verify("HTTP://airflow") and tls_verify("https://a")
+        assert context(plain).cert_store_stats()["x509_ca"] == 0
+        assert context(tls).verify_mode == ssl.CERT_REQUIRED and context(tls).cert_store_stats()["x509_ca"] > 0
+        assert not plain._client.follow_redirects and not tls._client.follow_redirects
+    finally:
+        plain.close()
+        tls.close()
