@@ -216,6 +216,10 @@ class Worker:
             self.rec.op("acquire", t0=t0, key=key, owner=owner, asked=slots, outcome="mismatch",
                         held=[(h.key, h.token, h.slots) for h in exc.holders], **shape)
             return None, self.rng.uniform(0.02, 0.1)
+        except LeaseLost as exc:  # the lease API: granted, then lost before it could answer
+            self.rec.op("acquire", t0=t0, key=key, owner=owner, asked=slots, outcome="lost", token=exc.token,
+                        error=str(exc), **shape)
+            return None, self.rng.uniform(0.02, 0.1)
         except LeaseError as exc:
             self.rec.op("acquire", t0=t0, key=key, owner=owner, asked=slots, outcome=outcome_of(exc),
                         error=str(exc), **shape)
@@ -270,6 +274,10 @@ class Worker:
         except SlotCountMismatch as exc:
             self.rec.op("replace", t0=t0, key=key, owner=owner, outcome="mismatch",
                         held=[(h.key, h.token, h.slots) for h in exc.holders], **fields)
+            return None, self.rng.uniform(0.02, 0.1)
+        except LeaseLost as exc:
+            self.rec.op("replace", t0=t0, key=key, owner=owner, outcome="lost", token=exc.token, error=str(exc),
+                        **fields)
             return None, self.rng.uniform(0.02, 0.1)
         except LeaseError as exc:
             self.rec.op("replace", t0=t0, key=key, owner=owner, outcome=outcome_of(exc), error=str(exc), **fields)
