@@ -144,16 +144,30 @@ def main(argv: list[str]) -> int:
     from chaos.history import Recorder
 
     cfg = ApiConfig(**json.loads(argv[1]))
-    recorder = Recorder(Path(cfg.history), api=True)
+    app_args = cfg
+    if "--spare" in argv:
+        # A spare, started ahead (the imports take seconds, tens of them on a loaded machine): ready to
+        # serve, it waits for the harness's word to take the port of the one it replaces.
+        from fastapi import FastAPI  # noqa: F401  (imported now, not when it is needed)
+
+        from airflow_lease_provider.plugins import lease_api  # noqa: F401
+
+        if not sys.stdin.readline():
+            return 0  # the harness went away
+    recorder = Recorder(Path(app_args.history), api=True)
     recorder.write({"type": "api_start", "t": time.monotonic(), "pid": os.getpid(), "port": cfg.port})
-    server = uvicorn.Server(uvicorn.Config(_app(cfg, recorder), host="127.0.0.1", port=cfg.port,
+    server = uvicorn.Server(uvicorn.Config(_app(app_args, recorder), host="127.0.0.1", port=cfg.port,
                                            log_level="warning", access_log=False, timeout_graceful_shutdown=1))
     server.run()
     return 0
 
 
 class ApiServer:
-    """The harness's handle: start, pause, kill and restart the API server process, always on one port."""
+    """The harness's handle: start, pause, kill and restart the API server process, always on one port.
+
+    A restart takes a *spare*: a process started ahead that has done its imports and waits on its stdin, so
+    that a restart is the time to bind the port, not the seconds (tens of them under load) Airflow's imports
+    take, during which the nemesis would wait; a new spare is started at once."""
 
     def __init__(self, cfg: ApiConfig, work: Path, env: dict[str, str]) -> None:
         self.cfg = cfg
@@ -161,22 +175,40 @@ class ApiServer:
         self.env = {**env, "AIRFLOW_CONN_LEASE_API": json.dumps({"conn_type": "http", "password": SECRET}),
                     "AIRFLOW_HOME": str(work / "airflow-home")}
         self.proc: subprocess.Popen[bytes] | None = None
+        self.spare: subprocess.Popen[bytes] | None = None
         self.incarnation = 0
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.cfg.port}"
 
-    def start(self, timeout: float = 90.0) -> None:
+    def _spawn(self, spare: bool) -> subprocess.Popen[bytes]:
         self.incarnation += 1
         cfg = ApiConfig(**{**asdict(self.cfg), "history": str(self.work / f"api-{self.incarnation}.jsonl"),
                            "seed": self.cfg.seed * 100 + self.incarnation})
         (self.work / "logs").mkdir(exist_ok=True)
         log = (self.work / "logs" / f"api-{self.incarnation}.log").open("wb")
-        self.proc = subprocess.Popen([sys.executable, "-m", "chaos.api", cfg.to_json()], cwd=Path(__file__).parent.parent,
-                                     env=self.env, stdout=log, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "chaos.api", cfg.to_json(), *(["--spare"] if spare else [])],
+            cwd=Path(__file__).parent.parent, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+            stdin=subprocess.PIPE if spare else subprocess.DEVNULL,
+        )
         log.close()
-        self.wait_ready(timeout)
+        return proc
+
+    def start(self, timeout: float = 90.0, *, wait: bool = True, spares: bool = True) -> None:
+        """Serve on the port: the spare when there is a live one, else a new process; then a new spare."""
+        spare, self.spare = getattr(self, "spare", None), None
+        if spare is not None and spare.poll() is None and spare.stdin is not None:
+            spare.stdin.write(b"go\n")
+            spare.stdin.flush()
+            self.proc = spare
+        else:
+            self.proc = self._spawn(spare=False)
+        if spares:
+            self.spare = self._spawn(spare=True)
+        if wait:
+            self.wait_ready(timeout)
 
     def wait_ready(self, timeout: float) -> None:
         """Until the port answers HTTP (any answer: 401 without credentials)."""
@@ -211,6 +243,11 @@ class ApiServer:
         if self.proc is not None and self.proc.poll() is None:
             self.signal(signal.SIGCONT)
             self.kill()
+        spare = getattr(self, "spare", None)
+        if spare is not None and spare.poll() is None:
+            spare.kill()
+            spare.wait()
+        self.spare = None
 
 
 if __name__ == "__main__":

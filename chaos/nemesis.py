@@ -49,6 +49,7 @@ class Nemesis:
         #: The API server's pause (stopped at, wake at), and when the current window of lost replies ends.
         self.api_stopped: tuple[float, float] | None = None
         self.lossy_until: float | None = None
+        self._restarting: threading.Thread | None = None
         self.server = server
         self.workers = workers
         self.rec = recorder
@@ -104,6 +105,8 @@ class Nemesis:
         for worker in list(self.stopped):
             self._wake(worker)
         if self.api is not None:
+            if self._restarting is not None:
+                self._restarting.join(120.0)
             self._lossy_off()
             if self.api_stopped is not None:
                 self._wake_api()
@@ -200,13 +203,20 @@ class Nemesis:
             self._wake_api()
         t_kill = time.monotonic()
         pid = self.api.kill()
-        try:
-            self.api.start()
-        except RuntimeError as exc:
-            self.rec.fault("api_kill", t=t_kill, pid=pid, skipped=f"could not restart: {exc}")
-            return
-        t_ready = time.monotonic()
-        self.rec.fault("api_kill", t=t_kill, t1=t_ready, pid=pid, downtime_s=round(t_ready - t_kill, 3))
+        self.api.start(wait=False)  # the spare takes the port; the next faults do not wait for it
+        api = self.api
+
+        def ready() -> None:
+            try:
+                api.wait_ready(90.0)
+            except RuntimeError as exc:
+                self.rec.fault("api_kill", t=t_kill, pid=pid, skipped=f"could not restart: {exc}")
+                return
+            t_ready = time.monotonic()
+            self.rec.fault("api_kill", t=t_kill, t1=t_ready, pid=pid, downtime_s=round(t_ready - t_kill, 3))
+
+        self._restarting = threading.Thread(target=ready, daemon=True)
+        self._restarting.start()
 
     def fault_lossy_api(self) -> None:
         assert self.api is not None
