@@ -411,7 +411,7 @@ class Checker:
                     missing = f"release of {op['key']} token {op['token']}"
             elif kind == "publish" and outcome == "accepted":
                 if (op["resource"], int(op["token"]), op["owner"]) not in published:
-                    missing = f"publish to {op['resource']} with token {op['token']} at {op['at']}"
+                    missing = f"publish to {op['resource']} with token {op['token']} at {op.get('at', '(through the lease API)')}"
             if missing:
                 self.report.violate("lost-ack", f"acknowledged {missing}, but not in the committed state")
 
