@@ -37,6 +37,7 @@ from airflow_lease_provider.core import (
     LeaseLost,
     LeaseStoreUnavailable,
     RunRef,
+    SlotCountMismatch,
     TokenHolder,
 )
 
@@ -159,6 +160,15 @@ class HttpLeaseStore:
             holders = tuple(_holder(h, body["key"], sent_at) for h in answer.get("holders", []))
             return Acquisition(None, holders[0] if holders else None, holders=holders if len(holders) > 1 else (),
                                holder_older=bool(answer.get("holder_older")))
+        if code == 409 and answer.get("status") == "slot_count_mismatch":
+            # As the direct store raises it: the key is held with another slot count (nothing was written).
+            raise SlotCountMismatch(body["key"], int(body.get("slots", 1)),
+                                    [_holder(h, body["key"], sent_at) for h in answer.get("holders", [])])
+        if code == 409 and answer.get("status") == "lost":
+            # Granted, then taken over, force-released or expired before the API could bind its capability:
+            # the grant is nobody's, and this caller does not hold the key.
+            raise LeaseLost(body["key"], int(answer.get("token") or 0),
+                            "granted, then lost before the lease API answered the acquire")
         raise LeaseError(f"the lease API answered {code} to the acquire: {answer.get('detail', answer.get('status'))}")
 
     def try_acquire(self, key: str, owner: str, ttl: timedelta, *, slots: int = 1, request_id: str | None = None,
@@ -170,9 +180,12 @@ class HttpLeaseStore:
         return self._acquire(body)
 
     def try_replace(self, key: str, owner: str, ttl: timedelta, *, run_after: datetime, run: RunRef | None = None,
-                    takeover: bool = True, **_: Any) -> Acquisition:
-        return self._acquire({"key": key, "owner": owner, "ttl_seconds": ttl.total_seconds(), "policy": "replace",
-                              "run_after": run_after.isoformat(), "run": _run(run), "takeover": takeover})
+                    takeover: bool = True, request_id: str | None = None, **_: Any) -> Acquisition:
+        body: dict[str, Any] = {"key": key, "owner": owner, "ttl_seconds": ttl.total_seconds(), "policy": "replace",
+                                "run_after": run_after.isoformat(), "run": _run(run), "takeover": takeover}
+        if request_id:
+            body["request_id"] = request_id  # a resend answers the first send's grant, as for try_acquire
+        return self._acquire(body)
 
     def replaced_by(self, lease: Lease) -> TokenHolder | None:
         """Who took ``lease`` over (policy replace), or None: not replaced (lost otherwise, or still held)."""

@@ -20,6 +20,10 @@ committed (the audit triggers and the publish target):
 ``lost-ack``            an acknowledged acquire, renewal, release or publish is missing from what the
                         database committed (after a SIGKILL of the server: a durability bug)
 ``unexpected-error``    an operation failed with an error other than the documented ones, or a worker died
+``api-granted-twice``   an acquire through the lease API (HTTP workers: one request id per owner, sent again
+                        once after a lost answer) was granted twice: a grant of the owner whose capability
+                        was bound was still live when the owner was granted again (a resend must answer the
+                        grant the first send made)
 ``recovery``            after the faults stopped and every worker crashed at once, a fresh client did
                         not acquire a key (and publish) within TTL + 1 s
 
@@ -34,6 +38,12 @@ changes; see :mod:`chaos.exclusion`):
 ``superseded-publish``  a grant of an earlier slot-count era published to a resource after a grant of a
                         later era of its key had (commit order): a zombie of a dropped slot let through
 
+The HTTP workers (``meta.http_workers``) publish through the lease API's ``/fence``, which advances the
+fence of the store's own schema without a target row: what it committed is the fence's audit, and each
+accepted advance of an HTTP worker's grant is read as that worker's target row (``via: api``), so that
+every publish property above holds for them too, mixed with the direct workers' publishes on the same
+(resource, lease key).
+
 Exit status: 0 when clean, 1 on any violation, 2 when clean but the run was too small to count
 (fewer operations than the profile requires, or a fault kind that never happened).
 """
@@ -42,6 +52,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import statistics
 import sys
 from collections import Counter, defaultdict
@@ -56,8 +67,11 @@ from chaos import exclusion, history
 FAULT_SCHEDULE = {
     "sigstop": "zombie_every", "terminate": "terminate_every", "kill9": "kill_every", "stmt_timeout": "lock_every",
     "force_release": "force_every",
+    # The lease API server's (profiles with HTTP workers): paused, killed and restarted, a window of lost replies.
+    "api_pause": "api_pause_every", "api_kill": "api_kill_every", "lossy_api": "lossy_every",
 }
 FAULT_KINDS = (*FAULT_SCHEDULE, "clock_skew")
+_OWNER_RE = re.compile(r"^w(\d+)-\d+$")
 #: How many violations of each kind are printed (all are counted).
 SHOWN = 5
 
@@ -201,8 +215,28 @@ class Checker:
         self.resources: dict[str, Any] = self.meta.get("resources", {})
         self.ops = self.by_type["op"]
         self.report = Report()
+        self.http_workers = {int(w) for w in self.meta.get("http_workers") or ()}
+        if self.http_workers:
+            self.by_type["target"] = [*self.by_type["target"], *self._api_publishes()]
         #: Every grant the database committed, with when it ended and its slot-count era.
         self.grants = exclusion.committed_grants(self.by_type["audit_lease"])
+
+    def _http_owner(self, owner: str | None) -> int | None:
+        """The HTTP worker an owner belongs to (``w<N>-<iteration>``), or None."""
+        match = _OWNER_RE.match(owner or "")
+        worker = int(match.group(1)) if match else None
+        return worker if worker in self.http_workers else None
+
+    def _api_publishes(self) -> list[dict[str, Any]]:
+        """The publishes the HTTP workers made through ``/fence``: the fence's committed advances of their
+        grants, as target rows."""
+        return [
+            {"type": "target", "id": row["id"], "resource": row["resource"], "key": row["key"], "token": row["token"],
+             "owner": row["owner"], "worker": worker, "idem": None, "at": row["at"],
+             "committed_at": row.get("committed_at"), "via": "api"}
+            for row in self.by_type["audit_fence"]
+            if (worker := self._http_owner(row.get("owner"))) is not None
+        ]
 
     # -- entry point -------------------------------------------------------------------------------
 
@@ -217,6 +251,7 @@ class Checker:
         self._stale_checks(leases)
         self._exclusion(leases)
         self._valid_refused()
+        self._api_granted_twice()
         self._errors()
         self._probe()
         self._figures()
@@ -376,7 +411,7 @@ class Checker:
                     missing = f"release of {op['key']} token {op['token']}"
             elif kind == "publish" and outcome == "accepted":
                 if (op["resource"], int(op["token"]), op["owner"]) not in published:
-                    missing = f"publish to {op['resource']} with token {op['token']} at {op['at']}"
+                    missing = f"publish to {op['resource']} with token {op['token']} at {op.get('at', '(through the lease API)')}"
             if missing:
                 self.report.violate("lost-ack", f"acknowledged {missing}, but not in the committed state")
 
@@ -528,6 +563,28 @@ class Checker:
                 f"the fence never accepted a token of {op['key']} at least that large (largest: {accepted or 'none'}; "
                 f"the fence reported {op.get('current')}), nor a grant of a later slot count of its key",
             )
+
+    def _api_granted_twice(self) -> None:
+        """An HTTP worker's owner asks once (one request id, sent at most twice): a second grant to it while
+        a grant of it whose capability the API bound is still live means a resend was granted again."""
+        bound = {
+            (r["key"], int(r["token"]), r["owner"]) for r in self.by_type["audit_lease"]
+            if (r.get("extra") or {}).get("api_capability") is not None
+        }
+        by_owner: dict[str, list[exclusion.Grant]] = defaultdict(list)
+        for g in self.grants:
+            if self._http_owner(g.owner) is not None:
+                by_owner[g.owner].append(g)
+        for owner, grants in by_owner.items():
+            grants.sort(key=lambda g: (g.start, g.seq))
+            for i, later in enumerate(grants):
+                for earlier in grants[:i]:
+                    if (earlier.row, earlier.token, owner) in bound and earlier.end > later.start:
+                        self.report.violate(
+                            "api-granted-twice",
+                            f"{owner}: granted {later.row} token {later.token} at {later.start} while its grant "
+                            f"{earlier.row} token {earlier.token} (capability bound) was live until {earlier.end}",
+                        )
 
     def _errors(self) -> None:
         for op in self.ops:
@@ -713,9 +770,18 @@ class Checker:
         ]
         if int(profile.get("skewed", 0) or 0):
             expected.append("clock_skew")
+        if "lossy_api" in expected:
+            expected.append("lost_reply")
         for kind in expected:
             if not r.faults.get(kind):
                 r.coverage.append(f"no {kind} fault was injected")
+        if self.http_workers:
+            through = sum(1 for op in self.ops if op.get("http"))
+            accepted = sum(1 for row in self.by_type["target"] if row.get("via") == "api")
+            r.figures["operations through the lease API"] = through
+            r.figures["publishes through the lease API (committed fence advances)"] = accepted
+            if not through or not accepted:
+                r.coverage.append("the HTTP workers made no operation, or published nothing, through the lease API")
         if self.meta.get("slot_keys"):
             pooled = self._pool_grants()
             shapes = {(g.kind, g.slots) for g in pooled}

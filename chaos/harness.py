@@ -19,6 +19,7 @@ import psycopg2
 from airflow_lease_provider.core import FenceStore, LeaseError, LeaseStore, StaleFencingToken
 from chaos import history
 from chaos import sql as chaos_sql
+from chaos.api import ApiConfig, ApiServer, free_port
 from chaos.history import Recorder
 from chaos.nemesis import Nemesis, kill_all
 from chaos.profiles import SKEWS, Profile
@@ -45,8 +46,13 @@ def worker_env(skew: str | None) -> dict[str, str]:
     return env
 
 
+def http_ids(profile: Profile) -> list[int]:
+    """The HTTP workers: the last ``http_workers`` (the skewed clocks are the first ones')."""
+    return list(range(max(0, profile.workers - profile.http_workers), profile.workers))
+
+
 def _spawn(
-    profile: Profile, variant: str, dsn: str, work: Path, seed: int, started: float
+    profile: Profile, variant: str, dsn: str, work: Path, seed: int, started: float, api_url: str | None = None
 ) -> dict[int, subprocess.Popen[bytes]]:
     (work / "logs").mkdir(exist_ok=True)
     workers = {}
@@ -62,6 +68,7 @@ def _spawn(
             slot_fraction=profile.slot_fraction, slot_counts=profile.slot_counts, count_phase=profile.count_phase,
             stray_count_fraction=profile.stray_count_fraction, single_fraction=profile.single_fraction,
             replace_fraction=profile.replace_fraction, started=started,
+            api_url=api_url if wid in http_ids(profile) else None, api_timeout=profile.api_timeout,
         )
         logfile = (work / "logs" / f"w{wid}.log").open("wb")
         workers[wid] = subprocess.Popen(
@@ -156,11 +163,21 @@ def run(profile: Profile, variant: str, out: Path, seed: int, say: Any = print) 
     server = PrivateServer()
     workers: dict[int, subprocess.Popen[bytes]] = {}
     rec: Recorder | None = None
+    api_server: ApiServer | None = None
     try:
         say(f"chaos: starting a private PostgreSQL in {server.root}")
-        # Two store connections per worker (three for a broken variant), plus the harness's own.
-        dsn = server.start(max_connections=3 * profile.workers + 20)
+        # Two store connections per worker (three for a broken variant), the API server's pool, plus the
+        # harness's own.
+        dsn = server.start(max_connections=3 * profile.workers + 40)
         _setup(dsn)
+        if profile.http_workers:
+            api_server = ApiServer(ApiConfig(
+                dsn=dsn, schema=chaos_sql.LEASE_SCHEMA, port=free_port(), history="", lossy=str(work / "lossy"),
+                seed=seed, statement_timeout=profile.statement_timeout, connect_timeout=profile.connect_timeout,
+                hold=profile.api_timeout + 1.0,
+            ), work, worker_env(None))
+            api_server.start()
+            say(f"chaos: lease API server up at {api_server.url}")
         rec = Recorder(work / "harness.jsonl")
         started = time.monotonic()
         rec.write({
@@ -175,15 +192,16 @@ def run(profile: Profile, variant: str, out: Path, seed: int, say: Any = print) 
                 **{slot_resource_of(i): [slot_key_of(i)] for i in range(profile.slot_keys)},
             },
             "faketime": str(LIBFAKETIME) if LIBFAKETIME else None, "db_time": db_time(dsn),
+            "http_workers": http_ids(profile),
         })
-        workers = _spawn(profile, variant, dsn, work, seed, started)
+        workers = _spawn(profile, variant, dsn, work, seed, started, api_server.url if api_server else None)
         _wait_started(work, workers)
         for wid in range(min(profile.skewed, profile.workers)):
             if LIBFAKETIME is not None:
                 rec.fault("clock_skew", w=wid, offset=SKEWS[wid % len(SKEWS)])
-        say(f"chaos: {profile.workers} workers up ({min(profile.skewed, profile.workers)} with a skewed clock); "
-            f"faults for {profile.duration:.0f}s")
-        nemesis = Nemesis(profile, server, workers, rec, rng)
+        say(f"chaos: {profile.workers} workers up ({min(profile.skewed, profile.workers)} with a skewed clock, "
+            f"{profile.http_workers} through the lease API); faults for {profile.duration:.0f}s")
+        nemesis = Nemesis(profile, server, workers, rec, rng, api_server)
         nemesis.run(profile.duration)
         nemesis.heal()
         rec.write({"type": "heal", "t": time.monotonic(), "db_time": db_time(dsn)})
@@ -194,6 +212,8 @@ def run(profile: Profile, variant: str, out: Path, seed: int, say: Any = print) 
                 rec.write({"type": "worker_exit", "t": time.monotonic(), "w": wid, "code": proc.returncode,
                            "log": str(work / "logs" / f"w{wid}.log")})
         kill_all(workers)
+        if api_server is not None:
+            api_server.stop()
         rec.write({"type": "crash_all", "t": time.monotonic(), "db_time": db_time(dsn)})
         _probe(dsn, profile, rec)
         tail = _dump(dsn)
@@ -204,6 +224,8 @@ def run(profile: Profile, variant: str, out: Path, seed: int, say: Any = print) 
         return target
     finally:
         kill_all(workers)
+        if api_server is not None:
+            api_server.stop()
         try:
             server.stop()
         except (OSError, psycopg2.Error, RuntimeError) as exc:

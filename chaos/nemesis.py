@@ -7,6 +7,7 @@ Skewed clocks are set when workers start (see :mod:`chaos.harness`).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import random
@@ -16,12 +17,14 @@ import subprocess
 import threading
 import time
 from datetime import timedelta
+from pathlib import Path
 
 import psycopg2
 
 from airflow_lease_provider.core import LeaseError, LeaseStore
 from airflow_lease_provider.core.lease import LeaseChanged
 from chaos import sql as chaos_sql
+from chaos.api import ApiServer
 from chaos.history import Recorder
 from chaos.profiles import Profile
 from chaos.server import PrivateServer, connect, db_time
@@ -39,8 +42,14 @@ class Nemesis:
         workers: dict[int, subprocess.Popen[bytes]],
         recorder: Recorder,
         rng: random.Random,
+        api: ApiServer | None = None,
     ) -> None:
         self.profile = profile
+        self.api = api
+        #: The API server's pause (stopped at, wake at), and when the current window of lost replies ends.
+        self.api_stopped: tuple[float, float] | None = None
+        self.lossy_until: float | None = None
+        self._restarting: threading.Thread | None = None
         self.server = server
         self.workers = workers
         self.rec = recorder
@@ -54,6 +63,9 @@ class Nemesis:
             "stmt_timeout": profile.lock_every,
             "force_release": profile.force_every,
         }
+        if api is not None:
+            self.every.update(api_pause=profile.api_pause_every, api_kill=profile.api_kill_every,
+                              lossy_api=profile.lossy_every)
         self._admin: LeaseStore | None = None
 
     # -- the schedule ------------------------------------------------------------------------------
@@ -78,6 +90,10 @@ class Nemesis:
                 return
             kind, at = min(due.items(), key=lambda item: item[1])
             wakes = [wake for _, wake in self.stopped.values()]
+            if self.api_stopped is not None:
+                wakes.append(self.api_stopped[1])
+            if self.lossy_until is not None:
+                wakes.append(self.lossy_until)
             if at > now:
                 self._nap.wait(max(0.0, min([at, end, *wakes]) - now))
                 continue
@@ -88,6 +104,15 @@ class Nemesis:
         """End every fault: wake paused workers, make sure the server runs."""
         for worker in list(self.stopped):
             self._wake(worker)
+        if self.api is not None:
+            if self._restarting is not None:
+                self._restarting.join(120.0)
+            self._lossy_off()
+            if self.api_stopped is not None:
+                self._wake_api()
+            if self.api.proc is None or self.api.proc.poll() is not None:
+                self.api.start()
+                self.rec.fault("api_restart", why="found dead at heal")
         self.server.ensure_running()
         if self._admin is not None:
             self._admin.close()
@@ -146,6 +171,66 @@ class Nemesis:
         for worker, (_, wake) in list(self.stopped.items()):
             if wake <= now:
                 self._wake(worker)
+        if self.api_stopped is not None and self.api_stopped[1] <= now:
+            self._wake_api()
+        if self.lossy_until is not None and self.lossy_until <= now:
+            self._lossy_off()
+
+    # -- the lease API server: paused, killed and restarted, losing replies after the store committed ---
+
+    def fault_api_pause(self) -> None:
+        assert self.api is not None
+        if self.api_stopped is not None:
+            return
+        pause = self.profile.ttl * self.rng.uniform(1.3, 2.2) + 0.3
+        self.api.signal(signal.SIGSTOP)
+        now = time.monotonic()
+        self.api_stopped = (now, now + pause)
+        self.rec.fault("api_pause", pause_s=round(pause, 3))
+
+    def _wake_api(self) -> None:
+        assert self.api is not None and self.api_stopped is not None
+        stopped_at, _ = self.api_stopped
+        self.api_stopped = None
+        self.api.signal(signal.SIGCONT)
+        self.rec.fault("api_resume", stopped_s=round(time.monotonic() - stopped_at, 3))
+
+    def fault_api_kill(self) -> None:
+        """SIGKILL of the API server (in the middle of whatever requests it was running: a grant committed
+        and its capability not yet bound, a fence advanced and not answered), then a new one on the port."""
+        assert self.api is not None
+        if self.api_stopped is not None:
+            self._wake_api()
+        t_kill = time.monotonic()
+        pid = self.api.kill()
+        self.api.start(wait=False)  # the spare takes the port; the next faults do not wait for it
+        api = self.api
+
+        def ready() -> None:
+            try:
+                api.wait_ready(90.0)
+            except RuntimeError as exc:
+                self.rec.fault("api_kill", t=t_kill, pid=pid, skipped=f"could not restart: {exc}")
+                return
+            t_ready = time.monotonic()
+            self.rec.fault("api_kill", t=t_kill, t1=t_ready, pid=pid, downtime_s=round(t_ready - t_kill, 3))
+
+        self._restarting = threading.Thread(target=ready, daemon=True)
+        self._restarting.start()
+
+    def fault_lossy_api(self) -> None:
+        assert self.api is not None
+        seconds = self.profile.lossy_seconds
+        Path(self.api.cfg.lossy).write_text(json.dumps({"fraction": self.profile.lossy_fraction}))
+        self.lossy_until = time.monotonic() + seconds
+        self.rec.fault("lossy_api", seconds=seconds, fraction=self.profile.lossy_fraction)
+
+    def _lossy_off(self) -> None:
+        assert self.api is not None
+        Path(self.api.cfg.lossy).unlink(missing_ok=True)
+        if self.lossy_until is not None:
+            self.lossy_until = None
+            self.rec.fault("lossy_api_end")
 
     def _wake(self, worker: int) -> None:
         stopped_at, _ = self.stopped.pop(worker)

@@ -57,6 +57,19 @@ class Profile:
     replace_fraction: float = 0.25
     #: Mean seconds between two force-releases by the admin (the nemesis), of a live holder's row.
     force_every: float = 1e9
+    #: HTTP workers (the last ``http_workers`` of ``workers``): they take, renew, release and publish through
+    #: the lease API (chaos.api: the plugin's app on a real uvicorn, in a process of its own, over the same
+    #: store), on the same keys and with the same mix as the others. The API server's faults: paused
+    #: (SIGSTOP, 1.3-2.2 TTL), killed and restarted, and windows of ``lossy_seconds`` in which a share
+    #: ``lossy_fraction`` of its replies are lost after the store committed. ``api_timeout``: how long one
+    #: request of an HTTP worker may take.
+    http_workers: int = 0
+    api_pause_every: float = 1e9
+    api_kill_every: float = 1e9
+    lossy_every: float = 1e9
+    lossy_seconds: float = 3.0
+    lossy_fraction: float = 0.3
+    api_timeout: float = 1.5
     #: Coverage the run must reach for its result to count (the CI test asserts it too).
     min_operations: int = 0
 
@@ -69,12 +82,17 @@ PROFILES: dict[str, Profile] = {
     # semaphore key whose slot count changes every 6 s, with replaces and single holders on it, and an
     # admin's force-releases. (Two semaphore keys held up to 12 of the 16 workers at once: too few were
     # left asking for a held key, and a loaded run fell under 5,000 operations.)
+    # Four of the 16 workers go through the lease API (issue 41), whose server is paused, killed and
+    # restarted, and loses replies after committing (each about once or twice a run: every one of them
+    # stops all HTTP workers for seconds), besides every fault of the store.
     "short": Profile(name="short", duration=60.0, workers=16, keys=6, slot_keys=1, slot_fraction=0.4,
-                     force_every=4.0, min_operations=5000),
+                     force_every=4.0, min_operations=5000, http_workers=4, api_pause_every=20.0,
+                     api_kill_every=45.0, lossy_every=12.0),
     # Release checks: half an hour, twice the workers, more keys, a slightly longer TTL.
     "long": Profile(
         name="long", duration=1800.0, workers=32, keys=8, ttl=3.0, skewed=8,
         kill_every=60.0, slot_keys=3, count_phase=9.0, force_every=6.0, min_operations=100_000,
+        http_workers=8, api_pause_every=30.0, api_kill_every=90.0, lossy_every=15.0,
     ),
     # The broken-variant tests: just long enough for the checker to see the variant fail.
     # No server kills (they take seconds each); more pauses, and more late work published unchecked, so

@@ -125,7 +125,8 @@ def dump_queries(lease_schema: str = LEASE_SCHEMA, chaos_schema: str = CHAOS_SCH
             "replaced_token, extra FROM {chaos}.audit_lease ORDER BY id"
         ).format(**n),
         "audit_fence": sql.SQL(
-            "SELECT id, at, resource, key, token, owner, old_token FROM {chaos}.audit_fence ORDER BY id"
+            "SELECT id, at, resource, key, token, owner, old_token, "
+            "pg_xact_commit_timestamp(xmin) AS committed_at FROM {chaos}.audit_fence ORDER BY id"
         ).format(**n),
         # committed_at: when the publish's transaction committed (track_commit_timestamp, set by the
         # harness): publishes under different fence keys are not serialized by one row lock, so only the

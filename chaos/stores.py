@@ -23,6 +23,7 @@ which the checker's ``lost-ack`` property (and then ``token-reissued``) must cat
 
 from __future__ import annotations
 
+import secrets
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -32,6 +33,7 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
+from airflow_lease_provider.client import HttpLeaseStore
 from airflow_lease_provider.core import (
     Acquisition,
     FenceStore,
@@ -318,3 +320,66 @@ class NoFenceStore(FenceStore):
         finally:
             if self._own.conn is not None and not self._own.conn.closed:
                 self._own.conn.autocommit = True
+
+
+class RecordingHttpLeaseStore(HttpLeaseStore):
+    """The real :class:`~airflow_lease_provider.client.HttpLeaseStore` (the lease API through the harness's
+    API server); renewals (made by the keeper thread) and releases are recorded as the direct store's are.
+
+    An acquire names a ``request_id`` and, when its answer is lost (a timeout, a 5xx, a refused connection:
+    ``LeaseStoreUnavailable``), is sent once more with the same id, as a client of the API should: the API
+    answers the grant the first send made (and its capability) while it is live, and must never grant the
+    same request twice (the checker's ``api-granted-twice``). The first send's loss is recorded."""
+
+    def __init__(self, base_url: str, secret: str, *, recorder: Recorder, timeout: timedelta) -> None:
+        super().__init__(base_url, secret, timeout=timeout)
+        self.recorder = recorder
+
+    def _resent(self, op: str, call: Any, key: str, owner: str, **fields: Any) -> Acquisition:
+        request_id = secrets.token_urlsafe(24)
+        t0 = time.monotonic()
+        try:
+            return call(request_id)  # type: ignore[no-any-return]
+        except LeaseStoreUnavailable as exc:
+            self.recorder.op(op, t0=t0, key=key, owner=owner, outcome="unknown", error=str(exc), resent=True,
+                             http=True, **fields)
+        return call(request_id)
+
+    def try_acquire(self, key: str, owner: str, ttl: timedelta, *, slots: int = 1, **kwargs: Any) -> Acquisition:
+        return self._resent(
+            "acquire", lambda rid: super(RecordingHttpLeaseStore, self).try_acquire(
+                key, owner, ttl, slots=slots, request_id=rid, **kwargs),
+            key, owner, asked=slots,
+        )
+
+    def try_replace(self, key: str, owner: str, ttl: timedelta, *, run_after: datetime, **kwargs: Any) -> Acquisition:
+        return self._resent(
+            "replace", lambda rid: super(RecordingHttpLeaseStore, self).try_replace(
+                key, owner, ttl, run_after=run_after, request_id=rid, **kwargs),
+            key, owner, asked=1, run_after=run_after,
+        )
+
+    def renew(self, lease: Lease, ttl: timedelta | None = None) -> Lease | None:
+        t0 = time.monotonic()
+        ident = {"key": lease.key, "owner": lease.owner, "token": lease.token, "http": True}
+        try:
+            renewed = super().renew(lease, ttl)
+        except LeaseError as exc:
+            self.recorder.op("renew", t0=t0, outcome=outcome_of(exc), error=str(exc), **ident)
+            raise
+        if renewed is None:
+            self.recorder.op("renew", t0=t0, outcome="refused", **ident)
+        else:
+            self.recorder.op("renew", t0=t0, outcome="ok", http=True, **lease_fields(renewed))
+        return renewed
+
+    def release(self, lease: Lease, **kwargs: Any) -> bool:
+        t0 = time.monotonic()
+        ident = {"key": lease.key, "owner": lease.owner, "token": lease.token, "http": True}
+        try:
+            released = super().release(lease, **kwargs)
+        except LeaseError as exc:
+            self.recorder.op("release", t0=t0, outcome=outcome_of(exc), error=str(exc), **ident)
+            raise
+        self.recorder.op("release", t0=t0, outcome="ok" if released else "refused", **ident)
+        return released

@@ -35,6 +35,7 @@ from airflow_lease_provider.core import (
     StaleFencingToken,
 )
 from airflow_lease_provider.core.lease import SlotCountMismatch
+from chaos import api
 from chaos import sql as chaos_sql
 from chaos.history import Recorder
 from chaos.profiles import Profile
@@ -43,6 +44,7 @@ from chaos.stores import (
     CrossKeyFenceStore,
     FromConstructionKeeper,
     NoFenceStore,
+    RecordingHttpLeaseStore,
     RecordingLeaseStore,
     ReplaceIgnoresSlotsLeaseStore,
     _OwnConnection,
@@ -84,6 +86,10 @@ class WorkerConfig:
     started: float = 0.0
     lease_schema: str = chaos_sql.LEASE_SCHEMA
     chaos_schema: str = chaos_sql.CHAOS_SCHEMA
+    #: An HTTP worker: the lease API's base URL (chaos.api), through which it takes, renews, releases and
+    #: publishes (``HttpLeaseStore``, the fence through ``/fence``), and how long one request may take.
+    api_url: str | None = None
+    api_timeout: float = 1.5
 
     def to_json(self) -> str:
         return json.dumps(asdict(self))
@@ -128,7 +134,7 @@ def count_of_phase(cfg: WorkerConfig, at: float) -> tuple[int, int]:
 class Worker:
     def __init__(self, cfg: WorkerConfig) -> None:
         self.cfg = cfg
-        self.rec = Recorder(Path(cfg.history), w=cfg.id)
+        self.rec = Recorder(Path(cfg.history), w=cfg.id, **({"http": True} if cfg.api_url else {}))
         self.rng = random.Random(cfg.seed)
         self.ttl = timedelta(seconds=cfg.ttl)
         self.nap = threading.Event()  # never set: its wait() is the sleep that works under libfaketime
@@ -140,7 +146,15 @@ class Worker:
         lease_cls = {
             "client-clock": ClientClockLeaseStore, "replace-ignores-slots": ReplaceIgnoresSlotsLeaseStore,
         }.get(cfg.variant, RecordingLeaseStore)
-        self.leases: LeaseStore = lease_cls(cfg.dsn, recorder=self.rec, **timeouts)
+        self.http: RecordingHttpLeaseStore | None = None
+        if cfg.api_url is not None:
+            # The HTTP path: the worker never reaches the store; the API server does (its store is the real
+            # one whatever the variant: the broken variants are of the direct path).
+            self.http = RecordingHttpLeaseStore(cfg.api_url, api.SECRET, recorder=self.rec,
+                                                timeout=timedelta(seconds=cfg.api_timeout))
+            self.leases: LeaseStore = self.http  # type: ignore[assignment]
+        else:
+            self.leases = lease_cls(cfg.dsn, recorder=self.rec, **timeouts)
         fence_cls = {"fence-off": NoFenceStore, "fence-cross-key": CrossKeyFenceStore}.get(cfg.variant, FenceStore)
         self.fences: FenceStore = fence_cls(cfg.dsn, **timeouts)
         self.keeper_cls = FromConstructionKeeper if cfg.variant == "keeper-from-construction" else LeaseKeeper
@@ -156,7 +170,7 @@ class Worker:
     def run(self) -> None:
         self.rec.write({
             "type": "worker_start", "t": time.monotonic(), "pid": os.getpid(), "skew": self.cfg.skew,
-            "variant": self.cfg.variant, "client_minus_db_s": self._skew_seen(),
+            "variant": self.cfg.variant, "client_minus_db_s": self._skew_seen(), "http": self.http is not None,
         })
         iteration = 0
         while True:
@@ -201,6 +215,10 @@ class Worker:
         except SlotCountMismatch as exc:  # documented: the key is held with another count
             self.rec.op("acquire", t0=t0, key=key, owner=owner, asked=slots, outcome="mismatch",
                         held=[(h.key, h.token, h.slots) for h in exc.holders], **shape)
+            return None, self.rng.uniform(0.02, 0.1)
+        except LeaseLost as exc:  # the lease API: granted, then lost before it could answer
+            self.rec.op("acquire", t0=t0, key=key, owner=owner, asked=slots, outcome="lost", token=exc.token,
+                        error=str(exc), **shape)
             return None, self.rng.uniform(0.02, 0.1)
         except LeaseError as exc:
             self.rec.op("acquire", t0=t0, key=key, owner=owner, asked=slots, outcome=outcome_of(exc),
@@ -257,6 +275,10 @@ class Worker:
             self.rec.op("replace", t0=t0, key=key, owner=owner, outcome="mismatch",
                         held=[(h.key, h.token, h.slots) for h in exc.holders], **fields)
             return None, self.rng.uniform(0.02, 0.1)
+        except LeaseLost as exc:
+            self.rec.op("replace", t0=t0, key=key, owner=owner, outcome="lost", token=exc.token, error=str(exc),
+                        **fields)
+            return None, self.rng.uniform(0.02, 0.1)
         except LeaseError as exc:
             self.rec.op("replace", t0=t0, key=key, owner=owner, outcome=outcome_of(exc), error=str(exc), **fields)
             return None, self.rng.uniform(0.2, 0.5)
@@ -292,7 +314,10 @@ class Worker:
             self.nap.wait(max(0.0, lease.remaining.total_seconds() - ttl * rng.uniform(0.05, 0.5)))
             t0 = time.monotonic()
             try:
-                holder = self.leases.holder(lease.key)
+                if self.http is not None:  # over HTTP a grant is shown to its holder only
+                    holder = self.http.holds(lease.key, lease.owner, token=lease.token).lease
+                else:
+                    holder = self.leases.holder(lease.key)
             except LeaseError:
                 holder = None
             if holder is not None and (holder.owner, holder.token) == (lease.owner, lease.token):
@@ -362,6 +387,9 @@ class Worker:
             return None
 
     def publish(self, lease: Lease, resource: str, shape: dict[str, Any], store_id: str | None = None) -> None:
+        if self.http is not None:
+            self.publish_http(lease, resource, shape)
+            return
         idem = f"{lease.owner}/publish" if self.rng.random() < self.cfg.idempotent_fraction else None
         for attempt in (1, 2):
             t0 = time.monotonic()
@@ -409,6 +437,43 @@ class Worker:
                 self.rec.op("publish", t0=t0, outcome="error", error=repr(exc), **fields)
             else:
                 self.rec.op("publish", t0=t0, outcome="accepted", at=at, **fields)
+            return
+
+    def publish_http(self, lease: Lease, resource: str, shape: dict[str, Any]) -> None:
+        """Publish through the lease API's ``/fence`` (an external publish: the fence of the store's own
+        schema, the one the direct workers' transactions advance, with the grant's store and count epoch
+        added by the API). What it committed is in the fence's audit; the checker reads it as this worker's
+        publish (a target row of its own). Resent once after an unknown outcome, only with an idempotency
+        key, as the direct publish."""
+        assert self.http is not None
+        idem = f"{lease.owner}/publish" if self.rng.random() < self.cfg.idempotent_fraction else None
+        fences = self.http.fences()
+        for attempt in (1, 2):
+            t0 = time.monotonic()
+            fields: dict[str, Any] = {
+                "key": lease.key, "owner": lease.owner, "token": lease.token, "resource": resource,
+                "idem": idem, "attempt": attempt, "in_store": True, "http": True, **shape,
+            }
+            if lease.slots > 1:
+                fields.update(lease_key=lease.lease_key, slot=lease.slot, slots=lease.slots)
+            try:
+                fences.guard(resource, lease.token, key=lease.key, owner=lease.owner, idempotency_key=idem)
+            except DuplicatePublish as exc:
+                self.rec.op("publish", t0=t0, outcome="duplicate", current=exc.current, **fields)
+            except StaleFencingToken as exc:
+                reason = getattr(exc, "reason", "stale") or "stale"
+                self.rec.op("publish", t0=t0, outcome=reason, current=exc.current, **fields)
+            except LeaseLost as exc:  # the API refuses a grant that is no longer held before the fence
+                self.rec.op("publish", t0=t0, outcome="lost", reason=exc.reason, **fields)
+            except LeaseStoreUnavailable as exc:
+                self.rec.op("publish", t0=t0, outcome="unknown", error=str(exc), **fields)
+                if attempt == 1 and idem is not None:
+                    self.nap.wait(self.rng.uniform(0.05, 0.2))
+                    continue
+            except Exception as exc:
+                self.rec.op("publish", t0=t0, outcome="error", error=repr(exc), **fields)
+            else:
+                self.rec.op("publish", t0=t0, outcome="accepted", **fields)
             return
 
 

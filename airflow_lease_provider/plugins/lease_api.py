@@ -284,7 +284,8 @@ def acquire(body: AcquireBody, store: StoreDep, _: Annotated[None, Depends(may_a
         return _conflict({"status": "held", "key": body.key, "holders": [holder_json(h) for h in holders],
                           "holder_older": taken.holder_older})
     if not caps.bind(store, lease, capability):
-        return _conflict({"status": "lost", "key": body.key, "detail": "the grant lapsed before it was answered"})
+        return _conflict({"status": "lost", "key": body.key, "token": lease.token,
+                          "detail": "the grant lapsed before it was answered"})
     answer: dict[str, Any] = {"status": "granted", "lease": lease_json(lease), "capability": capability,
                               "store_id": store.store_id}
     if taken.replaced is not None:
@@ -412,7 +413,9 @@ def _error(status_code: int, message: str) -> JSONResponse:
 
 async def _lease_error(request: Request, exc: Exception) -> JSONResponse:
     if isinstance(exc, SlotCountMismatch):
-        return _error(status.HTTP_409_CONFLICT, deps.public_message(exc))
+        # The holders as a refused acquire names them, so that the client raises what the direct path raises.
+        return _conflict({"status": "slot_count_mismatch", "detail": deps.public_message(exc), "key": exc.key,
+                          "slots": exc.slots, "holders": [holder_json(h) for h in exc.holders]})
     if isinstance(exc, InvalidArgument):
         return _error(status.HTTP_422_UNPROCESSABLE_CONTENT, deps.public_message(exc))
     if isinstance(exc, (LeaseStoreUnavailable, LeaseStoreError)):

@@ -4,10 +4,11 @@ choice. The api-server side is the real route code on a real PostgreSQL store, t
 
 from __future__ import annotations
 
+import secrets
 import threading
 import time
 from collections.abc import Iterator
-from datetime import timedelta
+from datetime import datetime, timedelta, timezone
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -17,7 +18,7 @@ from fastapi.testclient import TestClient
 
 from airflow_lease_provider import settings
 from airflow_lease_provider.client import HttpLeaseStore, LeaseAPIRefused, choose_access
-from airflow_lease_provider.core import LeaseKeeper, LeaseLost, LeaseStore
+from airflow_lease_provider.core import LeaseKeeper, LeaseLost, LeaseStore, SlotCountMismatch
 from tests.api.test_lease_api import SECRET, make_client
 
 
@@ -312,3 +313,55 @@ def test_a_plain_http_api_server_url_loads_no_ca_bundle_and_https_verifies() -> 
     finally:
         plain.close()
         tls.close()
+
+
+# -- what the chaos harness's HTTP workers found (issue 41; docs/testing.md) ---------------------------------
+
+
+def test_a_slot_count_mismatch_over_http_is_the_direct_paths_slot_count_mismatch(server: PausableClient) -> None:
+    """The key held with slots=2: an acquire with slots=3 through the API raises SlotCountMismatch naming the
+    holders, as the direct store does (it was a bare LeaseError "answered 409", an unexpected error)."""
+    http = http_store(server)
+    held = http.try_acquire("pool", "a", timedelta(seconds=30), slots=2).lease
+    assert held is not None and held.slots == 2
+    with pytest.raises(SlotCountMismatch) as refused:
+        http.try_acquire("pool", "b", timedelta(seconds=30), slots=3)
+    assert refused.value.key == "pool" and refused.value.slots == 3
+    assert [(h.owner, h.token, h.slots) for h in refused.value.holders] == [("a", held.token, 2)]
+
+
+def test_an_acquire_granted_and_lost_before_its_answer_raises_lease_lost(
+    server: PausableClient, store: LeaseStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The grant is taken over (here force-released) between the store's grant and the API binding its
+    capability: the API answers 409 lost, and the client raises LeaseLost for that token (it was a bare
+    LeaseError), never a lease it does not hold."""
+    from airflow_lease_provider.plugins import lease_api
+
+    real_bind = lease_api.caps.bind
+
+    def bind_after_a_takeover(api_store: Any, lease: Any, capability: str) -> bool:
+        store.force_release(lease.key, by="test")
+        return real_bind(api_store, lease, capability)
+
+    monkeypatch.setattr(lease_api.caps, "bind", bind_after_a_takeover)
+    http = http_store(server)
+    with pytest.raises(LeaseLost) as lost:
+        http.try_acquire("lapsed", "me", timedelta(seconds=30))
+    taken = store.holder("lapsed")
+    assert taken is None  # force-released: nobody holds it
+    assert lost.value.key == "lapsed" and lost.value.token >= 1
+    assert not http._capabilities  # no capability kept for a grant it does not hold
+
+
+def test_a_replace_sent_again_with_its_request_id_gets_the_same_grant(server: PausableClient) -> None:
+    """try_replace sends its request_id (it was swallowed): a resend after a lost answer gets the first
+    send's grant and capability, not a second grant (a re-entry with a larger token)."""
+    http = http_store(server)
+    request_id = secrets.token_urlsafe(24)
+    order = datetime(2026, 1, 1, tzinfo=timezone.utc)
+    first = http.try_replace("replaced", "me", timedelta(seconds=30), run_after=order, request_id=request_id).lease
+    again = http.try_replace("replaced", "me", timedelta(seconds=30), run_after=order, request_id=request_id).lease
+    assert first is not None and again is not None
+    assert again.token == first.token
+    assert http.renew(again) is not None

@@ -10,6 +10,12 @@ holders. Two rules make grants overlap for real: one grants inside a transaction
 of its own while another store grants the same key from a thread (the window of issue 38's defect 2), one
 releases two or three stores' grants at a barrier.
 
+One of the actors goes through the lease API (issue 41): an ``HttpLeaseStore`` against the plugin's API app
+(``create_api()``) served by a real uvicorn on a real socket in a thread of the test, over the same store
+schema, as an Edge worker's task would. It asks for keys every way, races the direct stores at the barrier
+(always one of the racers), renews and releases its own grants with their capability (some through a
+direct store), and publishes to the store's fence through ``/fence``; the same rules are checked over all.
+
 After every step, and over the history it recorded, it checks:
 
 - the live grants of a key (the lease rows of its slots, read from the store) never exceed what its rule
@@ -24,15 +30,19 @@ After every step, and over the history it recorded, it checks:
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import sqlite3
 import threading
 import time
 import uuid
+from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import psycopg2
@@ -48,7 +58,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from airflow_lease_provider.core import FenceStore, Lease, LeaseStore, SlotCountMismatch
+from airflow_lease_provider.core import FenceStore, Lease, LeaseLost, LeaseStore, SlotCountMismatch
 from airflow_lease_provider.core.dbapi_fence import DbApiFence
 from airflow_lease_provider.core.types import Acquisition
 from tests.pg import drop_schema, new_schema_name, q
@@ -77,6 +87,14 @@ KINDS = ("single", "slots2", "slots3", "replace") if REPLACES else ("single", "s
 #: Drawn more often: a semaphore of 2 (so slots meet and counts change both ways).
 ASKED = ("single", "slots2", "slots2", "slots3", "replace") if REPLACES else ("single", "slots2", "slots2", "slots3")
 FENCES = ("store", "elsewhere", "sqlite")
+#: The store index of the actor that goes through the lease API (``World.stores[HTTP]``), and the racers of a
+#: barrier race, in order (it is always one of them).
+HTTP = 3
+#: Not on the store of 72519bc (scripts/model-on-old-code): it has no lease API.
+API = not OLD_CODE
+BARRIER = (HTTP, 0, 1) if API else (0, 1, 2)
+#: Who asks in the ``ask`` rule: the lease API's actor as often as two of the direct stores.
+ACTORS = (0, 1, 2, HTTP, HTTP) if API else (0, 1, 2)
 RESOURCES = ("r1",)
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
@@ -114,6 +132,8 @@ class Grant:
     base: str
     kind: str
     lease: Lease
+    #: The store index it was granted through (``HTTP``: the lease API, which holds its capability).
+    via: int = 0
     released: bool = False
     expired: bool = False
     force_released: bool = False
@@ -130,16 +150,19 @@ class Grant:
 
     def __repr__(self) -> str:
         lease = self.lease
-        return f"#{self.n} {self.kind} {lease.key!r} slot {lease.slot}/{lease.slots} {lease.owner} token {lease.token}"
+        through = " (via the lease API)" if self.via == HTTP else ""
+        return (f"#{self.n} {self.kind} {lease.key!r} slot {lease.slot}/{lease.slots} {lease.owner} token "
+                f"{lease.token}{through}")
 
 
 @dataclass
 class World:
-    """What a machine works on: the store's schema, three store objects, the three fences."""
+    """What a machine works on: the store's schema, three store objects and the lease API's client (index
+    ``HTTP``), the three fences."""
 
     dsn: str
     schema: str
-    stores: list[LeaseStore]
+    stores: list[Any]
     fences: dict[str, Any]
     store_id: str
     #: An autocommit connection of the test's own: the checks' reads, the expiries, the lock waits.
@@ -171,6 +194,8 @@ def open_grant_params(kind: str, key: str, owner: str, run_after: datetime) -> t
 
 class ExclusionMachine(RuleBasedStateMachine):
     world: World
+    #: What the lease API's actor did, over every run of the test (the test asserts it did each).
+    through_api: Counter[str] = Counter()
 
     def __init__(self) -> None:
         super().__init__()
@@ -226,7 +251,8 @@ class ExclusionMachine(RuleBasedStateMachine):
         pool = valid if valid and i % 4 else self.grants
         return pool[i % len(pool)] if pool else None
 
-    def _record(self, kind: str, base: str, got: Acquisition | None, *, n: int | None = None) -> Grant | None:
+    def _record(self, kind: str, base: str, got: Acquisition | None, *, n: int | None = None,
+                via: int = 0) -> Grant | None:
         if got is None:
             return None
         if got.lease is None:
@@ -235,7 +261,9 @@ class ExclusionMachine(RuleBasedStateMachine):
             who = [f"{h.key} {h.owner} token {h.token}" for h in (got.holders or (got.holder,)) if h is not None]
             self.log.append(f"{kind} of {base!r} refused: held by {', '.join(who)}")
             return None
-        g = Grant(self._next() if n is None else n, base, kind, got.lease)
+        g = Grant(self._next() if n is None else n, base, kind, got.lease, via=via)
+        if via == HTTP:
+            self.through_api["granted"] += 1
         self.log.append(f"granted {g!r}")
         assert got.lease.lease_key == base, (g, base)
         if got.lease.slots > 1:
@@ -245,10 +273,11 @@ class ExclusionMachine(RuleBasedStateMachine):
 
     # -- the rules ---------------------------------------------------------------------------------
 
-    @rule(asks=st.lists(st.tuples(st.integers(0, 2), st.sampled_from(BASES), st.sampled_from(OWNERS),
+    @rule(asks=st.lists(st.tuples(st.sampled_from(ACTORS), st.sampled_from(BASES), st.sampled_from(OWNERS),
                                   st.sampled_from(ASKED), st.integers(0, 3)), min_size=1, max_size=3))
     def ask(self, asks: list[tuple[int, str, str, str, int]]) -> None:
-        """One to three grants asked for, one after the other (from any of the three store objects)."""
+        """One to three grants asked for, one after the other (from any of the three store objects, or
+        through the lease API)."""
         for store, base, owner, kind, order in asks:
             self.acquire(store, base, owner, kind, order)
 
@@ -259,26 +288,64 @@ class ExclusionMachine(RuleBasedStateMachine):
             assert refused.holders, "a slot-count refusal names the holders"
             self.log.append(f"{kind} of {base!r} by {owner}: SlotCountMismatch")
             return
-        self._record(kind, self.k(base), got)
+        self._record(kind, self.k(base), got, via=store)
+
+    def _store_for(self, g: Grant, i: int) -> tuple[int, Any]:
+        """Who acts on a grant: a grant taken through the lease API mostly through it (its capability is
+        there), else one of the direct stores."""
+        index = HTTP if g.via == HTTP and i % 4 else i % 3
+        return index, self.world.stores[index]
 
     @rule(i=st.integers(0, 10_000))
     def renew(self, i: int) -> None:
         g = self._pick(i)
         if g is None:
             return
-        renewed = self.world.stores[i % 3].renew(g.lease)
-        assert (renewed is not None) == self._valid(g), (g, renewed)
+        self._renew(g, *self._store_for(g, i))
+
+    def _renew(self, g: Grant, index: int, store: Any) -> None:
+        renewed = store.renew(g.lease)
+        assert (renewed is not None) == self._valid(g), (g, index, renewed)
+        if index == HTTP:
+            self.through_api["renewed" if renewed is not None else "renewal refused"] += 1
 
     @rule(i=st.integers(0, 10_000))
     def release(self, i: int) -> None:
         g = self._pick(i)
         if g is None:
             return
-        released = self.world.stores[i % 3].release(g.lease)
-        self.log.append(f"release {g!r}: {released}")
+        self._release(g, *self._store_for(g, i))
+
+    def _release(self, g: Grant, index: int, store: Any) -> None:
+        released = store.release(g.lease)
+        self.log.append(f"release {g!r}{' through the lease API' if index == HTTP else ''}: {released}")
         expected = not g.released and not g.force_released and self._newest_of_row(g)
+        if index == HTTP:
+            self.through_api["released" if released else "release refused"] += 1
+            # The API answers a release sent again as the first (released: true) while the row is this grant's.
+            expected = not g.force_released and self._newest_of_row(g)
         assert released is expected, (g, released)
         g.released = g.released or released
+
+    @precondition(lambda self: API)
+    @rule(i=st.integers(0, 10_000), release=st.booleans())
+    def api_holder_works(self, i: int, release: bool) -> None:
+        """A holder through the lease API (one of its grants, mostly a valid one: it asks for a key first when
+        it holds none) renews, publishes to the store's fence through /fence, and sometimes releases, each with
+        its capability."""
+        if i % 4 and not any(g.via == HTTP and self._valid(g) for g in self.grants):
+            self.acquire(HTTP, BASES[i % len(BASES)], OWNERS[i % len(OWNERS)], ASKED[i % len(ASKED)], i % 4)
+        mine = [g for g in self.grants if g.via == HTTP]
+        valid = [g for g in mine if self._valid(g)]
+        pool = valid if valid and i % 4 else mine
+        if not pool:
+            return
+        g = pool[i % len(pool)]
+        self._renew(g, HTTP, self.world.stores[HTTP])
+        if PUBLISHES:
+            self._publish(g, "store", RESOURCES[0])
+        if release:
+            self._release(g, HTTP, self.world.stores[HTTP])
 
     @rule(i=st.integers(0, 10_000))
     def expire(self, i: int) -> None:
@@ -334,9 +401,17 @@ class ExclusionMachine(RuleBasedStateMachine):
     def _publish(self, g: Grant, fence: str, resource: str) -> None:
         res = self.k(resource)
         lease = g.lease
-        decision = self.world.fences[fence].advance(
-            res, lease.token, key=lease.key, owner=lease.owner, store_id=self.world.store_id, **publish_args(lease)
-        )
+        if fence == "store" and g.via == HTTP:
+            # Through the lease API's /fence: the store's fence, the grant's store and count epoch added by
+            # the API, after it checked that the grant is the row's and is held (an expired one is refused).
+            accepted, reason = self.world.stores[HTTP].fence(lease, res)
+            decision = SimpleNamespace(accepted=accepted, outcome="accepted" if accepted else f"refused ({reason})")
+            self.through_api["published" if accepted else "publish refused"] += 1
+        else:
+            decision = self.world.fences[fence].advance(
+                res, lease.token, key=lease.key, owner=lease.owner, store_id=self.world.store_id,
+                **publish_args(lease),
+            )
         superseding = self._superseding(g)
         if fence == "store":
             # Kept in the store that issued the token: refused from the moment a superseding grant (or a
@@ -346,7 +421,7 @@ class ExclusionMachine(RuleBasedStateMachine):
             # Elsewhere the fence sees only publishes: refused once a superseding holder published here.
             seen = self.accepted.get((fence, res), [])
             stale = [o for o in superseding if o in seen]
-        self.log.append(f"{g!r} publishes to the {fence} fence: {decision.outcome}")
+        self.log.append(f"{g!r} publishes to the {fence} fence{' through the lease API' if fence == 'store' and g.via == HTTP else ''}: {decision.outcome}")
         if decision.accepted:
             assert not stale, f"the {fence} fence accepted {g} at {resource}, superseded by {stale}{self.history()}"
             g.published.add((fence, res))
@@ -501,7 +576,8 @@ class ExclusionMachine(RuleBasedStateMachine):
         def ask(i: int, kind: str, owner: str) -> None:
             barrier.wait(timeout=30)
             try:
-                answers[i] = (kind, kind_call(self.world.stores[i], kind, key, owner, T0 + timedelta(minutes=i)))
+                answers[i] = (kind, kind_call(self.world.stores[BARRIER[i]], kind, key, owner,
+                                              T0 + timedelta(minutes=i)))
             except Exception as exc:  # SlotCountMismatch, or reported below
                 answers[i] = (kind, exc)
 
@@ -510,12 +586,17 @@ class ExclusionMachine(RuleBasedStateMachine):
             t.start()
         for t in threads:
             t.join(timeout=60)
-        for kind, got in answers:
+        for i, (kind, got) in enumerate(answers):
             if isinstance(got, SlotCountMismatch):
+                continue
+            if isinstance(got, LeaseLost) and BARRIER[i] == HTTP:
+                # Granted, then taken over by another racer before the API answered: not held (the client
+                # says so; the row shows the takeover).
+                self.log.append(f"{kind} through the lease API: {got}")
                 continue
             if isinstance(got, Exception):
                 raise got
-            self._record(kind, key, got)
+            self._record(kind, key, got, via=BARRIER[i])
 
     # -- the checks ----------------------------------------------------------------------------------
 
@@ -597,9 +678,66 @@ def _sqlite(path: Path) -> sqlite3.Connection:
 
 
 @pytest.fixture
-def world(pg_dsn: str, schema: str, tmp_path: Path) -> Iterator[World]:
-    stores = [LeaseStore(pg_dsn, schema=schema) for _ in range(3)]
+def lease_api_url(pg_dsn: str, schema: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """The plugin's lease API app on a real uvicorn, on a real port, in a thread: its routes over this
+    test's store schema, a store per request thread (as ``get_api_store``)."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    from airflow_lease_provider.plugins import lease_api
+
+    monkeypatch.setenv("AIRFLOW_CONN_LEASE_API", json.dumps({"conn_type": "http", "password": API_SECRET}))
+    monkeypatch.setattr(lease_api, "_secret_cache", [])
+    local = threading.local()
+    opened: list[Any] = []
+
+    def store() -> LeaseStore:
+        if getattr(local, "store", None) is None:
+            local.store = LeaseStore(pg_dsn, schema=schema)
+            opened.append(local.store)
+        return local.store  # type: ignore[no-any-return]
+
+    def fences() -> FenceStore:
+        if getattr(local, "fences", None) is None:
+            local.fences = FenceStore(pg_dsn, schema=schema)
+            opened.append(local.fences)
+        return local.fences  # type: ignore[no-any-return]
+
+    api = lease_api.create_api()
+    api.dependency_overrides[lease_api.get_api_store] = store
+    api.dependency_overrides[lease_api.get_api_fences] = fences
+    app = FastAPI()
+    app.mount("/lease/v1", api)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = int(s.getsockname()[1])
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", access_log=False))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    deadline = time.monotonic() + 30
+    while not server.started and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.started, "the lease API server did not start"
+    yield f"http://127.0.0.1:{port}"
+    server.should_exit = True
+    thread.join(timeout=10)
+    for opened_store in opened:
+        opened_store.close()
+
+
+#: The acquire secret of the model's lease API.
+API_SECRET = "exclusion-model-secret"
+
+
+@pytest.fixture
+def world(pg_dsn: str, schema: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
+    stores: list[Any] = [LeaseStore(pg_dsn, schema=schema) for _ in range(3)]
     stores[0].ensure_schema()
+    if API:
+        from airflow_lease_provider.client import HttpLeaseStore
+
+        url = request.getfixturevalue("lease_api_url")
+        stores.append(HttpLeaseStore(url, API_SECRET, timeout=timedelta(seconds=30)))
     elsewhere = new_schema_name()
     fences = {
         "store": FenceStore(pg_dsn, schema=schema),
@@ -624,5 +762,9 @@ def run_model(world: World, machine: type[ExclusionMachine] = ExclusionMachine,
 
 
 def test_every_way_of_granting_a_key_keeps_the_exclusion_rule_and_the_fences(world: World) -> None:
+    ExclusionMachine.through_api.clear()
     run_model(world)
+    if API:
+        done = ExclusionMachine.through_api
+        assert all(done[what] for what in ("granted", "renewed", "released", "published", "publish refused")), done
 

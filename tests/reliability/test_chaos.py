@@ -1,4 +1,5 @@
-"""The fault-injection harness in CI: the short profile passes, the broken variants fail.
+"""The fault-injection harness in CI: the short profile passes (four of its workers through the lease API),
+the broken variants fail.
 
 Each run is ``python -m chaos`` in a subprocess, exactly the command a person runs, on a private
 embedded PostgreSQL that the harness starts and kills itself (never ``LEASE_TEST_DSN``'s server).
@@ -61,6 +62,17 @@ def test_short_profile_zero_violations_over_5000_operations_and_every_fault(tmp_
     assert report["figures"]["semaphore keys: slot-count changes"] >= 3, output[-6000:]
     assert report["outcomes"].get("acquire:mismatch", 0) >= 1 and report["outcomes"].get("replace:ok", 0) >= 1
     assert report["faults"]["force_release"] >= 3, output[-6000:]
+    # HTTP workers (issue 41): through the lease API on a real uvicorn, on the same keys, with its server
+    # paused, killed and restarted, and replies lost after the store committed; the acquires whose answer was
+    # lost sent again with their request id, and publishes through /fence read from the fence's audit.
+    assert report["figures"]["operations through the lease API"] >= 100, output[-6000:]
+    assert report["figures"]["publishes through the lease API (committed fence advances)"] >= 5, output[-6000:]
+    assert report["faults"]["lost_reply"] >= 1 and report["faults"]["api_kill"] >= 1, output[-6000:]
+    history = [json.loads(line) for line in (tmp_path / "history.jsonl").open()]
+    http_ops = [r for r in history if r.get("type") == "op" and r.get("http")]
+    assert any(r["op"] == "acquire" and r.get("outcome") == "ok" for r in http_ops), output[-6000:]
+    assert any(r["op"] == "renew" and r.get("outcome") == "ok" for r in http_ops), output[-6000:]
+    assert any(r.get("resent") for r in http_ops), "no acquire was sent again after a lost answer"
     # The history holds database timestamps for every answered operation.
     first_op = next(
         json.loads(line) for line in (tmp_path / "history.jsonl").open()

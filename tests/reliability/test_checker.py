@@ -443,3 +443,47 @@ def test_a_refusal_by_count_epoch_is_justified_by_a_later_holding_period_of_the_
     s.op("publish", 2, 2.8, outcome="count_epoch", resource="target-9", current=2, key="pool-0#2", token=3,
          owner="w2-1")  # a holder of the newest period, refused: nothing is above it
     assert kinds(s.check()) == {"valid-refused"}
+
+
+# -- HTTP workers (issue 41): their publishes are the fence's audit, and a resent acquire is granted once ----
+
+
+def test_an_http_workers_publishes_are_read_from_the_fence_audit() -> None:
+    """An HTTP worker publishes through /fence: no target row, only the fence's committed advance. A stale
+    advance of its grant after a newer direct publish is a fence-order violation; an accepted /fence the
+    fence never committed is a lost acknowledgement; a clean one passes."""
+    s = Story()
+    s.records[0]["http_workers"] = [1]
+    s.acquire("job-0", 1, "w1-1", 0.0, w=1)
+    s.op("publish", 1, 0.2, outcome="accepted", resource="target-0", key="job-0", token=1, owner="w1-1", http=True)
+    s.records.append({"type": "audit_fence", "id": s._id(), "at": at(0.2), "resource": "target-0", "key": "job-0",
+                      "token": 1, "owner": "w1-1", "old_token": None})
+    s.release("job-0", 1, "w1-1", 0.4, w=1)
+    s.acquire("job-0", 2, "w0-1", 0.5, w=0)
+    s.publish("target-0", 2, "w0-1", 0.6, w=0, key="job-0")
+    s.crash_and_probe()
+    clean_report = s.check()
+    assert clean_report.violations == [], clean_report.format()
+    s.records.append({"type": "audit_fence", "id": s._id(), "at": at(0.8), "resource": "target-0", "key": "job-0",
+                      "token": 1, "owner": "w1-1", "old_token": 2})
+    s.op("publish", 1, 0.9, outcome="accepted", resource="target-0", key="job-0", token=5, owner="w1-1", http=True)
+    assert {"fence-order", "lost-ack"} <= kinds(s.check())
+
+
+def test_an_http_acquire_granted_twice() -> None:
+    """An HTTP worker's owner granted a second slot while its first grant, whose capability the API bound,
+    was live: a resend granted again. A second grant once the first ended is not."""
+    s = Story()
+    s.records[0]["http_workers"] = [1]
+    s.acquire("pool-0", 1, "w1-1", 0.0, w=1, slots=2, slot=1)
+    bound = next(r for r in reversed(s.records) if r["type"] == "audit_lease")
+    bound["extra"] = {**bound["extra"], "api_capability": "\\x00"}
+    s.acquire("pool-0", 1, "w1-1", 0.5, w=1, slots=2, slot=2)
+    assert "api-granted-twice" in kinds(s.check())
+    later = Story()
+    later.records[0]["http_workers"] = [1]
+    later.acquire("pool-0", 1, "w1-1", 0.0, w=1, slots=2, slot=1)
+    bound = next(r for r in reversed(later.records) if r["type"] == "audit_lease")
+    bound["extra"] = {**bound["extra"], "api_capability": "\\x00"}
+    later.acquire("pool-0", 1, "w1-1", TTL + 0.5, w=1, slots=2, slot=2)
+    assert "api-granted-twice" not in kinds(later.check())
