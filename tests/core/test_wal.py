@@ -75,11 +75,18 @@ def test_with_the_ledger_on_a_grant_and_its_event_are_one_commit(pg_dsn: str) ->
     dsn = psycopg2.extensions.make_dsn(pg_dsn, dbname=name)
 
     def commits() -> int:
-        """The database's commit count once it stops moving (a backend reports its counters as it exits)."""
+        """The database's commit count once no backend is connected to it (a backend reports its counters as
+        it exits) and the count has stopped moving."""
         seen: list[int] = []
-        for _ in range(40):
-            seen.append(int(execute(pg_dsn, "SELECT xact_commit FROM pg_stat_database WHERE datname = %s", (name,))[0][0]))
-            if len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3]:
+        for _ in range(80):
+            connected, count = execute(
+                pg_dsn,
+                "SELECT (SELECT count(*) FROM pg_stat_activity WHERE datname = %s),"
+                " (SELECT xact_commit FROM pg_stat_database WHERE datname = %s)",
+                (name, name),
+            )[0]
+            seen.append(int(count))
+            if not connected and len(seen) >= 3 and seen[-1] == seen[-2] == seen[-3]:
                 break
             time.sleep(0.25)
         return seen[-1]
@@ -99,12 +106,18 @@ def test_with_the_ledger_on_a_grant_and_its_event_are_one_commit(pg_dsn: str) ->
         for schema in ("without_events", "with_events"):
             with LeaseStore(dsn, schema=schema) as setup:  # migrations are not what is counted
                 setup.ensure_schema()
-        without = spent(False, "without_events")
-        with_events = spent(True, "with_events")
+        # Autovacuum's workers commit in this database too (a transaction per new table, when it chooses): they
+        # only add, so each side's cost is its fewest commits over three interleaved repeats.
+        without, with_events = [], []
+        for _ in range(3):
+            without.append(spent(False, "without_events"))
+            with_events.append(spent(True, "with_events"))
         with LeaseStore(dsn, schema="with_events") as reader:
-            kinds = [e.kind for e in reader.events.query(limit=100)]
-        assert sorted(kinds) == ["acquired"] * 10 + ["released"] * 10
+            kinds = [e.kind for e in reader.events.query(limit=1000)]
+        assert sorted(kinds) == ["acquired"] * 30 + ["released"] * 30
         # A prune of the ledger (one write in a hundred, at random) may add one commit.
-        assert without <= with_events <= without + 1, f"{with_events} commits with events, {without} without"
+        assert min(without) <= min(with_events) <= min(without) + 1, (
+            f"{with_events} commits with events, {without} without"
+        )
     finally:
         execute(pg_dsn, sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
