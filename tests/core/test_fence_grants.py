@@ -194,7 +194,7 @@ def test_the_fence_only_layout_has_the_stores_fence_tables(
     functions = (
         "SELECT p.proname, pg_get_function_arguments(p.oid), pg_get_function_result(p.oid) FROM pg_proc p"
         " JOIN pg_namespace n ON n.oid = p.pronamespace WHERE n.nspname = %s AND p.proname LIKE 'fence%%'"
-        " AND p.pronargs <> 5 ORDER BY 1"
+        " AND p.pronargs <> 5 ORDER BY 1, 2, 3"
     )
     assert execute(pg_dsn, columns, (target.schema,)) == execute(pg_dsn, columns, (store.schema,))
     assert execute(pg_dsn, functions, (target.schema,)) == execute(pg_dsn, functions, (store.schema,))
