@@ -272,13 +272,18 @@ def test_a_renewal_answered_after_the_request_timeout_but_within_the_time_left_k
     warm = HttpLeaseStore(slow_server, SECRET)  # the server's first request (its secret and store looked up)
     assert warm.acquire("warm-up", "me", timedelta(seconds=30)) is not None
     warm.close()
-    http = HttpLeaseStore(slow_server, SECRET, timeout=timedelta(seconds=0.5))
+    # The acquire at the default request timeout (only renewals are answered late; a 0.5 s acquire timed out
+    # on a loaded machine), then the 0.5 s timeout the renewals are measured against.
+    http = HttpLeaseStore(slow_server, SECRET)
     try:
         lease = http.acquire("slow", "me", timedelta(seconds=6))
         assert lease is not None and lease.sent_at is not None
+        http.timeout = timedelta(seconds=0.5)
         # The renewal may wait for half the lease's time left (about the TTL now: a retry has the other half),
         # never less than the timeout.
-        assert 2.5 < http.renew_timeout(lease, time.monotonic()) <= 3.0
+        now = time.monotonic()
+        assert http.renew_timeout(lease, now) == pytest.approx((6 - (now - lease.sent_at)) / 2, abs=0.01)
+        assert http.renew_timeout(lease, now) <= 3.0
         assert http.renew_timeout(lease, lease.sent_at + 4) == pytest.approx(1.0, abs=0.1)
         assert http.renew_timeout(lease, lease.sent_at + 10) == pytest.approx(0.5)
         keeper = LeaseKeeper(http, lease, renew_every=timedelta(seconds=1))
