@@ -56,8 +56,13 @@ class RunStart:
     @classmethod
     def now(cls, argv: list[str]) -> RunStart:
         """The start of ``python -m bench *argv``, now."""
-        return cls("python -m bench " + " ".join(argv), provenance(), datetime.datetime.now(datetime.timezone.utc),
-                   time.monotonic(), os.getloadavg())
+        return cls(
+            "python -m bench " + " ".join(argv),
+            provenance(),
+            datetime.datetime.now(datetime.timezone.utc),
+            time.monotonic(),
+            os.getloadavg(),
+        )
 
     def meta(self) -> dict[str, Any]:
         """The results' ``meta`` at the run's end: when and how long, on what machine under what load (at the
