@@ -16,17 +16,13 @@ Writes ``bench/results-api.json`` (with the commit, the command and the load ave
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-from bench.provenance import REPO
-from bench.provenance import provenance as provenance_of_checkout
+from bench.provenance import REPO, RunStart
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
 #: Issue 41 item 5's target for the API arm: leased / plain in the same DAG run.
@@ -84,9 +80,7 @@ def main(argv: list[str]) -> int:
         return 0
     if args.repeats < 3:
         parser.error("--repeats must be at least 3: every figure is a median with its min-max")
-    provenance = provenance_of_checkout()
-    started_at = datetime.datetime.now(datetime.timezone.utc)
-    started, load_start = time.monotonic(), os.getloadavg()
+    start = RunStart.now(argv)
     from bench.overhead_deployed import run_overhead_deployed
 
     _log(f"LocalExecutor deployment: {args.overhead_pairs} pairs direct and over the lease API, "
@@ -96,17 +90,7 @@ def main(argv: list[str]) -> int:
     runs = {"deployed": found.get("pairs"), "deployed_api": found.get("api")}
     if "tails" in found:
         runs["deployed_tails"] = found["tails"]
-    meta = {
-        "command": "python -m bench " + " ".join(argv),
-        "started_at": started_at.isoformat(timespec="seconds"),
-        "elapsed_s": time.monotonic() - started,
-        "cpus": os.cpu_count(),
-        "machine": platform.platform(),
-        "python": platform.python_version(),
-        "load_start": " ".join(f"{v:.2f}" for v in load_start),
-        "load_end": " ".join(f"{v:.2f}" for v in os.getloadavg()),
-        **provenance,
-    }
+    meta = start.meta()
     out = {"meta": meta, "task_overhead_runs": runs, "api_scale": found.get("then")}
     args.output.write_text(json.dumps(out, indent=1, default=str) + "\n")
     from bench.report import api_report

@@ -9,12 +9,9 @@ the command) and prints the rows with PASS/MISS; the full grid (``python -m benc
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
-import platform
 import sys
-import time
 import uuid
 from pathlib import Path
 from typing import Any
@@ -23,8 +20,7 @@ import psycopg2
 from psycopg2 import sql
 
 from bench.overhead import run_overhead
-from bench.provenance import REPO
-from bench.provenance import provenance as provenance_of_checkout
+from bench.provenance import REPO, RunStart
 from bench.report import overhead_report
 
 DEFAULT_DSN = "postgresql://postgres@127.0.0.1:5432/test"
@@ -51,9 +47,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     if args.repeats < 3:
         parser.error("--repeats must be at least 3: every figure is a median with its min-max")
-    provenance = provenance_of_checkout()
-    started_at = datetime.datetime.now(datetime.timezone.utc)
-    started, load_start = time.monotonic(), os.getloadavg()
+    start = RunStart.now(argv)
     schema = f"lease_bench_{uuid.uuid4().hex[:10]}"
     results: dict[str, Any] = {}
     deployed_mapped = args.overhead_mapped if args.deployed_mapped is None else args.deployed_mapped
@@ -88,17 +82,7 @@ def main(argv: list[str]) -> int:
         results["deployed_mapped"] = found.get("mapped")
         if "tails" in found:
             results["deployed_tails"] = found["tails"]
-    meta = {
-        "command": "python -m bench " + " ".join(argv),
-        "started_at": started_at.isoformat(timespec="seconds"),
-        "elapsed_s": time.monotonic() - started,
-        "cpus": os.cpu_count(),
-        "machine": platform.platform(),
-        "python": platform.python_version(),
-        "load_start": " ".join(f"{v:.2f}" for v in load_start),
-        "load_end": " ".join(f"{v:.2f}" for v in os.getloadavg()),
-        **provenance,
-    }
+    meta = start.meta()
     out = {"meta": meta, "task_overhead_runs": results}
     args.output.write_text(json.dumps(out, indent=1, default=str) + "\n")
     print(overhead_report(out))

@@ -19,6 +19,7 @@ from fastapi.testclient import TestClient
 from airflow_lease_provider import settings
 from airflow_lease_provider.client import HttpLeaseStore, LeaseAPIRefused, choose_access
 from airflow_lease_provider.core import LeaseKeeper, LeaseLost, LeaseStore, SlotCountMismatch
+from tests.api.live_server import serving
 from tests.api.test_lease_api import SECRET, make_client
 
 
@@ -218,17 +219,15 @@ def slow_server(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[
     :data:`RENEW_DELAY` late, as an api-server slowed down by load does."""
     import asyncio
     import json
-    import socket
 
-    import uvicorn
     from fastapi import FastAPI, Request
 
-    from airflow_lease_provider.core import FenceStore
     from airflow_lease_provider.plugins import lease_api
 
     monkeypatch.setenv("AIRFLOW_CONN_LEASE_API", json.dumps({"conn_type": "http", "password": SECRET}))
     monkeypatch.setattr(lease_api, "_secret_cache", [])
-    app = FastAPI()
+    app = make_client(store).app  # the routes of the TestClient tests, here on a real port
+    assert isinstance(app, FastAPI)
 
     @app.middleware("http")
     async def slow_renewals(request: Request, call_next: Any) -> Any:
@@ -236,25 +235,8 @@ def slow_server(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[
             await asyncio.sleep(RENEW_DELAY)
         return await call_next(request)
 
-    api = lease_api.create_api()
-    api.dependency_overrides[lease_api.get_api_store] = lambda: store
-    api.dependency_overrides[lease_api.get_api_fences] = lambda: FenceStore(store.db.dsn, schema=store.schema)
-    app.mount("/lease/v1", api)
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    served = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=served.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not served.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert served.started
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        served.should_exit = True
-        thread.join(timeout=10)
+    with serving(app) as url:
+        yield url
 
 
 #: How late the slow server answers each renewal: longer than the store's request timeout in the test below,

@@ -7,20 +7,16 @@ from __future__ import annotations
 import json
 import re
 import shutil
-import socket
 import subprocess
-import threading
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-import uvicorn
-from fastapi import FastAPI
 
 from airflow_lease_provider.core import FenceStore, LeaseStore
 from airflow_lease_provider.plugins import lease_api
-from tests.api.test_lease_api import SECRET
+from tests.api.live_server import serving
+from tests.api.test_lease_api import SECRET, make_client
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "api.md"
@@ -41,34 +37,12 @@ def example() -> str:
     return match.group(1)
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @pytest.fixture
 def served(store: LeaseStore, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("AIRFLOW_CONN_LEASE_API", json.dumps({"conn_type": "http", "password": SECRET}))
     monkeypatch.setattr(lease_api, "_secret_cache", [])
-    app = FastAPI()
-    api = lease_api.create_api()
-    api.dependency_overrides[lease_api.get_api_store] = lambda: store
-    api.dependency_overrides[lease_api.get_api_fences] = lambda: FenceStore(store.db.dsn, schema=store.schema)
-    app.mount("/lease/v1", api)
-    port = _free_port()
-    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
-    thread = threading.Thread(target=server.run, daemon=True)
-    thread.start()
-    deadline = time.monotonic() + 30
-    while not server.started and time.monotonic() < deadline:
-        time.sleep(0.05)
-    assert server.started
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        server.should_exit = True
-        thread.join(timeout=10)
+    with serving(make_client(store).app) as url:
+        yield url
 
 
 @pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="needs curl and jq")

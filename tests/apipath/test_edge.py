@@ -33,6 +33,7 @@ import pytest
 
 from demo.airflow_api import wait
 from demo.deployment import ROOT, Deployment, MetadataTemplate
+from tests.deployment.conftest import Markers, deployment_for
 from tests.pg import scratch_dir
 
 pytestmark = [
@@ -50,28 +51,21 @@ WORKER = "a"
 @pytest.fixture(scope="module")
 def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     files = [ROOT / "tests" / "airflow" / "dags" / "_util.py", DAGS / "edge_leased.py"]
-    deployment = Deployment(metadata_template, files, extra_env={"LEASE_TEST_MARKERS": str(MARKERS)}, executor="edge")
     try:
-        deployment.start(DAG_IDS)
-        # The acquire secret, defined on the api-server's side only (in the metadata database).
-        deployment.airflow("connections", "add", "lease_api", "--conn-type", "http", f"--conn-password={SECRET}")
-        deployment.start_edge_worker(WORKER)
-        deployment.wait_edge_workers((WORKER,))
-        for dag_id in DAG_IDS:
-            deployment.api.unpause(dag_id)
-        yield deployment
-    except BaseException:
-        print(deployment.tails())  # pytest shows it with the failure
-        raise
+        with deployment_for(metadata_template, files, DAG_IDS, {"LEASE_TEST_MARKERS": str(MARKERS)},
+                            executor="edge") as deployment:
+            # The acquire secret, defined on the api-server's side only (in the metadata database).
+            deployment.airflow("connections", "add", "lease_api", "--conn-type", "http", f"--conn-password={SECRET}")
+            deployment.start_edge_worker(WORKER)
+            deployment.wait_edge_workers((WORKER,))
+            for dag_id in DAG_IDS:
+                deployment.api.unpause(dag_id)
+            yield deployment
     finally:
-        deployment.stop()
         shutil.rmtree(MARKERS, ignore_errors=True)
 
 
-def marker(name: str, timeout: float = 180) -> str:
-    path = MARKERS / name
-    wait(path.exists, bool, timeout, f"marker {name}", interval=0.2)
-    return path.read_text()
+marker = Markers(MARKERS, timeout=180)
 
 
 def plugin(airflow: Deployment, path: str, **params: Any) -> Any:

@@ -39,7 +39,7 @@ from airflow_lease_provider.core.db import Database
 from airflow_lease_provider.core.schema import installed_version, latest_version
 from demo.airflow_api import wait
 from demo.deployment import ROOT, Deployment, MetadataTemplate
-from tests.deployment.conftest import deployment_for
+from tests.deployment.conftest import Markers, deployment_for
 from tests.pg import execute, q, scratch_dir
 
 pytestmark = [pytest.mark.airflow, pytest.mark.apipath, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -87,17 +87,8 @@ def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     shutil.rmtree(MARKERS, ignore_errors=True)
 
 
-@pytest.fixture
-def store(airflow: Deployment) -> Iterator[LeaseStore]:
-    """The store the api-server uses (the metadata database's schema), read by the test."""
-    with LeaseStore(airflow.dsn, schema=SCHEMA) as leases:
-        yield leases
-
-
-def marker(name: str, timeout: float = 180) -> str:
-    path = MARKERS / name
-    wait(path.exists, bool, timeout, f"marker {name}", interval=0.2)
-    return path.read_text()
+# ``store`` (conftest's): the store the api-server uses, the metadata database's schema SCHEMA (the default).
+marker = Markers(MARKERS, timeout=180)
 
 
 def grant_row(airflow: Deployment, key: str) -> tuple[Any, ...]:

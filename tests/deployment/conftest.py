@@ -9,21 +9,29 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
+from airflow_lease_provider.core import LeaseStore
+from demo.airflow_api import wait
 from demo.deployment import Deployment, MetadataTemplate
+
+#: ``[lease] schema``'s default: where a deployment's tasks keep their leases unless its environment says otherwise
+#: (in the metadata database, ``airflow db migrate`` makes it there through the provider's db-manager).
+DEFAULT_SCHEMA = "airflow_lease"
 
 
 @contextmanager
 def deployment_for(template: MetadataTemplate, dag_files: list[Path], dag_ids: set[str],
-                   extra_env: dict[str, str] | None = None, *, triggerer: bool = False,
+                   extra_env: dict[str, str] | None = None, *, executor: str = "local", triggerer: bool = False,
                    lease_default: bool = True, before_start: Any = None) -> Iterator[Deployment]:
     """A started deployment with ``dag_files``, every DAG in ``dag_ids`` parsed; stopped afterwards.
-    ``before_start(deployment)`` runs once its database exists, before any Airflow process starts."""
-    deployment = Deployment(template, dag_files, extra_env=extra_env, triggerer=triggerer,
+    ``before_start(deployment)`` runs once its database exists, before any Airflow process starts.
+    ``executor`` is :class:`Deployment`'s (``"edge"``: the EdgeExecutor, its workers started by the caller)."""
+    deployment = Deployment(template, dag_files, extra_env=extra_env, executor=executor, triggerer=triggerer,
                             lease_default=lease_default)
     try:
         if before_start is not None:
@@ -35,6 +43,28 @@ def deployment_for(template: MetadataTemplate, dag_files: list[Path], dag_ids: s
         raise
     finally:
         deployment.stop()
+
+
+@pytest.fixture
+def store(airflow: Deployment) -> Iterator[LeaseStore]:
+    """The lease store of the module's deployment (its ``airflow`` fixture), read by the test: the schema its
+    tasks use (``AIRFLOW__LEASE__SCHEMA`` in its environment, else the default)."""
+    with LeaseStore(airflow.dsn, schema=airflow.env.get("AIRFLOW__LEASE__SCHEMA", DEFAULT_SCHEMA)) as leases:
+        yield leases
+
+
+@dataclass(frozen=True)
+class Markers:
+    """The markers a module's task processes write into ``directory`` (``_util.mark``): ``marker(name)`` waits
+    for the file up to ``timeout`` seconds (or the call's ``timeout``) and returns its text."""
+
+    directory: Path
+    timeout: float
+
+    def __call__(self, name: str, timeout: float | None = None) -> str:
+        path = self.directory / name
+        wait(path.exists, bool, self.timeout if timeout is None else timeout, f"marker {name}", interval=0.2)
+        return path.read_text()
 
 
 @pytest.hookimpl(hookwrapper=True)

@@ -22,7 +22,7 @@ import pytest
 from airflow_lease_provider.core import EventKind, LeaseStore
 from demo.airflow_api import wait
 from demo.deployment import ROOT, Deployment, MetadataTemplate
-from tests.deployment.conftest import deployment_for
+from tests.deployment.conftest import Markers, deployment_for
 from tests.pg import execute, q, scratch_dir
 
 pytestmark = [pytest.mark.airflow, pytest.mark.slow, pytest.mark.timeout(900)]
@@ -55,17 +55,9 @@ def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     shutil.rmtree(MARKERS, ignore_errors=True)
 
 
-@pytest.fixture
-def store(airflow: Deployment) -> Iterator[LeaseStore]:
-    """The deployment's lease store (its ledger is what ``airflow-lease events`` shows)."""
-    with LeaseStore(airflow.dsn, schema=SCHEMA) as leases:
-        yield leases
-
-
-def marker(name: str, timeout: float = 120) -> str:
-    path = MARKERS / name
-    wait(path.exists, bool, timeout, f"marker {name}", interval=0.2)
-    return path.read_text()
+# ``store`` (conftest's): the deployment's lease store in SCHEMA (its ``AIRFLOW__LEASE__SCHEMA``), whose ledger
+# is what ``airflow-lease events`` shows.
+marker = Markers(MARKERS, timeout=120)
 
 
 def test_two_runs_at_once_one_holds_and_the_other_is_skipped_with_the_holder_named(
