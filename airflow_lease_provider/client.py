@@ -424,7 +424,7 @@ class HttpLedger:
         if run is not None:
             body["run"] = _run(run)
         try:
-            if kind in ("skipped_overlap", "overlap_failed"):
+            if kind in ("skipped_overlap", "overlap_failed", "waiting", "skipped_buffer_full"):
                 credential = self._store._secret
             else:
                 credential = self._store._capabilities.get((key, owner or "", token or 0)) or ""

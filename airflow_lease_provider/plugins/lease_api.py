@@ -213,8 +213,14 @@ REFUSAL_EVENTS = ("skipped_overlap", "overlap_failed")
 GRANT_EVENTS = ("lost", "renewed_late")
 
 
+#: What a waiting task may record with the acquire secret (docs/api.md, decision 9): that it waits (while the
+#: holder it names holds the key, or while it has a place itself), or that every waiting place is taken
+#: (while the holder it names holds the key, or another run has a place).
+WAIT_EVENTS = ("waiting", "skipped_buffer_full")
+
+
 class EventBody(BaseModel):
-    kind: Literal["skipped_overlap", "overlap_failed", "lost", "renewed_late"]
+    kind: Literal["skipped_overlap", "overlap_failed", "lost", "renewed_late", "waiting", "skipped_buffer_full"]
     key: Name
     owner: Name
     token: Token | None = Field(default=None, description="the grant (lost, renewed_late)")
@@ -356,7 +362,13 @@ def event(body: EventBody, store: StoreDep, credential: BearerDep) -> Any:
     events"). A refusal (``skipped_overlap``, ``overlap_failed``): the acquire secret, and only while the
     holder the detail names (``holder_token``) holds the key and is not ``owner``, so nobody records a skip
     that no acquire could have met. A grant's own event (``lost``, ``renewed_late``): that grant's capability."""
-    if body.kind in REFUSAL_EVENTS:
+    if body.kind in WAIT_EVENTS:
+        may_acquire(credential)
+        if not _wait_event_true(body, store):
+            return _conflict({"status": "not_held", "recorded": False, "key": body.key,
+                              "detail": "neither the holder named in holder_token holds the key nor does a "
+                              "waiting place say it"})
+    elif body.kind in REFUSAL_EVENTS:
         may_acquire(credential)
         holder_token = body.detail.get("holder_token")
         holders = store.slot_holders(body.key)
@@ -375,6 +387,22 @@ def event(body: EventBody, store: StoreDep, credential: BearerDep) -> Any:
     if not recorded:
         raise LeaseStoreUnavailable("the event could not be recorded")
     return {"status": "recorded", "recorded": True, "kind": body.kind, "key": body.key}
+
+
+def _wait_event_true(body: EventBody, store: LeaseStore) -> bool:
+    """Whether a waiting event says no more than the store shows the secret's holder: the holder it names
+    holds the key (and is not the event's owner), or a waiting place does (the owner's own for ``waiting``,
+    another run's for ``skipped_buffer_full``, which may come while the key is free and runs wait for it)."""
+    holder_token = body.detail.get("holder_token")
+    if holder_token is not None and any(
+        h.token == holder_token and h.owner != body.owner and body.detail.get("holder_owner", h.owner) == h.owner
+        for h in store.slot_holders(body.key)
+    ):
+        return True
+    placed = store.waiters([body.key])
+    if body.kind == "waiting":
+        return any(w.owner == body.owner for w in placed)
+    return any(w.owner != body.owner for w in placed)
 
 
 class GiveBackBody(GrantRef):
