@@ -7,7 +7,9 @@ is defined (the acquire secret, in the metadata database as a platform team defi
 have no lease connection, so ``[lease] access = auto`` takes the lease API through the api-server.
 
 Door A: leased DAGs under the real scheduler (runs triggered over REST): an overlap skipped naming the holder,
-a frozen holder's late publish refused by the fence, both on the Leases page's data.
+a frozen holder's late publish refused by the fence, both on the Leases page's data; and the policies that
+wait, through the real triggerer, whose trigger polls and keeps its waiting place over the lease API too
+(``wait``; ``wait`` with ``max_waiting=1`` and three runs; ``replace`` with a ``replace_grace``).
 
 Door B: an attacker over HTTP against the same api-server: no credentials, wrong ones, another grant's
 capability, a released one replayed, the right one for another grant, the acquire secret or an Airflow JWT
@@ -76,8 +78,9 @@ def _migrated_by_airflow(deployment: Deployment) -> None:
 def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     files = [DAGS / "metadb_leased.py", ROOT / "tests" / "airflow" / "dags" / "_util.py"]
     env = {"LEASE_TEST_MARKERS": str(MARKERS)}
-    dag_ids = {"metadb_overlap", "metadb_zombie"}
-    with deployment_for(metadata_template, files, dag_ids, env, lease_default=False,
+    dag_ids = {"metadb_overlap", "metadb_zombie", "metadb_wait", "metadb_buffer", "metadb_grace"}
+    # With a triggerer: the waiting policies defer, and the triggerer (through the lease API) resumes them.
+    with deployment_for(metadata_template, files, dag_ids, env, lease_default=False, triggerer=True,
                         before_start=_migrated_by_airflow) as deployment:
         assert "AIRFLOW_CONN_LEASE_DEFAULT" not in deployment.env
         assert not any(k.startswith("AIRFLOW__LEASE__") for k in deployment.env)  # access = auto, the default
@@ -205,6 +208,106 @@ def test_a_frozen_holder_s_late_publish_through_the_fence_is_refused_and_the_new
     seen = {(e.kind, e.token) for e in store.events.query(key="metadb-zombie")}
     assert {(EventKind.ACQUIRED, old_token), (EventKind.ACQUIRED, new_token), (EventKind.RELEASED, new_token)} <= seen
     assert (EventKind.RELEASED, old_token) not in seen, seen
+
+
+def test_a_waiting_run_over_the_api_defers_and_runs_after_the_holder_releases_never_alongside_it(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """on_overlap="wait" on the API path: the second run's task defers; its trigger, in the triggerer, polls
+    the api-server (the secret read there) and the task runs once the first released, with the next token."""
+    api = airflow.api
+    first = api.trigger("metadb_wait")
+    _, token_first = marker(f"wait-started-{first}").split()
+    second = api.trigger("metadb_wait")
+    wait(lambda: api.task_states("metadb_wait", second).get("work"), lambda state: state == "deferred", 180,
+         "the second run's task to defer")
+    assert not (MARKERS / f"wait-started-{second}").exists()  # it never ran alongside the holder
+    waiting = store.events.query(key="metadb-wait", kind=EventKind.WAITING)
+    assert [(e.run.run_id if e.run else None, e.detail.get("holder_token")) for e in waiting] == [
+        (second, int(token_first))], waiting  # recorded once over /event, naming the holder
+    trigger_kwargs = execute(airflow.dsn, "SELECT kwargs::text FROM trigger")
+    assert trigger_kwargs and all(SECRET not in str(row) for row in trigger_kwargs)
+
+    (MARKERS / f"wait-let-go-{first}").write_text("go")
+    assert api.wait_for_run("metadb_wait", first) == "success"
+    finished_first = float(marker(f"wait-finished-{first}"))
+    started_second, token_second = marker(f"wait-started-{second}", timeout=180).split()
+    assert float(started_second) > finished_first, "the waiter ran while the holder still held the lease"
+    assert int(token_second) > int(token_first)
+    (MARKERS / f"wait-let-go-{second}").write_text("go")
+    assert api.wait_for_run("metadb_wait", second) == "success", api.task_states("metadb_wait", second)
+    assert api.xcom("metadb_wait", second, "work", "return_value") == int(token_second)
+    assert API_PATH_LINE in api.log("metadb_wait", second, "work")
+    assert store.holder("metadb-wait") is None
+    assert store.events.query(key="metadb-wait", kind=EventKind.SKIPPED_OVERLAP) == []
+
+
+def test_one_waiting_place_over_the_api_three_runs_one_runs_one_waits_then_runs_the_third_is_skipped_naming_it(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """on_overlap="wait", max_waiting=1 on the API path: the place taken over /wait/claim (the store gives at
+    most one), kept by the trigger through the api-server, given back by the resumed task."""
+    api = airflow.api
+    runs = [api.trigger("metadb_buffer") for _ in range(3)]
+
+    def states() -> dict[str, str | None]:
+        return {run: api.task_states("metadb_buffer", run).get("work") for run in runs}
+
+    settled = wait(states, lambda s: sorted(map(str, s.values())) == ["deferred", "running", "skipped"], 240,
+                   "one run holding, one deferred, one skipped")
+    holder = next(r for r, state in settled.items() if state == "running")
+    waiter = next(r for r, state in settled.items() if state == "deferred")
+    skipped = next(r for r, state in settled.items() if state == "skipped")
+    _, holder_token = marker(f"buffer-started-{holder}").split()
+    reason = api.xcom("metadb_buffer", skipped, "work", "lease_skip_reason")
+    assert [w["owner"] for w in reason["waiters"]] == [f"metadb_buffer/{waiter}/work"], reason
+    assert f"metadb_buffer/{waiter}/work" in reason["reason"] and "waiting place" in reason["reason"], reason
+    assert f"metadb_buffer/{waiter}/work" in api.log("metadb_buffer", skipped, "work")
+    # The place is the waiter's, taken through the API (its capability's digest on the row).
+    places = execute(airflow.dsn, q("SELECT owner, api_capability IS NOT NULL FROM {schema}.lease_waiter "
+                                    "WHERE key = %s", SCHEMA), ("metadb-buffer",))
+    assert places == [(f"metadb_buffer/{waiter}/work", True)], places
+    (full,) = store.events.query(key="metadb-buffer", kind=EventKind.SKIPPED_BUFFER_FULL)
+    assert full.run is not None and full.run.run_id == skipped
+
+    (MARKERS / f"buffer-let-go-{holder}").write_text("go")
+    assert api.wait_for_run("metadb_buffer", holder) == "success"
+    finished = float(marker(f"buffer-finished-{holder}"))
+    started, token = marker(f"buffer-started-{waiter}", timeout=180).split()
+    assert float(started) > finished and int(token) > int(holder_token)
+    (MARKERS / f"buffer-let-go-{waiter}").write_text("go")
+    assert api.wait_for_run("metadb_buffer", waiter) == "success", api.task_states("metadb_buffer", waiter)
+    assert api.wait_for_run("metadb_buffer", skipped) == "success"  # skipped, not failed
+    assert not (MARKERS / f"buffer-started-{skipped}").exists()
+    assert store.waiters(["metadb-buffer"]) == [] and store.holder("metadb-buffer") is None
+
+
+def test_replace_with_a_grace_over_the_api_waits_the_grace_then_takes_over_and_the_older_run_ends_skipped(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """on_overlap="replace", replace_grace=20 s on the API path: the newer run defers for the grace (its
+    trigger polling the api-server), the older one does not finish, and the newer takes the lease over; the
+    older task ends skipped naming it (not failed, not retried)."""
+    api = airflow.api
+    old = api.trigger("metadb_grace")
+    started_old, token_old = marker(f"grace-started-{old}").split()
+    new = api.trigger("metadb_grace")
+    wait(lambda: api.task_states("metadb_grace", new).get("work"), lambda state: state == "deferred", 180,
+         "the newer run's task to defer for the grace")
+    assert store.holder("metadb-grace").token == int(token_old)  # the older keeps it through the grace
+    started_new, token_new = marker(f"grace-started-{new}", timeout=240).split()
+    assert float(started_new) - float(started_old) >= 20 - 1, "taken over before the grace was over"
+    assert int(token_new) > int(token_old)
+    assert api.wait_for_run("metadb_grace", old) == "success"  # its task skipped: the run did not fail
+    assert api.task_states("metadb_grace", old) == {"work": "skipped"}
+    reason = api.xcom("metadb_grace", old, "work", "lease_skip_reason")
+    assert reason is not None and reason["replaced_by_token"] == int(token_new) and new in reason["reason"], reason
+    assert not (MARKERS / f"grace-finished-{old}").exists()
+    replaced = store.events.query(key="metadb-grace", kind=EventKind.REPLACED)
+    assert [e.token for e in replaced] == [int(token_old)], replaced
+    (MARKERS / f"grace-let-go-{new}").write_text("go")
+    assert api.wait_for_run("metadb_grace", new) == "success", api.task_states("metadb_grace", new)
+    assert store.holder("metadb-grace") is None
 
 
 def test_the_leases_page_shows_both_keys_and_their_events(airflow: Deployment) -> None:
