@@ -210,6 +210,18 @@ def test_a_frozen_holder_s_late_publish_through_the_fence_is_refused_and_the_new
     assert (EventKind.RELEASED, old_token) not in seen, seen
 
 
+def trigger_kwargs(airflow: Deployment) -> list[str]:
+    """The kwargs of every trigger in the metadata database, as JSON text: decrypted with the deployment's
+    Fernet key, as Airflow reads them (models/trigger.py)."""
+    from cryptography.fernet import Fernet
+
+    fernet = Fernet(airflow.env["AIRFLOW__CORE__FERNET_KEY"].encode())
+    texts = []
+    for (text,) in execute(airflow.dsn, "SELECT kwargs FROM trigger"):
+        texts.append(str(text) if str(text).startswith("{") else fernet.decrypt(str(text).encode()).decode())
+    return texts
+
+
 def test_a_waiting_run_over_the_api_defers_and_runs_after_the_holder_releases_never_alongside_it(
     airflow: Deployment, store: LeaseStore
 ) -> None:
@@ -225,8 +237,12 @@ def test_a_waiting_run_over_the_api_defers_and_runs_after_the_holder_releases_ne
     waiting = store.events.query(key="metadb-wait", kind=EventKind.WAITING)
     assert [(e.run.run_id if e.run else None, e.detail.get("holder_token")) for e in waiting] == [
         (second, int(token_first))], waiting  # recorded once over /event, naming the holder
-    trigger_kwargs = execute(airflow.dsn, "SELECT kwargs::text FROM trigger")
-    assert trigger_kwargs and all(SECRET not in str(row) for row in trigger_kwargs)
+    # The trigger's kwargs (decrypted as the triggerer reads them) and the resumed task's carry no secret.
+    kwargs = trigger_kwargs(airflow)
+    assert kwargs and all('"access": "api"' in k and SECRET not in k for k in kwargs), kwargs
+    next_kwargs = execute(airflow.dsn, "SELECT next_kwargs::text FROM task_instance WHERE dag_id = %s AND run_id = %s",
+                          ("metadb_wait", second))
+    assert next_kwargs and all(SECRET not in str(row) for row in next_kwargs), next_kwargs
 
     (MARKERS / f"wait-let-go-{first}").write_text("go")
     assert api.wait_for_run("metadb_wait", first) == "success"
