@@ -385,6 +385,8 @@ def snapshot(airflow: Deployment) -> tuple[list[Any], ...]:
         execute(airflow.dsn, q("SELECT resource, idempotency_key, token, owner FROM {schema}.fence_publish "
                                "ORDER BY resource, idempotency_key", SCHEMA)),
         execute(airflow.dsn, q("SELECT count(*), max(id) FROM {schema}.event", SCHEMA)),
+        execute(airflow.dsn, q("SELECT key, owner, expires_at, api_capability FROM {schema}.lease_waiter "
+                               "ORDER BY key, owner", SCHEMA)),
     )
 
 
@@ -407,7 +409,8 @@ def send(airflow: Deployment, route: str, credential: str | None, ref: dict[str,
     return post(airflow, route, credential, body)
 
 
-ALL_ROUTES = ["acquire", "renew", "release", "check", "check?", "fence", "fence/give_back", "event", "replaced_by"]
+ALL_ROUTES = ["acquire", "renew", "release", "check", "check?", "fence", "fence/give_back", "event", "replaced_by",
+              "holders", "waiters", "wait/claim", "wait/release"]
 
 
 @pytest.mark.parametrize("header", [None, "Basic YWRtaW46YWRtaW4tcHc=", "Bearer", f"Basic {SECRET}", f"Token {SECRET}"],
@@ -415,7 +418,8 @@ ALL_ROUTES = ["acquire", "renew", "release", "check", "check?", "fence", "fence/
 def test_every_lease_route_without_credentials_is_401_and_takes_nothing(airflow: Deployment, header: str | None) -> None:
     before = snapshot(airflow)
     body = {"key": "attack-401", "owner": "o", "token": 1, "ttl_seconds": 60, "resource": "r",
-            "idempotency_key": "i", "kind": "skipped_overlap", "detail": {}}
+            "idempotency_key": "i", "kind": "skipped_overlap", "detail": {}, "keys": ["attack-401"],
+            "max_waiting": 1, "request_id": secrets.token_urlsafe(24)}
     headers = {"Authorization": header} if header is not None else {}
     for route in ALL_ROUTES:
         if route == "check?":
@@ -568,6 +572,42 @@ def _capability_shaped(text: str) -> set[str]:
     return set(re.findall(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])", text))
 
 
+def test_a_waiting_place_is_kept_and_given_back_by_its_taker_only_and_the_store_is_unchanged(
+    airflow: Deployment
+) -> None:
+    """The waiting routes on the real api-server (docs/api.md, decision 9): another request id cannot keep or
+    take over a place; another place's capability, the same owner's of another key, the secret, a grant's
+    capability, and the taker's own once the place is given back: 403, nothing changed."""
+
+    def claim(key: str, owner: str, request_id: str, max_waiting: int = 2) -> httpx.Response:
+        return post(airflow, "wait/claim", SECRET, {"key": key, "owner": owner, "ttl_seconds": 600,
+                                                    "max_waiting": max_waiting, "request_id": request_id})
+
+    mine_id = secrets.token_urlsafe(24)
+    taken = [claim("attack-wait", "victim", mine_id), claim("attack-wait", "other", secrets.token_urlsafe(24)),
+             claim("attack-wait-2", "victim", secrets.token_urlsafe(24))]
+    assert [r.status_code for r in taken] == [200, 200, 200], [r.text for r in taken]
+    mine, other, elsewhere = (r.json()["capability"] for r in taken)
+    CAPABILITIES.extend([mine, other, elsewhere])
+    _, grant_capability = take(airflow, "attack-wait-grant", "someone")
+    before = snapshot(airflow)
+    assert claim("attack-wait", "victim", secrets.token_urlsafe(24)).status_code == 403  # not its request id
+    assert claim("attack-wait", "third", secrets.token_urlsafe(24)).status_code == 409  # both places taken
+    for credential in (other, elsewhere, SECRET, grant_capability, None):
+        response = post(airflow, "wait/release", credential, {"key": "attack-wait", "owner": "victim"})
+        assert response.status_code == (401 if credential is None else 403), response.text
+    assert post(airflow, "wait/release", mine, {"key": "attack-wait", "owner": "other"}).status_code == 403
+    assert snapshot(airflow) == before
+    assert post(airflow, "wait/release", mine, {"key": "attack-wait", "owner": "victim"}).status_code == 200
+    after = snapshot(airflow)
+    assert post(airflow, "wait/release", mine, {"key": "attack-wait", "owner": "victim"}).status_code == 403  # replayed
+    assert snapshot(airflow) == after
+    for route, body in (("holders", {"key": "a\x00b"}), ("wait/claim", {"key": "k", "owner": "o", "ttl_seconds": 60,
+                        "max_waiting": "1", "request_id": secrets.token_urlsafe(24)}), ("waiters", {"keys": "k"})):
+        assert post(airflow, route, SECRET, body).status_code == 422, route
+    assert snapshot(airflow) == after
+
+
 def test_no_answer_and_no_log_carries_the_secret_or_a_capability(airflow: Deployment) -> None:
     """Every answer this module got (but a grant's own), the api-server's, scheduler's and dag-processor's logs
     and every task log: never the acquire secret, never a capability the test was given, and never the
@@ -588,7 +628,8 @@ def test_no_answer_and_no_log_carries_the_secret_or_a_capability(airflow: Deploy
                                   "WHERE api_capability IS NOT NULL", SCHEMA))
     digests = {bytes(digest) for *_ref, digest in rows}
     task_grants = [(key, owner, token) for key, owner, token, _digest in rows if key.startswith("metadb-")]
-    assert len(task_grants) == 2, rows
+    assert {key for key, _owner, _token in task_grants} == {
+        "metadb-overlap", "metadb-zombie", "metadb-wait", "metadb-buffer", "metadb-grace"}, rows
     for path, text in {**process_logs, **task_logs}.items():
         for candidate in _capability_shaped(text):
             for key, owner, token in task_grants:
