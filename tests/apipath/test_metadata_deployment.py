@@ -254,6 +254,8 @@ def test_a_waiting_run_over_the_api_defers_and_runs_after_the_holder_releases_ne
     assert api.wait_for_run("metadb_wait", second) == "success", api.task_states("metadb_wait", second)
     assert api.xcom("metadb_wait", second, "work", "return_value") == int(token_second)
     assert API_PATH_LINE in api.log("metadb_wait", second, "work")
+    # The trigger polled the api-server (the triggerer has no lease connection of its own to use instead).
+    assert "/lease/v1/holders" in (airflow.logs / "api-server.log").read_text(errors="replace")
     assert store.holder("metadb-wait") is None
     assert store.events.query(key="metadb-wait", kind=EventKind.SKIPPED_OVERLAP) == []
 
@@ -283,6 +285,7 @@ def test_one_waiting_place_over_the_api_three_runs_one_runs_one_waits_then_runs_
     places = execute(airflow.dsn, q("SELECT owner, api_capability IS NOT NULL FROM {schema}.lease_waiter "
                                     "WHERE key = %s", SCHEMA), ("metadb-buffer",))
     assert places == [(f"metadb_buffer/{waiter}/work", True)], places
+    assert "/lease/v1/wait/claim" in (airflow.logs / "api-server.log").read_text(errors="replace")
     (full,) = store.events.query(key="metadb-buffer", kind=EventKind.SKIPPED_BUFFER_FULL)
     assert full.run is not None and full.run.run_id == skipped
 
