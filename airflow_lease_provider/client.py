@@ -16,7 +16,11 @@ connection, which a task reads through Airflow like any connection).
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import logging
+import secrets
 import socket
 import time
 from collections.abc import Callable
@@ -39,7 +43,10 @@ from airflow_lease_provider.core import (
     RunRef,
     SlotCountMismatch,
     TokenHolder,
+    WaitClaim,
+    Waiter,
 )
+from airflow_lease_provider.core.capability import place_capability
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +108,9 @@ class HttpLeaseStore:
         self._capabilities: dict[tuple[str, str, int], str] = {}
         self._store_id: str | None = None
         self.events = HttpLedger(self)
+        #: The waiting places' ids by owner, and the capability of each place claimed, by (key, owner).
+        self._place_ids: dict[str, str] = {}
+        self._places: dict[tuple[str, str], str] = {}
 
     def __repr__(self) -> str:  # never the secret
         return f"HttpLeaseStore({self.base_url!r})"
@@ -265,9 +275,72 @@ class HttpLeaseStore:
         """The fences of the api-server's store, for this store's grants (``lease.fence()`` on the API path)."""
         return HttpFences(self)
 
+    # -- waiting (docs/api.md, decision 9) -----------------------------------------------------------
+
+    #: On the API path: a waiting task's trigger polls through the api-server too (``LeaseFreeTrigger``).
+    via_api = True
+
+    def slot_holders(self, key: str) -> list[Lease]:
+        """Who holds ``key`` now, by slot (none: free), as a refused acquire names them (owner, token, expiry)."""
+        sent_at = time.monotonic()
+        code, answer = self._send("POST", "/holders", self._secret, {"key": key})
+        if code != 200:
+            raise LeaseError(f"the lease API answered {code} to holders: {answer.get('detail')}")
+        return [_holder(h, key, sent_at) for h in answer.get("holders", [])]
+
     def holder(self, key: str) -> Lease | None:
-        # The API shows a grant to its holder only: who holds a lease this process lost is not known here.
-        raise LeaseError("the lease API does not say who holds a lease to anyone but its holder")
+        """The holder of ``key`` (a semaphore's first slot's), or None when it is free."""
+        found = self.slot_holders(key)
+        return found[0] if found else None
+
+    def waiters(self, keys: Any = None, **_: Any) -> list[Waiter]:
+        """The live waiters of ``keys`` (a collection of keys: the API lists no more than that)."""
+        if keys is None or isinstance(keys, str):
+            raise InvalidArgument("keys", keys, "must be a collection of keys over the lease API")
+        code, answer = self._send("POST", "/waiters", self._secret, {"keys": sorted(keys)})
+        if code != 200:
+            raise LeaseError(f"the lease API answered {code} to waiters: {answer.get('detail')}")
+        return [_waiter(w) for w in answer.get("waiters", [])]
+
+    def place_id(self, owner: str) -> str:
+        """The random id of ``owner``'s waiting places through this store, made on first use. A waiting task
+        hands it on to its trigger and to its resumed self (:meth:`adopt_place`), which derive the places'
+        request ids from it with the acquire secret (:meth:`_place_request`): it carries no right alone, so
+        it may be serialized with the trigger (the secret never is)."""
+        return self._place_ids.setdefault(owner, secrets.token_urlsafe(24))
+
+    def adopt_place(self, owner: str, place_id: str) -> None:
+        """Keep (renew, give back) ``owner``'s places taken under ``place_id`` by another process."""
+        self._place_ids[owner] = place_id
+
+    def _place_request(self, key: str, owner: str) -> str:
+        material = "\0".join(("lease-wait-place", self.place_id(owner), key)).encode()
+        return base64.urlsafe_b64encode(hmac.new(self._secret.encode(), material, hashlib.sha256).digest()).decode()
+
+    def wait_claim(self, key: str, owner: str, ttl: timedelta, *, max_waiting: int = 1,
+                   run: RunRef | None = None) -> WaitClaim:
+        """Take or keep ``owner``'s waiting place for ``key`` (as the direct store's ``wait_claim``: the store
+        gives at most ``max_waiting`` places per key, atomically). Not claimed: every place is another's, or
+        the owner's place was taken through another process whose place id this store does not have."""
+        body: dict[str, Any] = {"key": key, "owner": owner, "ttl_seconds": ttl.total_seconds(),
+                                "max_waiting": max_waiting, "request_id": self._place_request(key, owner),
+                                "run": _run(run)}
+        code, answer = self._send("POST", "/wait/claim", self._secret, body)
+        if code in (200, 409) and "waiters" in answer:
+            places = tuple(_waiter(w) for w in answer["waiters"])
+            if code == 200:
+                self._places[(key, owner)] = str(answer["capability"])
+            return WaitClaim(key, owner, code == 200, places)
+        if code == 403:
+            log.warning("lease: the waiting place of %r for %r was taken through another place id", owner, key)
+            return WaitClaim(key, owner, False, ())
+        raise LeaseError(f"the lease API answered {code} to the waiting place's claim: {answer.get('detail')}")
+
+    def wait_release(self, key: str, owner: str) -> bool:
+        """Give ``owner``'s waiting place for ``key`` back; whether it had one (through this place id)."""
+        capability = self._places.pop((key, owner), None) or place_capability(self._place_request(key, owner))
+        code, _ = self._send("POST", "/wait/release", capability, {"key": key, "owner": owner})
+        return code == 200
 
     def fence(self, lease: Lease, resource: str, *, idempotency_key: str | None = None) -> tuple[bool, str]:
         """Advance the fence of ``resource`` to the grant's token (the store's own fence); (accepted, reason)."""
@@ -351,7 +424,7 @@ class HttpLedger:
         if run is not None:
             body["run"] = _run(run)
         try:
-            if kind in ("skipped_overlap", "overlap_failed"):
+            if kind in ("skipped_overlap", "overlap_failed", "waiting", "skipped_buffer_full"):
                 credential = self._store._secret
             else:
                 credential = self._store._capabilities.get((key, owner or "", token or 0)) or ""
@@ -386,6 +459,12 @@ def _run(run: RunRef | None) -> dict[str, Any] | None:
     if run is None:
         return None
     return {"dag_id": run.dag_id, "run_id": run.run_id, "task_id": run.task_id, "map_index": run.map_index}
+
+
+def _waiter(data: dict[str, Any]) -> Waiter:
+    run = data.get("run")
+    return Waiter(key=str(data["key"]), owner=str(data["owner"]), since=datetime.fromisoformat(data["since"]),
+                  expires_at=datetime.fromisoformat(data["expires_at"]), run=RunRef.from_columns(run) if run else None)
 
 
 def _holder(data: dict[str, Any], key: str, sent_at: float) -> Lease:

@@ -25,8 +25,9 @@ def document() -> dict[str, Any]:
     spec["info"]["version"] = "v1"  # the API's version, not the package's: the file changes with the API only
     spec.setdefault("components", {})["securitySchemes"] = {
         "bearer": {"type": "http", "scheme": "bearer",
-                   "description": "acquire: the password of the connection lease_api; the other routes: the "
-                                  "capability the acquire answered (docs/api.md)"},
+                   "description": "acquire, holders, waiters, wait/claim: the password of the connection "
+                                  "lease_api; wait/release: the capability the place's claim answered; the other "
+                                  "routes: the capability the acquire answered (docs/api.md)"},
     }
     spec["security"] = [{"bearer": []}]
     return spec

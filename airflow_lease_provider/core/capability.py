@@ -18,7 +18,9 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_lease_provider.core import validation
-from airflow_lease_provider.core.types import Lease
+from airflow_lease_provider.core.identity import run_columns
+from airflow_lease_provider.core.lease import positive_limit
+from airflow_lease_provider.core.types import Lease, Waiter
 
 #: Bytes of randomness in a capability.
 CAPABILITY_BYTES = 32
@@ -76,3 +78,48 @@ def renew(store: Any, key: str, owner: str, token: int, capability: str, ttl: ti
     sent_at = time.monotonic()
     rows = store._ready().run("api_capability_renew", params, durable=True)
     return Lease.from_row(rows[0], sent_at) if rows else None
+
+
+# -- waiting places (migrations/0021) -----------------------------------------------------------------
+
+
+def place_capability(request_id: str) -> str:
+    """The capability of a waiting place taken by a claim that named ``request_id`` (the same for every claim
+    that names it: the taker keeps its place by naming it again). Another domain than a grant's."""
+    raw = hashlib.sha256(b"airflow-lease-api-place\0" + request_id.encode()).digest()
+    return base64.urlsafe_b64encode(raw).rstrip(b"=").decode()
+
+
+def place_digest(key: str, owner: str, capability: str) -> bytes:
+    """What the store keeps of a place's ``capability``: bound to the place (key, owner)."""
+    return hashlib.sha256("\0".join(("place", key, owner, capability)).encode()).digest()
+
+
+def wait_claim(
+    store: Any, key: str, owner: str, ttl: timedelta, capability: str, *, max_waiting: int, run: Any = None
+) -> tuple[str, list[Waiter]]:
+    """Take or keep ``owner``'s waiting place for ``key`` with ``capability`` (as
+    :meth:`~airflow_lease_provider.core.LeaseStore.wait_claim`, atomic per key, at most ``max_waiting``
+    places): the status (``claimed``, ``full``, ``other``: the owner's place was taken with another
+    capability) and every live waiter of the key, oldest first."""
+    key = validation.name("key", key)
+    owner = validation.owner("owner", owner)
+    validation.ttl("ttl", ttl)
+    positive_limit(max_waiting, "max_waiting", maximum=10_000)
+    rows = store._ready().run(
+        "api_wait_claim",
+        {"key": key, "owner": owner, "ttl": ttl, "max_waiting": max_waiting,
+         "digest": place_digest(key, owner, capability), **run_columns(run)},
+        durable=True,
+    )
+    status = str(rows[0]["status"]) if rows else "full"
+    return status, [Waiter.from_row(r, key) for r in rows if r["owner"] is not None]
+
+
+def wait_release(store: Any, key: str, owner: str, capability: str) -> bool:
+    """Give ``owner``'s waiting place for ``key`` back when ``capability`` is the one it was taken with;
+    False: no such place (never taken with it, given back already, or lapsed and cleared)."""
+    key = validation.lookup_name("key", key)
+    owner = validation.owner("owner", owner)
+    params = {"key": key, "owner": owner, "digest": place_digest(key, owner, capability)}
+    return bool(store._ready().run("api_wait_release", params, durable=True))

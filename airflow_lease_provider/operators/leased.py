@@ -161,10 +161,15 @@ class LeasedOperator(BaseOperator):
             lease: TaskLease = self._task_lease(context, terminate)
             return lease.execute(lambda: super(LeasedOperator, self).execute(context), context, terminate)
 
-    def execute_after_wait(self, context: Any, event: dict[str, Any] | None = None, deadline: str = "") -> Any:
-        """Resumed after the deferred wait: take the lease if it is free now, or wait again."""
+    def execute_after_wait(
+        self, context: Any, event: dict[str, Any] | None = None, deadline: str = "", place: str | None = None
+    ) -> Any:
+        """Resumed after the deferred wait: take the lease if it is free now, or wait again. ``place``: the id
+        of the waiting place the deferral took through the lease API (the API path), kept or given back now."""
         with stop_on_terminate() as terminate:
             lease: TaskLease = self._task_lease(context, terminate)
+            if place and hasattr(lease.store, "adopt_place"):
+                lease.store.adopt_place(lease.owner, place)
             return lease.execute(
                 lambda: super(LeasedOperator, self).execute(context), context, terminate, waited=deadline
             )

@@ -38,6 +38,7 @@ from airflow_lease_provider.core import (
     LeaseStoreUnavailable,
     RunRef,
     SlotCountMismatch,
+    Waiter,
 )
 from airflow_lease_provider.core import capability as caps
 from airflow_lease_provider.core.db import LeaseStoreError
@@ -212,8 +213,14 @@ REFUSAL_EVENTS = ("skipped_overlap", "overlap_failed")
 GRANT_EVENTS = ("lost", "renewed_late")
 
 
+#: What a waiting task may record with the acquire secret (docs/api.md, decision 9): that it waits (while the
+#: holder it names holds the key, or while it has a place itself), or that every waiting place is taken
+#: (while the holder it names holds the key, or another run has a place).
+WAIT_EVENTS = ("waiting", "skipped_buffer_full")
+
+
 class EventBody(BaseModel):
-    kind: Literal["skipped_overlap", "overlap_failed", "lost", "renewed_late"]
+    kind: Literal["skipped_overlap", "overlap_failed", "lost", "renewed_late", "waiting", "skipped_buffer_full"]
     key: Name
     owner: Name
     token: Token | None = Field(default=None, description="the grant (lost, renewed_late)")
@@ -355,7 +362,13 @@ def event(body: EventBody, store: StoreDep, credential: BearerDep) -> Any:
     events"). A refusal (``skipped_overlap``, ``overlap_failed``): the acquire secret, and only while the
     holder the detail names (``holder_token``) holds the key and is not ``owner``, so nobody records a skip
     that no acquire could have met. A grant's own event (``lost``, ``renewed_late``): that grant's capability."""
-    if body.kind in REFUSAL_EVENTS:
+    if body.kind in WAIT_EVENTS:
+        may_acquire(credential)
+        if not _wait_event_true(body, store):
+            return _conflict({"status": "not_held", "recorded": False, "key": body.key,
+                              "detail": "neither the holder named in holder_token holds the key nor does a "
+                              "waiting place say it"})
+    elif body.kind in REFUSAL_EVENTS:
         may_acquire(credential)
         holder_token = body.detail.get("holder_token")
         holders = store.slot_holders(body.key)
@@ -374,6 +387,22 @@ def event(body: EventBody, store: StoreDep, credential: BearerDep) -> Any:
     if not recorded:
         raise LeaseStoreUnavailable("the event could not be recorded")
     return {"status": "recorded", "recorded": True, "kind": body.kind, "key": body.key}
+
+
+def _wait_event_true(body: EventBody, store: LeaseStore) -> bool:
+    """Whether a waiting event says no more than the store shows the secret's holder: the holder it names
+    holds the key (and is not the event's owner), or a waiting place does (the owner's own for ``waiting``,
+    another run's for ``skipped_buffer_full``, which may come while the key is free and runs wait for it)."""
+    holder_token = body.detail.get("holder_token")
+    if holder_token is not None and any(
+        h.token == holder_token and h.owner != body.owner and body.detail.get("holder_owner", h.owner) == h.owner
+        for h in store.slot_holders(body.key)
+    ):
+        return True
+    placed = store.waiters([body.key])
+    if body.kind == "waiting":
+        return any(w.owner == body.owner for w in placed)
+    return any(w.owner != body.owner for w in placed)
 
 
 class GiveBackBody(GrantRef):
@@ -402,6 +431,83 @@ def replaced_by(body: GrantRef, store: StoreDep, _: Annotated[None, Depends(may_
     if by is None:
         return {"replaced_by": None}
     return {"replaced_by": {"owner": by.owner, "token": by.token, "run": by.run.columns() if by.run else None}}
+
+
+# -- waiting (docs/api.md, decision 9) --------------------------------------------------------------
+
+
+class KeyBody(BaseModel):
+    key: Name
+
+
+class KeysBody(BaseModel):
+    keys: list[Name] = Field(min_length=1, max_length=100, description="the keys whose waiters to list")
+
+
+class WaitClaimBody(BaseModel):
+    key: Name
+    owner: Name
+    ttl_seconds: Seconds = Field(description="the place's time to live: it lapses unless claimed again")
+    max_waiting: int = Field(ge=1, le=10_000, strict=True, description="at most this many places per key")
+    request_id: str = Field(
+        min_length=caps.MIN_REQUEST_ID, max_length=200,
+        description="a random string of the taker's, secret like the capability it yields: naming it again "
+        "keeps (renews) the place; a claim naming another cannot touch it",
+    )
+    run: RunBody | None = Field(default=None, description="the task instance waiting (the place's run columns)")
+
+
+class WaitReleaseBody(BaseModel):
+    key: Name
+    owner: Name
+
+
+def waiter_json(waiter: Waiter) -> dict[str, Any]:
+    return {"key": waiter.key, "owner": waiter.owner, "since": waiter.since, "expires_at": waiter.expires_at,
+            "run": _run_json(waiter.run)}
+
+
+def _run_json(run: RunRef | None) -> dict[str, Any] | None:
+    if run is None:
+        return None
+    return {"dag_id": run.dag_id, "run_id": run.run_id, "task_id": run.task_id, "map_index": run.map_index}
+
+
+def holders(body: KeyBody, store: StoreDep, _: Annotated[None, Depends(may_acquire)]) -> Any:
+    """Who holds ``key`` now (every live slot's holder; none: free), as a refused acquire's 409 names them:
+    what a waiting task's trigger polls. The acquire secret: it says no more than an acquire would."""
+    return {"key": body.key, "holders": [holder_json(h) for h in store.slot_holders(body.key)]}
+
+
+def waiters(body: KeysBody, store: StoreDep, _: Annotated[None, Depends(may_acquire)]) -> Any:
+    """The live waiting places of ``keys``, oldest first (no capability): a run with ``max_waiting`` queues
+    behind them, and a run skipped because every place is taken names them."""
+    return {"waiters": [waiter_json(w) for w in store.waiters(body.keys)]}
+
+
+def wait_claim(body: WaitClaimBody, store: StoreDep, _: Annotated[None, Depends(may_acquire)]) -> Any:
+    """Take or keep the owner's waiting place for ``key`` (as the direct store's ``wait_claim``: at most
+    ``max_waiting`` places per key, in one statement under the key's lock): 200 ``claimed`` with the place's
+    capability (derived from ``request_id``: the same for every claim naming it), 409 ``full`` naming the
+    waiters, 403 when the owner's place was taken with another request id (or by the direct path)."""
+    capability = caps.place_capability(body.request_id)
+    run = body.run.ref() if body.run else None
+    state, places = caps.wait_claim(store, body.key, body.owner, timedelta(seconds=body.ttl_seconds), capability,
+                                    max_waiting=body.max_waiting, run=run)
+    listed = [waiter_json(w) for w in places]
+    if state == "other":
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "this owner's waiting place was taken with another request id")
+    if state != "claimed":
+        return _conflict({"status": "full", "claimed": False, "key": body.key, "waiters": listed})
+    return {"status": "claimed", "claimed": True, "key": body.key, "capability": capability, "waiters": listed}
+
+
+def wait_release(body: WaitReleaseBody, store: StoreDep, credential: BearerDep) -> Any:
+    """Give the waiting place back, by the capability it was taken with: 200 ``released``; 403 for any other
+    credential, and once it is given back or gone (a forged capability and a spent one look alike)."""
+    if not caps.wait_release(store, body.key, body.owner, credential):
+        raise HTTPException(status.HTTP_403_FORBIDDEN, "not the capability of a waiting place of this key and owner")
+    return {"status": "released", "released": True, "key": body.key}
 
 
 # -- errors -----------------------------------------------------------------------------------------
@@ -455,4 +561,8 @@ def create_api() -> FastAPI:
     app.add_api_route("/event", event, methods=["POST"], responses=responses)
     app.add_api_route("/fence/give_back", give_back, methods=["POST"], responses=responses)
     app.add_api_route("/replaced_by", replaced_by, methods=["POST"], responses=responses)
+    app.add_api_route("/holders", holders, methods=["POST"], responses=responses)
+    app.add_api_route("/waiters", waiters, methods=["POST"], responses=responses)
+    app.add_api_route("/wait/claim", wait_claim, methods=["POST"], responses=responses)
+    app.add_api_route("/wait/release", wait_release, methods=["POST"], responses=responses)
     return app

@@ -185,12 +185,16 @@ class OverlapPolicy:
         )
         waiter: dict[str, Any] | None = None
         place: dict[str, Any] = {}
+        # On the API path the trigger waits through the api-server too (its secret read in the triggerer).
+        via_api = bool(getattr(lease.store, "via_api", False))
         if claim is not None:
             position = next((i for i, w in enumerate(claim.waiters, 1) if w.owner == lease.owner), None)
             place = {"policy": self.name, "max_waiting": places, "place": position}
             message += f", in waiting place {position} of {places}"
             waiter = {"owner": lease.owner, "ttl_seconds": WAITER_TTL.total_seconds(), "max_waiting": places,
                       **lease.run.columns()}
+            if via_api:
+                waiter["place"] = lease.store.place_id(lease.owner)  # type: ignore[attr-defined]
         if first:
             lease.report(
                 Outcome.WAITING, message, run=lease.run, key=key,
@@ -207,10 +211,11 @@ class OverlapPolicy:
                 key=key, conn_id=lease.conn_id, schema=lease.store.schema,
                 poll_interval=poll.total_seconds(), deadline=end.isoformat(),
                 not_before=(datetime.now(timezone.utc) + RESUME_SETTLE).isoformat(), waiter=waiter,
-                slots=lease.slots,
+                slots=lease.slots, **({"access": "api"} if via_api else {}),
             ),
             method_name="execute_after_wait",
-            kwargs={"deadline": end.isoformat()},
+            # The resumed task keeps (or gives back) the same place: its id, never a secret (the trigger's).
+            kwargs={"deadline": end.isoformat(), **({"place": waiter["place"]} if waiter and via_api else {})},
         )
 
 

@@ -24,7 +24,7 @@ from datetime import timedelta
 from typing import Any, cast
 
 from airflow_lease_provider import settings
-from airflow_lease_provider.core import LeaseError, LeaseStore, LeaseStoreUnavailable
+from airflow_lease_provider.core import LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.db import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT
 from airflow_lease_provider.core.db.dsn import server_endpoint
 from airflow_lease_provider.hooks import LeaseConnectionMissing, LeaseHook
@@ -66,28 +66,12 @@ def api_secret() -> str | None:
     return str(secret) if secret else None
 
 
-def refuse_unoffered(task: Any) -> None:
-    """What the API path does not offer yet, refused before anything is taken (never a silent difference):
-    the policies that wait (``wait``, with or without ``max_waiting``, and ``replace`` with a ``replace_grace``: their trigger
-    polls the store directly, and waiting places have no route)."""
-    policy = getattr(task, "on_overlap", "skip")
-    waits = policy == "wait" or (policy == "replace" and getattr(task, "replace_grace", None))
-    if waits:
-        what = "on_overlap='replace' with a replace_grace" if policy == "replace" else f"on_overlap={policy!r}"
-        raise LeaseError(
-            f"{what} waits for the lease, which the lease API path does not offer yet; this task takes its lease "
-            "through the api-server ([lease] access = api, or auto with no lease connection here): use skip, fail "
-            "or replace, or give the worker a lease connection and set [lease] access = direct (docs/api.md)"
-        )
-
-
 def api_task_store(task: Any) -> LeaseStore:
     """``[lease] access = api``: the task's leases through the api-server's lease API (docs/api.md), with the
     acquire secret of the ``lease_api`` connection (read through Airflow, as every connection of a task). One
     request may take a tenth of the TTL at most (5 s at most): the keeper retries within the TTL."""
     from airflow_lease_provider.client import DEFAULT_TIMEOUT, HttpLeaseStore  # only on the API path: httpx
 
-    refuse_unoffered(task)
     secret = api_secret()
     if not secret:
         raise LeaseStoreUnavailable(

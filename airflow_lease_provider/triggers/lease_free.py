@@ -16,6 +16,14 @@ for a whole TTL when it fires (so the resumed task has that long to start), and 
 is killed (``on_kill``: marked failed, cleared, marked success while deferred). When the triggerer dies,
 nobody claims it and it lapses. A place lost meanwhile (it lapsed and another run took it) fires
 ``displaced``: the resumed task then tries to claim again, and is skipped when it cannot.
+
+On the API path (``access="api"``: the task took its lease through the api-server, docs/api.md) the trigger
+polls and keeps its place through the lease API too (``HttpLeaseStore``). The acquire secret (the password
+of the ``lease_api`` connection) is read here, in the triggerer, through Airflow's connection lookup, and
+never put in the trigger's kwargs: those are written to the metadata database. The waiting place's id in
+``waiter`` (``place``) carries no right alone: the place's request id is derived from it with that secret.
+An api-server that does not answer is a store error: the trigger keeps waiting and never says "free"
+(fail closed); without the connection the trigger fails, and so does the task.
 """
 
 from __future__ import annotations
@@ -26,11 +34,13 @@ from collections.abc import AsyncIterator
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
+from airflow.sdk import BaseHook
 from airflow.triggers.base import BaseTrigger, TriggerEvent
 
 from airflow_lease_provider import settings
-from airflow_lease_provider.core import LeaseError, LeaseStore, RunRef
+from airflow_lease_provider.core import LeaseError, LeaseStore, LeaseStoreUnavailable, RunRef
 from airflow_lease_provider.hooks.lease import _idle, location_async
+from airflow_lease_provider.version_compat import AirflowNotFoundException
 
 # How long after a deferral a waiting task may be resumed at the earliest: long enough for the deferring
 # process to exit and the scheduler to read its report first (seconds under load on 2 cores, measured),
@@ -50,8 +60,10 @@ class LeaseFreeTrigger(BaseTrigger):
         before this parameter existed): at once.
     :param slots: the key's slot count (a semaphore, ``lease_slots``): free means fewer than ``slots``
         holders. 1 (and a trigger serialized before this parameter existed): no holder.
-    :param waiter: the waiting place to keep claimed (``owner``, ``ttl_seconds``, ``max_waiting`` and the
-        run columns), or None: no place.
+    :param waiter: the waiting place to keep claimed (``owner``, ``ttl_seconds``, ``max_waiting``, the
+        run columns, and on the API path the place's id ``place``), or None: no place.
+    :param access: ``direct`` (the store of ``conn_id``; a trigger serialized before this parameter existed)
+        or ``api``: through the api-server's lease API, with the acquire secret read in the triggerer.
     """
 
     def __init__(
@@ -65,8 +77,12 @@ class LeaseFreeTrigger(BaseTrigger):
         not_before: str | None = None,
         waiter: dict[str, Any] | None = None,
         slots: int = 1,
+        access: str = "direct",
     ) -> None:
         super().__init__()
+        if access not in ("direct", "api"):
+            raise ValueError(f"access must be 'direct' or 'api', not {access!r}")
+        self.access = access
         self.slots = int(slots)
         self.key = key
         self.conn_id = conn_id
@@ -88,6 +104,7 @@ class LeaseFreeTrigger(BaseTrigger):
                 "not_before": self.not_before,
                 "waiter": self.waiter,
                 "slots": self.slots,
+                "access": self.access,
             },
         )
 
@@ -114,11 +131,29 @@ class LeaseFreeTrigger(BaseTrigger):
             prepare=settings.prepare_statements(),
         )
 
+    async def _open(self) -> Any:
+        """The store to poll: the lease connection's, or on the API path the lease API's."""
+        if self.access != "api":
+            return self._store(await location_async(self.conn_id, self.schema))
+        # Only on the API path: httpx.
+        from airflow_lease_provider.client import DEFAULT_TIMEOUT, HttpLeaseStore
+
+        secret = await api_secret_async()
+        if not secret:
+            raise LeaseStoreUnavailable(
+                "the triggerer cannot read the connection 'lease_api' (with a password) to wait for the lease "
+                "through the api-server's lease API (docs/api.md)"
+            )
+        store = HttpLeaseStore(settings.api_server_url(), secret, timeout=DEFAULT_TIMEOUT)
+        if self.waiter and self.waiter.get("place"):
+            store.adopt_place(str(self.waiter["owner"]), str(self.waiter["place"]))
+        return store
+
     async def on_kill(self) -> None:
         """The deferred task was killed by a user (Airflow 3.3+): give its waiting place back."""
         if not self.waiter:
             return
-        store = self._store(await location_async(self.conn_id, self.schema))
+        store = await self._open()
         try:
             await asyncio.to_thread(store.wait_release, self.key, self.waiter["owner"])
         except Exception:  # it lapses with its TTL
@@ -127,7 +162,7 @@ class LeaseFreeTrigger(BaseTrigger):
             await asyncio.to_thread(store.close)
 
     async def run(self) -> AsyncIterator[TriggerEvent]:
-        store = self._store(await location_async(self.conn_id, self.schema))
+        store = await self._open()
         end = datetime.fromisoformat(self.deadline)
         claim_every = float(self.waiter["ttl_seconds"]) / 3 if self.waiter else 0.0
         claimed_at = float("-inf")
@@ -178,3 +213,13 @@ class LeaseFreeTrigger(BaseTrigger):
                 await asyncio.sleep(min(self.poll_interval, claim_every) if self.waiter else self.poll_interval)
         finally:
             await asyncio.to_thread(store.close)
+
+
+async def api_secret_async() -> str | None:
+    """The lease API's acquire secret as the triggerer reads it (Airflow's async connection lookup, so a
+    secrets backend works); None when ``lease_api`` is not defined or has no password."""
+    try:
+        conn = await BaseHook.aget_connection("lease_api")
+    except AirflowNotFoundException:
+        return None
+    return str(conn.password) if conn.password else None

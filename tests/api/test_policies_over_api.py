@@ -1,7 +1,7 @@
 """The overlap policies and the fence of a leased task on the API path (docs/api.md): the task lease and its
 policies as on the direct path, with the store an :class:`HttpLeaseStore` talking to the real route code
-(FastAPI's TestClient) on a real PostgreSQL store. What the API path does not offer is refused before anything
-is taken, naming the policy and ``[lease] access``."""
+(FastAPI's TestClient) on a real PostgreSQL store, the waiting policies included (their trigger waits through
+the api-server too, tests/api/test_wait_places.py)."""
 
 from __future__ import annotations
 
@@ -29,6 +29,7 @@ from airflow_lease_provider.runtime.signals import Terminate
 from airflow_lease_provider.runtime.task_lease import TaskLease
 from airflow_lease_provider.version_compat import AirflowSkipException
 from tests.api.test_client import PausableClient, http_store, server  # noqa: F401
+from tests.api.test_lease_api import SECRET
 
 T0 = datetime(2026, 12, 1, tzinfo=timezone.utc)
 
@@ -85,16 +86,105 @@ def test_replace_over_the_api_takes_over_and_the_replaced_task_ends_skipped_nami
         task_lease(http, "r0", on_overlap="replace", run_after=T0 - timedelta(hours=1)).acquire(Terminate())
 
 
+class Deferred(Exception):
+    """What ``task.defer`` raises in these tests (Airflow's TaskDeferred), with what it was given."""
+
+    def __init__(self, trigger: Any, method_name: str, kwargs: dict[str, Any]) -> None:
+        super().__init__(method_name)
+        self.trigger, self.method_name, self.kwargs = trigger, method_name, kwargs
+
+
+def defer(*, trigger: Any, method_name: str, kwargs: dict[str, Any], **_: Any) -> None:
+    raise Deferred(trigger, method_name, kwargs)
+
+
+def waiting_lease(http: Any, run_id: str, **task: Any) -> TaskLease:
+    return task_lease(http, run_id, on_overlap="wait", defer=defer, lease_wait_timeout=None,
+                      lease_poll_interval=None, **task)
+
+
+def test_wait_with_one_place_over_the_api_one_waits_through_the_api_the_next_is_skipped_naming_it(
+    server: PausableClient, store: LeaseStore  # noqa: F811
+) -> None:
+    import json
+
+    http = http_store(server)
+    first = task_lease(http, "r1").acquire(Terminate())
+    second_store = http_store(server)
+    with pytest.raises(Deferred) as deferred:
+        waiting_lease(second_store, "r2", max_waiting=1).acquire(Terminate())
+    trigger = deferred.value.trigger
+    owner = RunRef("dag", "r2", task_id="t").owner()
+    # The trigger waits through the api-server: the secret is read in the triggerer, never in its kwargs (the
+    # metadata database); the place's id (no right alone) goes to the trigger and to the resumed task.
+    _, kwargs = trigger.serialize()
+    assert kwargs["access"] == "api" and kwargs["waiter"]["owner"] == owner
+    assert kwargs["waiter"]["place"] == deferred.value.kwargs["place"] == second_store.place_id(owner)
+    assert SECRET not in json.dumps(kwargs) + json.dumps(deferred.value.kwargs)
+    assert [w.owner for w in store.waiters(["job"])] == [owner]
+    waiting = events(store, EventKind.WAITING)
+    assert len(waiting) == 1 and waiting[0].run == RunRef("dag", "r2", task_id="t")
+    # A third run finds the one place taken: skipped, naming the run that waits (and the ledger says it).
+    third = waiting_lease(http_store(server), "r3", max_waiting=1)
+    with pytest.raises(AirflowSkipException, match=r"'dag/r2/t' already waits"):
+        third.acquire(Terminate())
+    full = events(store, EventKind.SKIPPED_BUFFER_FULL)
+    assert len(full) == 1 and full[0].run == RunRef("dag", "r3", task_id="t")
+    assert [w.owner for w in store.waiters(["job"])] == [owner]
+    # The holder releases; the resumed task (a new process: a new store, given the place's id) takes the
+    # lease and gives its place back.
+    assert http.release(first)
+    resumed_store = http_store(server)
+    resumed_store.adopt_place(owner, deferred.value.kwargs["place"])
+    taken = waiting_lease(resumed_store, "r2", max_waiting=1).acquire(Terminate(), waited=deferred.value.kwargs["deadline"])
+    assert taken.owner == owner and taken.token > first.token
+    assert store.waiters(["job"]) == []
+
+
+def test_wait_without_places_over_the_api_defers_and_is_resumed_into_the_lease(
+    server: PausableClient, store: LeaseStore  # noqa: F811
+) -> None:
+    http = http_store(server)
+    first = task_lease(http, "r1").acquire(Terminate())
+    with pytest.raises(Deferred) as deferred:
+        waiting_lease(http_store(server), "r2").acquire(Terminate())
+    _, kwargs = deferred.value.trigger.serialize()
+    assert kwargs["access"] == "api" and kwargs["waiter"] is None and "place" not in deferred.value.kwargs
+    # Resumed while still held (the trigger timed out, say): it waits again, until its first deadline.
+    with pytest.raises(Deferred):
+        waiting_lease(http_store(server), "r2").acquire(Terminate(), waited=deferred.value.kwargs["deadline"])
+    assert http.release(first)
+    taken = waiting_lease(http_store(server), "r2").acquire(Terminate(), waited=deferred.value.kwargs["deadline"])
+    assert taken.token > first.token
+
+
+def test_replace_with_a_grace_over_the_api_waits_through_the_api_then_takes_over(
+    server: PausableClient, store: LeaseStore  # noqa: F811
+) -> None:
+    http = http_store(server)
+    older = task_lease(http, "r1", on_overlap="replace", run_after=T0).acquire(Terminate())
+    newer_args: dict[str, Any] = {"on_overlap": "replace", "run_after": T0 + timedelta(hours=1),
+                                  "replace_grace": timedelta(seconds=5), "defer": defer, "lease_poll_interval": None}
+    with pytest.raises(Deferred) as deferred:
+        task_lease(http_store(server), "r2", **newer_args).acquire(Terminate())
+    _, kwargs = deferred.value.trigger.serialize()
+    assert kwargs["access"] == "api" and SECRET not in str(kwargs)
+    assert store.holder("job").token == older.token  # the older run keeps it through the grace
+    taken = task_lease(http_store(server), "r2", **newer_args).acquire(Terminate(), waited=deferred.value.kwargs["deadline"])
+    assert taken.token > older.token and http.renew(older) is None
+    assert len(events(store, EventKind.REPLACED)) == 1
+
+
 @pytest.mark.parametrize(("policy", "task"), [("wait", {}), ("wait", {"max_waiting": 1}),
                                               ("replace", {"replace_grace": timedelta(seconds=5)})])
-def test_a_policy_that_waits_is_refused_on_the_api_path_before_anything_is_taken(
+def test_a_policy_that_waits_takes_the_api_path(
     policy: str, task: dict[str, Any], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(runtime_store, "api_secret", lambda: pytest.fail("nothing is looked up"))  # type: ignore[arg-type]
+    from airflow_lease_provider.client import HttpLeaseStore
+
+    monkeypatch.setattr(runtime_store, "api_secret", lambda: SECRET)
     op = SimpleNamespace(on_overlap=policy, lease_ttl=timedelta(seconds=30), **task)
-    with pytest.raises(LeaseError, match=r"\[lease\] access") as refused:
-        runtime_store.api_task_store(op)
-    assert policy in str(refused.value)
+    assert isinstance(runtime_store.api_task_store(op), HttpLeaseStore)
 
 
 def test_lease_fence_over_the_api(server: PausableClient, store: LeaseStore) -> None:  # noqa: F811

@@ -7,7 +7,9 @@ is defined (the acquire secret, in the metadata database as a platform team defi
 have no lease connection, so ``[lease] access = auto`` takes the lease API through the api-server.
 
 Door A: leased DAGs under the real scheduler (runs triggered over REST): an overlap skipped naming the holder,
-a frozen holder's late publish refused by the fence, both on the Leases page's data.
+a frozen holder's late publish refused by the fence, both on the Leases page's data; and the policies that
+wait, through the real triggerer, whose trigger polls and keeps its waiting place over the lease API too
+(``wait``; ``wait`` with ``max_waiting=1`` and three runs; ``replace`` with a ``replace_grace``).
 
 Door B: an attacker over HTTP against the same api-server: no credentials, wrong ones, another grant's
 capability, a released one replayed, the right one for another grant, the acquire secret or an Airflow JWT
@@ -76,8 +78,9 @@ def _migrated_by_airflow(deployment: Deployment) -> None:
 def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     files = [DAGS / "metadb_leased.py", ROOT / "tests" / "airflow" / "dags" / "_util.py"]
     env = {"LEASE_TEST_MARKERS": str(MARKERS)}
-    dag_ids = {"metadb_overlap", "metadb_zombie"}
-    with deployment_for(metadata_template, files, dag_ids, env, lease_default=False,
+    dag_ids = {"metadb_overlap", "metadb_zombie", "metadb_wait", "metadb_buffer", "metadb_grace"}
+    # With a triggerer: the waiting policies defer, and the triggerer (through the lease API) resumes them.
+    with deployment_for(metadata_template, files, dag_ids, env, lease_default=False, triggerer=True,
                         before_start=_migrated_by_airflow) as deployment:
         assert "AIRFLOW_CONN_LEASE_DEFAULT" not in deployment.env
         assert not any(k.startswith("AIRFLOW__LEASE__") for k in deployment.env)  # access = auto, the default
@@ -198,6 +201,125 @@ def test_a_frozen_holder_s_late_publish_through_the_fence_is_refused_and_the_new
     assert (EventKind.RELEASED, old_token) not in seen, seen
 
 
+def trigger_kwargs(airflow: Deployment) -> list[str]:
+    """The kwargs of every trigger in the metadata database, as JSON text: decrypted with the deployment's
+    Fernet key, as Airflow reads them (models/trigger.py)."""
+    from cryptography.fernet import Fernet
+
+    fernet = Fernet(airflow.env["AIRFLOW__CORE__FERNET_KEY"].encode())
+    texts = []
+    for (text,) in execute(airflow.dsn, "SELECT kwargs FROM trigger"):
+        texts.append(str(text) if str(text).startswith("{") else fernet.decrypt(str(text).encode()).decode())
+    return texts
+
+
+def test_a_waiting_run_over_the_api_defers_and_runs_after_the_holder_releases_never_alongside_it(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """on_overlap="wait" on the API path: the second run's task defers; its trigger, in the triggerer, polls
+    the api-server (the secret read there) and the task runs once the first released, with the next token."""
+    api = airflow.api
+    first = api.trigger("metadb_wait")
+    _, token_first = marker(f"wait-started-{first}").split()
+    second = api.trigger("metadb_wait")
+    wait(lambda: api.task_states("metadb_wait", second).get("work"), lambda state: state == "deferred", 180,
+         "the second run's task to defer")
+    assert not (MARKERS / f"wait-started-{second}").exists()  # it never ran alongside the holder
+    waiting = store.events.query(key="metadb-wait", kind=EventKind.WAITING)
+    assert [(e.run.run_id if e.run else None, e.detail.get("holder_token")) for e in waiting] == [
+        (second, int(token_first))], waiting  # recorded once over /event, naming the holder
+    # The trigger's kwargs (decrypted as the triggerer reads them) and the resumed task's carry no secret.
+    kwargs = trigger_kwargs(airflow)
+    assert kwargs and all('"access": "api"' in k and SECRET not in k for k in kwargs), kwargs
+    next_kwargs = execute(airflow.dsn, "SELECT next_kwargs::text FROM task_instance WHERE dag_id = %s AND run_id = %s",
+                          ("metadb_wait", second))
+    assert next_kwargs and all(SECRET not in str(row) for row in next_kwargs), next_kwargs
+
+    (MARKERS / f"wait-let-go-{first}").write_text("go")
+    assert api.wait_for_run("metadb_wait", first) == "success"
+    finished_first = float(marker(f"wait-finished-{first}"))
+    started_second, token_second = marker(f"wait-started-{second}", timeout=180).split()
+    assert float(started_second) > finished_first, "the waiter ran while the holder still held the lease"
+    assert int(token_second) > int(token_first)
+    (MARKERS / f"wait-let-go-{second}").write_text("go")
+    assert api.wait_for_run("metadb_wait", second) == "success", api.task_states("metadb_wait", second)
+    assert api.xcom("metadb_wait", second, "work", "return_value") == int(token_second)
+    assert API_PATH_LINE in api.log("metadb_wait", second, "work")
+    # The trigger polled the api-server (the triggerer has no lease connection of its own to use instead).
+    assert "/lease/v1/holders" in (airflow.logs / "api-server.log").read_text(errors="replace")
+    assert store.holder("metadb-wait") is None
+    assert store.events.query(key="metadb-wait", kind=EventKind.SKIPPED_OVERLAP) == []
+
+
+def test_one_waiting_place_over_the_api_three_runs_one_runs_one_waits_then_runs_the_third_is_skipped_naming_it(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """on_overlap="wait", max_waiting=1 on the API path: the place taken over /wait/claim (the store gives at
+    most one), kept by the trigger through the api-server, given back by the resumed task."""
+    api = airflow.api
+    runs = [api.trigger("metadb_buffer") for _ in range(3)]
+
+    def states() -> dict[str, str | None]:
+        return {run: api.task_states("metadb_buffer", run).get("work") for run in runs}
+
+    settled = wait(states, lambda s: sorted(map(str, s.values())) == ["deferred", "running", "skipped"], 240,
+                   "one run holding, one deferred, one skipped")
+    holder = next(r for r, state in settled.items() if state == "running")
+    waiter = next(r for r, state in settled.items() if state == "deferred")
+    skipped = next(r for r, state in settled.items() if state == "skipped")
+    _, holder_token = marker(f"buffer-started-{holder}").split()
+    reason = api.xcom("metadb_buffer", skipped, "work", "lease_skip_reason")
+    assert [w["owner"] for w in reason["waiters"]] == [f"metadb_buffer/{waiter}/work"], reason
+    assert f"metadb_buffer/{waiter}/work" in reason["reason"] and "waiting place" in reason["reason"], reason
+    assert f"metadb_buffer/{waiter}/work" in api.log("metadb_buffer", skipped, "work")
+    # The place is the waiter's, taken through the API (its capability's digest on the row).
+    places = execute(airflow.dsn, q("SELECT owner, api_capability IS NOT NULL FROM {schema}.lease_waiter "
+                                    "WHERE key = %s", SCHEMA), ("metadb-buffer",))
+    assert places == [(f"metadb_buffer/{waiter}/work", True)], places
+    assert "/lease/v1/wait/claim" in (airflow.logs / "api-server.log").read_text(errors="replace")
+    (full,) = store.events.query(key="metadb-buffer", kind=EventKind.SKIPPED_BUFFER_FULL)
+    assert full.run is not None and full.run.run_id == skipped
+
+    (MARKERS / f"buffer-let-go-{holder}").write_text("go")
+    assert api.wait_for_run("metadb_buffer", holder) == "success"
+    finished = float(marker(f"buffer-finished-{holder}"))
+    started, token = marker(f"buffer-started-{waiter}", timeout=180).split()
+    assert float(started) > finished and int(token) > int(holder_token)
+    (MARKERS / f"buffer-let-go-{waiter}").write_text("go")
+    assert api.wait_for_run("metadb_buffer", waiter) == "success", api.task_states("metadb_buffer", waiter)
+    assert api.wait_for_run("metadb_buffer", skipped) == "success"  # skipped, not failed
+    assert not (MARKERS / f"buffer-started-{skipped}").exists()
+    assert store.waiters(["metadb-buffer"]) == [] and store.holder("metadb-buffer") is None
+
+
+def test_replace_with_a_grace_over_the_api_waits_the_grace_then_takes_over_and_the_older_run_ends_skipped(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """on_overlap="replace", replace_grace=20 s on the API path: the newer run defers for the grace (its
+    trigger polling the api-server), the older one does not finish, and the newer takes the lease over; the
+    older task ends skipped naming it (not failed, not retried)."""
+    api = airflow.api
+    old = api.trigger("metadb_grace")
+    started_old, token_old = marker(f"grace-started-{old}").split()
+    new = api.trigger("metadb_grace")
+    wait(lambda: api.task_states("metadb_grace", new).get("work"), lambda state: state == "deferred", 180,
+         "the newer run's task to defer for the grace")
+    assert store.holder("metadb-grace").token == int(token_old)  # the older keeps it through the grace
+    started_new, token_new = marker(f"grace-started-{new}", timeout=240).split()
+    assert float(started_new) - float(started_old) >= 20 - 1, "taken over before the grace was over"
+    assert int(token_new) > int(token_old)
+    assert api.wait_for_run("metadb_grace", old) == "success"  # its task skipped: the run did not fail
+    assert api.task_states("metadb_grace", old) == {"work": "skipped"}
+    reason = api.xcom("metadb_grace", old, "work", "lease_skip_reason")
+    assert reason is not None and reason["replaced_by_token"] == int(token_new) and new in reason["reason"], reason
+    assert not (MARKERS / f"grace-finished-{old}").exists()
+    replaced = store.events.query(key="metadb-grace", kind=EventKind.REPLACED)
+    assert [e.token for e in replaced] == [int(token_old)], replaced
+    (MARKERS / f"grace-let-go-{new}").write_text("go")
+    assert api.wait_for_run("metadb_grace", new) == "success", api.task_states("metadb_grace", new)
+    assert store.holder("metadb-grace") is None
+
+
 def test_the_leases_page_shows_both_keys_and_their_events(airflow: Deployment) -> None:
     """The Leases page (its HTML and the JSON it reads) as an authenticated user, on the metadata store."""
     assert "Leases" in ui_get(airflow, "/lease/ui/")
@@ -257,6 +379,8 @@ def snapshot(airflow: Deployment) -> tuple[list[Any], ...]:
         execute(airflow.dsn, q("SELECT resource, idempotency_key, token, owner FROM {schema}.fence_publish "
                                "ORDER BY resource, idempotency_key", SCHEMA)),
         execute(airflow.dsn, q("SELECT count(*), max(id) FROM {schema}.event", SCHEMA)),
+        execute(airflow.dsn, q("SELECT key, owner, expires_at, api_capability FROM {schema}.lease_waiter "
+                               "ORDER BY key, owner", SCHEMA)),
     )
 
 
@@ -279,7 +403,8 @@ def send(airflow: Deployment, route: str, credential: str | None, ref: dict[str,
     return post(airflow, route, credential, body)
 
 
-ALL_ROUTES = ["acquire", "renew", "release", "check", "check?", "fence", "fence/give_back", "event", "replaced_by"]
+ALL_ROUTES = ["acquire", "renew", "release", "check", "check?", "fence", "fence/give_back", "event", "replaced_by",
+              "holders", "waiters", "wait/claim", "wait/release"]
 
 
 @pytest.mark.parametrize("header", [None, "Basic YWRtaW46YWRtaW4tcHc=", "Bearer", f"Basic {SECRET}", f"Token {SECRET}"],
@@ -287,7 +412,8 @@ ALL_ROUTES = ["acquire", "renew", "release", "check", "check?", "fence", "fence/
 def test_every_lease_route_without_credentials_is_401_and_takes_nothing(airflow: Deployment, header: str | None) -> None:
     before = snapshot(airflow)
     body = {"key": "attack-401", "owner": "o", "token": 1, "ttl_seconds": 60, "resource": "r",
-            "idempotency_key": "i", "kind": "skipped_overlap", "detail": {}}
+            "idempotency_key": "i", "kind": "skipped_overlap", "detail": {}, "keys": ["attack-401"],
+            "max_waiting": 1, "request_id": secrets.token_urlsafe(24)}
     headers = {"Authorization": header} if header is not None else {}
     for route in ALL_ROUTES:
         if route == "check?":
@@ -440,6 +566,46 @@ def _capability_shaped(text: str) -> set[str]:
     return set(re.findall(r"(?<![A-Za-z0-9_-])[A-Za-z0-9_-]{43}(?![A-Za-z0-9_-])", text))
 
 
+def test_a_waiting_place_is_kept_and_given_back_by_its_taker_only_and_the_store_is_unchanged(
+    airflow: Deployment
+) -> None:
+    """The waiting routes on the real api-server (docs/api.md, decision 9): another request id cannot keep or
+    take over a place; another place's capability, the same owner's of another key, the secret, a grant's
+    capability, and the taker's own once the place is given back: 403, nothing changed."""
+
+    def claim(key: str, owner: str, request_id: str, max_waiting: int = 2) -> httpx.Response:
+        body = {"key": key, "owner": owner, "ttl_seconds": 600, "max_waiting": max_waiting, "request_id": request_id}
+        response = httpx.post(f"{airflow.url}/lease/v1/wait/claim", json=body,
+                              headers={"Authorization": f"Bearer {SECRET}"}, timeout=60)
+        if response.status_code != 200:  # a place's own answer carries its capability: not one to search
+            ANSWERS.append(response.text)
+        return response
+
+    mine_id = secrets.token_urlsafe(24)
+    taken = [claim("attack-wait", "victim", mine_id), claim("attack-wait", "other", secrets.token_urlsafe(24)),
+             claim("attack-wait-2", "victim", secrets.token_urlsafe(24))]
+    assert [r.status_code for r in taken] == [200, 200, 200], [r.text for r in taken]
+    mine, other, elsewhere = (r.json()["capability"] for r in taken)
+    CAPABILITIES.extend([mine, other, elsewhere])
+    _, grant_capability = take(airflow, "attack-wait-grant", "someone")
+    before = snapshot(airflow)
+    assert claim("attack-wait", "victim", secrets.token_urlsafe(24)).status_code == 403  # not its request id
+    assert claim("attack-wait", "third", secrets.token_urlsafe(24)).status_code == 409  # both places taken
+    for credential in (other, elsewhere, SECRET, grant_capability, None):
+        response = post(airflow, "wait/release", credential, {"key": "attack-wait", "owner": "victim"})
+        assert response.status_code == (401 if credential is None else 403), response.text
+    assert post(airflow, "wait/release", mine, {"key": "attack-wait", "owner": "other"}).status_code == 403
+    assert snapshot(airflow) == before
+    assert post(airflow, "wait/release", mine, {"key": "attack-wait", "owner": "victim"}).status_code == 200
+    after = snapshot(airflow)
+    assert post(airflow, "wait/release", mine, {"key": "attack-wait", "owner": "victim"}).status_code == 403  # replayed
+    assert snapshot(airflow) == after
+    for route, body in (("holders", {"key": "a\x00b"}), ("wait/claim", {"key": "k", "owner": "o", "ttl_seconds": 60,
+                        "max_waiting": "1", "request_id": secrets.token_urlsafe(24)}), ("waiters", {"keys": "k"})):
+        assert post(airflow, route, SECRET, body).status_code == 422, route
+    assert snapshot(airflow) == after
+
+
 def test_no_answer_and_no_log_carries_the_secret_or_a_capability(airflow: Deployment) -> None:
     """Every answer this module got (but a grant's own), the api-server's, scheduler's and dag-processor's logs
     and every task log: never the acquire secret, never a capability the test was given, and never the
@@ -460,7 +626,8 @@ def test_no_answer_and_no_log_carries_the_secret_or_a_capability(airflow: Deploy
                                   "WHERE api_capability IS NOT NULL", SCHEMA))
     digests = {bytes(digest) for *_ref, digest in rows}
     task_grants = [(key, owner, token) for key, owner, token, _digest in rows if key.startswith("metadb-")]
-    assert len(task_grants) == 2, rows
+    assert {key for key, _owner, _token in task_grants} == {
+        "metadb-overlap", "metadb-zombie", "metadb-wait", "metadb-buffer", "metadb-grace"}, rows
     for path, text in {**process_logs, **task_logs}.items():
         for candidate in _capability_shaped(text):
             for key, owner, token in task_grants:

@@ -503,3 +503,15 @@ UPDATE {schema}.lease AS l
    AND l.expires_at > pg_catalog.clock_timestamp() AND l.released_at IS NULL
 RETURNING l.key, l.owner, l.token, l.ttl, l.acquired_at, l.renewed_at, l.expires_at, l.released_at,
           pg_catalog.clock_timestamp() AS observed_at, l.slot, l.slots, l.count_epoch;
+
+-- name: api_wait_claim
+-- The lease API's waiting place (migrations/0021): take or keep %(owner)s's place for the capability whose
+-- digest is %(digest)s, at most %(max_waiting)s per key; every live waiter, each row with the status.
+SELECT * FROM {schema}.lease_wait_claim_api(%(key)s, %(owner)s, %(ttl)s, %(max_waiting)s, %(digest)s,
+                                            %(dag_id)s, %(run_id)s, %(task_id)s, %(map_index)s);
+
+-- name: api_wait_release
+-- The lease API: give a waiting place back, only with the capability it was taken with (its digest).
+DELETE FROM {schema}.lease_waiter
+ WHERE key = %(key)s AND owner = %(owner)s AND api_capability = %(digest)s
+RETURNING owner;

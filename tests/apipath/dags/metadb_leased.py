@@ -5,6 +5,7 @@ api-server's lease API (``[lease] access = auto``, no lease connection on the wo
 from __future__ import annotations
 
 import os
+import time
 from datetime import datetime, timedelta
 
 from _util import mark, marker_dir, wait_for  # type: ignore[import-not-found]
@@ -37,3 +38,48 @@ with DAG("metadb_zombie", schedule=None, start_date=START):
         mark(f"zombie-published-{run_id}", str(lease.token))
 
     publish()
+
+
+# The policies that wait, on the API path: the waiting task's trigger polls (and keeps its place) through the
+# api-server too, with the acquire secret read in the triggerer (docs/api.md, decision 9).
+
+with DAG("metadb_wait", schedule=None, start_date=START, max_active_runs=4):
+
+    @task.leased(lease_key="metadb-wait", lease_ttl=timedelta(seconds=30), on_overlap="wait",
+                 lease_poll_interval=timedelta(seconds=1), lease_wait_timeout=timedelta(minutes=5))
+    def work(lease=None):
+        run_id = get_current_context()["run_id"]
+        mark(f"wait-started-{run_id}", f"{time.time()} {lease.token}")
+        wait_for(f"wait-let-go-{run_id}", timeout=240)
+        mark(f"wait-finished-{run_id}", str(time.time()))
+        return lease.token
+
+    work()
+
+
+with DAG("metadb_buffer", schedule=None, start_date=START, max_active_runs=4):
+
+    @task.leased(lease_key="metadb-buffer", lease_ttl=timedelta(seconds=30), on_overlap="wait", max_waiting=1,
+                 lease_poll_interval=timedelta(seconds=1), lease_wait_timeout=timedelta(minutes=5))
+    def work(lease=None):
+        run_id = get_current_context()["run_id"]
+        mark(f"buffer-started-{run_id}", f"{time.time()} {lease.token}")
+        wait_for(f"buffer-let-go-{run_id}", timeout=240)
+        mark(f"buffer-finished-{run_id}", str(time.time()))
+        return lease.token
+
+    work()
+
+
+with DAG("metadb_grace", schedule=None, start_date=START, max_active_runs=4):
+
+    @task.leased(lease_key="metadb-grace", lease_ttl=timedelta(seconds=15), on_overlap="replace",
+                 replace_grace=timedelta(seconds=20), lease_poll_interval=timedelta(seconds=1), retries=2)
+    def work(lease=None):
+        run_id = get_current_context()["run_id"]
+        mark(f"grace-started-{run_id}", f"{time.time()} {lease.token}")
+        wait_for(f"grace-let-go-{run_id}", timeout=240)  # the older run never lets go: it is taken over
+        mark(f"grace-finished-{run_id}", str(time.time()))
+        return lease.token
+
+    work()
