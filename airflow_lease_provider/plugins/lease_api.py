@@ -8,6 +8,10 @@ and 4):
   without a password: 403 "lease API not enabled" (never open by default).
 - ``renew``, ``release``, ``check``, ``fence``: ``Authorization: Bearer <capability>``, the one the acquire
   answered, for the grant (key, owner, token) named in the request, which must be the row's current grant.
+  One exception, for the caller's own grant only: after a newer grant took the row, that grant's capability
+  (checked against the grant kept in ``lease_api_grant``, migration 21) may still record the grant's
+  ``lost`` (``/event``, once) and a refused late fence's ``fence_rejected`` (``/fence`` answers 409 and never
+  asks the fence), never act under it (docs/api.md, "A grant's own past").
 
 No credentials: 401. The wrong ones: 403. The store unreachable: 503 (fail closed). Nothing here logs a
 header, and no answer but the acquire's carries a capability.
@@ -344,7 +348,9 @@ def check_post(body: GrantRef, store: StoreDep, credential: BearerDep) -> dict[s
 
 def fence(body: FenceBody, store: StoreDep, fences: FencesDep, credential: BearerDep) -> Any:
     """Check the grant is held, then advance the fence of ``resource`` to its token (docs/core.md, "The
-    fence"): 200 accepted, or 409 with the fence's reason. An ``idempotency_key`` is claimed with it, once."""
+    fence"): 200 accepted, or 409 with the fence's reason. An ``idempotency_key`` is claimed with it, once.
+    A grant not held (lapsed, or the row holds a newer one): 409 ``lost``, the fence not asked
+    (:func:`_late_fence`)."""
     lease = caps.grant(store, body.key, body.owner, body.token, credential)
     if lease is None or not lease.held:
         return _late_fence(body, lease, store, fences, credential)
@@ -414,7 +420,7 @@ def replaced_by(body: GrantRef, store: StoreDep, _: Annotated[None, Depends(may_
     return {"replaced_by": {"owner": by.owner, "token": by.token, "run": by.run.columns() if by.run else None}}
 
 
-# -- a grant's own record: its loss and its late fences (docs/api.md, "Its own past grant") --------------
+# -- a grant's own record: its loss and its late fences (docs/api.md, "A grant's own past") --------------
 
 
 def _caller_host(body: AcquireBody) -> dict[str, Any]:
