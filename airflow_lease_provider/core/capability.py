@@ -103,7 +103,9 @@ def released(store: Any, lease: Lease, capability: str) -> None:
 
 def claim_lost(store: Any, key: str, owner: str, token: int, capability: str) -> bool:
     """Whether the 'lost' event of the grant (key, owner, token) may be recorded now: once per grant, never
-    for one its holder released through the API. A grant bound before migration 0021 is not kept: True."""
+    for one its holder released through the API, never with another capability than the kept grant's. A
+    grant bound before migration 0021 is not kept: True. Call it once ``capability`` is checked
+    (:func:`grant` or :func:`past_grant`): for a grant that is not kept, it does not check it."""
     rows = store._ready().run("api_grant_lost", _grant_params(key, owner, token, capability), durable=True)
     return bool(rows[0]["claimed"]) or not rows[0]["kept"]
 

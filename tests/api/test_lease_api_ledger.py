@@ -270,3 +270,33 @@ def test_kept_grants_of_a_key_older_than_the_retention_are_deleted_at_its_next_g
     kept = execute(store.db.dsn, q("SELECT token FROM {schema}.lease_api_grant WHERE key = 'pruned' ORDER BY 1",
                                    store.schema))
     assert kept == [(second["token"],)], (first, kept)
+
+
+def test_a_lost_sent_at_once_from_many_connections_is_claimed_once(api: TestClient, store: LeaseStore) -> None:
+    """The claim is one conditional UPDATE of the kept grant: of eight senders at once (each on a connection
+    of its own, as the api-server's request threads are), exactly one may record the grant's loss."""
+    import threading
+
+    from airflow_lease_provider.core import capability as caps
+
+    old, old_cap, _newer, _ = lapse_and_take(api, "racing")
+    stores = [LeaseStore(store.db.dsn, schema=store.schema) for _ in range(8)]
+    start = threading.Barrier(len(stores))
+    claimed: list[bool] = []
+
+    def send(own: LeaseStore) -> None:
+        start.wait()
+        claimed.append(caps.claim_lost(own, old["key"], old["owner"], old["token"], old_cap))
+
+    threads = [threading.Thread(target=send, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    for s in stores:
+        s.close()
+    assert sorted(claimed) == [False] * 7 + [True]
+    # A forged capability claims nothing, even for a kept grant whose loss is not recorded yet.
+    other, other_cap, _, _ = lapse_and_take(api, "racing-2")
+    assert caps.claim_lost(store, other["key"], other["owner"], other["token"], secrets.token_urlsafe(32)) is False
+    assert caps.claim_lost(store, other["key"], other["owner"], other["token"], other_cap) is True

@@ -516,8 +516,9 @@ SELECT g.key, g.owner, g.token, g.lease_key, g.lost_at, g.dag_id, g.run_id, g.ta
 
 -- name: api_grant_lost
 -- The lease API's 'lost' of a grant, at most once (migrations/0021): claimed marks the kept grant now (its
--- holder did not release it, and no 'lost' of it was recorded); kept says whether the grant is kept at all
--- (a grant bound before version 21 is not, and records its loss as before).
+-- holder did not release it, and no 'lost' of it was recorded); kept says whether the grant (key, token) is
+-- kept at all, under any digest (a grant bound before version 21 is not, and records its loss as before).
+-- Sent only once the capability is checked (api_capability_grant or api_past_grant).
 WITH claim AS (
     UPDATE {schema}.lease_api_grant
        SET lost_at = clock_timestamp()
@@ -526,9 +527,7 @@ WITH claim AS (
     RETURNING key
 )
 SELECT EXISTS (SELECT 1 FROM claim) AS claimed,
-       EXISTS (SELECT 1 FROM {schema}.lease_api_grant g
-                WHERE g.key = %(key)s AND g.owner = %(owner)s AND g.token = %(token)s AND g.digest = %(digest)s)
-           AS kept;
+       EXISTS (SELECT 1 FROM {schema}.lease_api_grant g WHERE g.key = %(key)s AND g.token = %(token)s) AS kept;
 
 -- name: api_capability_grant
 -- The lease API: the row of the grant (key, owner, token) if the capability's digest is the one kept for it,
