@@ -300,3 +300,12 @@ def test_a_lost_sent_at_once_from_many_connections_is_claimed_once(api: TestClie
     other, other_cap, _, _ = lapse_and_take(api, "racing-2")
     assert caps.claim_lost(store, other["key"], other["owner"], other["token"], secrets.token_urlsafe(32)) is False
     assert caps.claim_lost(store, other["key"], other["owner"], other["token"], other_cap) is True
+
+
+def test_a_fence_refusal_of_a_held_grant_is_recorded_under_its_acquire_s_run(api: TestClient, store: LeaseStore) -> None:
+    ref, capability = grant(acquire(api, "held-refused", "me", run=RUN_A))
+    FenceStore(store.db.dsn, schema=store.schema).advance("r-moved", ref["token"] + 5, key="held-refused")
+    refused = api.post("/lease/v1/fence", json={**ref, "resource": "r-moved"}, headers=auth(capability))
+    assert refused.status_code == 409 and refused.json()["status"] == "refused", refused.text
+    rejected = [e for e in store.events.query(key="r-moved") if e.kind == EventKind.FENCE_REJECTED]
+    assert [(e.token, e.run) for e in rejected] == [(ref["token"], RunRef("d", RUN_A["run_id"], task_id="t"))]
