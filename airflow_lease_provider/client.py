@@ -20,6 +20,7 @@ import base64
 import hashlib
 import hmac
 import logging
+import re
 import secrets
 import socket
 import time
@@ -83,6 +84,8 @@ class HttpLeaseStore:
     :param secret: the acquire secret (the ``lease_api`` connection's password). Never logged or repeated.
     :param timeout: how long one request may take.
     :param client: an ``httpx.Client`` to send through (tests pass FastAPI's ``TestClient``).
+    :param host: this task's host, sent with each acquire for its ``acquired`` event (default this machine's
+        name); one the lease API would refuse (not a DNS name or address) is not sent (the api-server's then).
     """
 
     #: The api-server's store records the acquired and released events itself; the task's own (a skip, an
@@ -94,7 +97,8 @@ class HttpLeaseStore:
     schema = "(lease API)"
 
     def __init__(
-        self, base_url: str, secret: str, *, timeout: timedelta = DEFAULT_TIMEOUT, client: httpx.Client | None = None
+        self, base_url: str, secret: str, *, timeout: timedelta = DEFAULT_TIMEOUT, client: httpx.Client | None = None,
+        host: str | None = None,
     ) -> None:
         self.base_url = base_url.rstrip("/") + API_PATH
         self._secret = secret
@@ -111,6 +115,7 @@ class HttpLeaseStore:
         #: The waiting places' ids by owner, and the capability of each place claimed, by (key, owner).
         self._place_ids: dict[str, str] = {}
         self._places: dict[tuple[str, str], str] = {}
+        self.host = sendable_host(host if host is not None else socket.gethostname())
 
     def __repr__(self) -> str:  # never the secret
         return f"HttpLeaseStore({self.base_url!r})"
@@ -158,6 +163,8 @@ class HttpLeaseStore:
     # -- the operations -------------------------------------------------------------------------------
 
     def _acquire(self, body: dict[str, Any]) -> Acquisition:
+        if self.host is not None:
+            body["host"] = self.host
         sent_at = time.monotonic()
         code, answer = self._send("POST", "/acquire", self._secret, body)
         if code == 200:
@@ -453,6 +460,19 @@ def tls_verify(url: str) -> bool:
     plain-HTTP URL there is no TLS to verify, and the client follows no redirect (httpx's default), so nothing
     is sent anywhere else; an ``https://`` URL gets the default verification, ``SSL_CERT_FILE`` and all."""
     return urlsplit(url).scheme.lower() != "http"
+
+
+#: What the lease API takes as an acquire's ``host`` (plugins/lease_api.py ``Host``: the same rule).
+_HOST = re.compile(r"[A-Za-z0-9._:\[\]-]{1,253}")
+
+
+def sendable_host(host: str | None) -> str | None:
+    """``host`` when the lease API takes it as the acquire's host; else None (logged once at debug: the
+    api-server's host is recorded instead, and the acquire is never refused for it)."""
+    if isinstance(host, str) and _HOST.fullmatch(host):
+        return host
+    log.debug("lease: the host name %r is not sent to the lease API (not a DNS name or address)", host)
+    return None
 
 
 def _run(run: RunRef | None) -> dict[str, Any] | None:

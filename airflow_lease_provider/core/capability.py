@@ -6,6 +6,11 @@ names a ``request_id``, one derived from it, so a resent acquire finds its own g
 :func:`digest` of it, bound to the grant's key, owner and token (``lease.api_capability``, migration 0018):
 a digest an older grant left on the row never matches a newer grant. Renew, release, check and fence over
 HTTP present it; :func:`grant` reads the grant it belongs to, or nothing.
+
+Each grant is also kept in ``lease_api_grant`` (migration 0022) with the same digest, its lease key and the
+run columns its acquire wrote, past the row's next grant: :func:`past_grant` reads the caller's OWN grant
+that the row no longer holds, so that its loss (:func:`claim_lost`, once) and a refused late fence of it
+are recorded. Nothing acts under such a grant; a grant its holder released (:func:`released`) is not one.
 """
 
 from __future__ import annotations
@@ -14,11 +19,12 @@ import base64
 import hashlib
 import secrets
 import time
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 from airflow_lease_provider.core import validation
-from airflow_lease_provider.core.identity import run_columns
+from airflow_lease_provider.core.identity import RunRef, run_columns
 from airflow_lease_provider.core.lease import positive_limit
 from airflow_lease_provider.core.types import Lease, Waiter
 
@@ -56,9 +62,53 @@ def digest(key: str, owner: str, token: int, capability: str) -> bytes:
 
 
 def bind(store: Any, lease: Lease, capability: str) -> bool:
-    """Keep ``capability``'s digest on ``lease``'s row while it is the live grant; False: it is gone."""
-    params = _grant_params(lease.key, lease.owner, lease.token, capability)
+    """Keep ``capability``'s digest on ``lease``'s row while it is the live grant, and the grant in the
+    history of the API's grants (``lease_api_grant``, migration 0022; pruned per key past the store's event
+    retention); False: it is gone."""
+    params = {**_grant_params(lease.key, lease.owner, lease.token, capability), "keep": store.events.retention}
     return bool(store._ready().run("api_capability_bind", params, durable=True))
+
+
+@dataclass(frozen=True)
+class PastGrant:
+    """A grant of the caller's own that the key's row no longer holds (:func:`past_grant`): what the server
+    recorded of it when it was granted, never what a request says."""
+
+    key: str
+    owner: str
+    token: int
+    lease_key: str
+    run: RunRef | None
+    #: The token the key's row holds now (the newer grant's, or a force-release's).
+    newest_grant: int
+
+
+def past_grant(store: Any, key: str, owner: str, token: int, capability: str) -> PastGrant | None:
+    """The grant (key, owner, token) when ``capability`` is its capability, its holder did not release it
+    through the API, and the key's row holds another grant now: the caller's own lost grant. None otherwise
+    (a forged capability, another grant's, a released grant's, or one the row still holds: :func:`grant`)."""
+    rows = store._ready().run("api_past_grant", _grant_params(key, owner, token, capability))
+    if not rows:
+        return None
+    row = rows[0]
+    return PastGrant(row["key"], row["owner"], int(row["token"]), row["lease_key"], RunRef.from_columns(row),
+                     int(row["newest_grant"]))
+
+
+def released(store: Any, lease: Lease, capability: str) -> None:
+    """Note that the holder of ``lease`` (whose ``capability`` was checked) asked to release it: from then on
+    its capability records nothing of it (no loss, no refused fence), whatever becomes of the release."""
+    store._ready().run("api_grant_released", _grant_params(lease.key, lease.owner, lease.token, capability),
+                       durable=True)
+
+
+def claim_lost(store: Any, key: str, owner: str, token: int, capability: str) -> bool:
+    """Whether the 'lost' event of the grant (key, owner, token) may be recorded now: once per grant, never
+    for one its holder released through the API, never with another capability than the kept grant's. A
+    grant bound before migration 0022 is not kept: True. Call it once ``capability`` is checked
+    (:func:`grant` or :func:`past_grant`): for a grant that is not kept, it does not check it."""
+    rows = store._ready().run("api_grant_lost", _grant_params(key, owner, token, capability), durable=True)
+    return bool(rows[0]["claimed"]) or not rows[0]["kept"]
 
 
 def grant(store: Any, key: str, owner: str, token: int, capability: str) -> Lease | None:

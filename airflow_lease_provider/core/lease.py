@@ -137,12 +137,16 @@ class LeaseStore(Store):
     # -- the lease operations ----------------------------------------------------------------------
 
     def try_acquire(
-        self, key: str, owner: str, ttl: timedelta, *, run: RunRef | None = None, slots: int = 1
+        self, key: str, owner: str, ttl: timedelta, *, run: RunRef | None = None, slots: int = 1,
+        host: str | None = None,
     ) -> Acquisition:
         """Take the lease if it is free, expired, or already this owner's (which bumps the token).
 
         With ``slots=N`` (N > 1) the key is a semaphore: at most N holders at once, each in its own slot
         (:attr:`Lease.slot`) with its own token; see :meth:`_try_acquire_slots`.
+
+        ``host``: the host recorded in the ``acquired`` event (default this store's :attr:`host`): the lease
+        API records the task's, not the api-server's.
 
         :returns: the new lease, or the current holder when someone else holds it.
         :raises SlotCountMismatch: the key's slots are held with another slot count (or as a single lease).
@@ -152,7 +156,7 @@ class LeaseStore(Store):
         validation.ttl("ttl", ttl)
         columns = run_columns(run)  # checked before anything is sent
         if slots != 1 or type(slots) is not int:
-            return self._try_acquire_slots(key, owner, ttl, slot_count(slots), columns)
+            return self._try_acquire_slots(key, owner, ttl, slot_count(slots), columns, host)
         # Retrying after a lost connection is safe: if the first attempt did commit, the retry is the
         # same owner re-entering, which only burns the unseen token.
         db = self._ready()
@@ -162,7 +166,7 @@ class LeaseStore(Store):
         if self.record_events:
             # The grant and its 'acquired' event in one transaction (one durable commit, one round trip);
             # the statement adds the expiry to this detail.
-            params["detail"] = self._acquire_detail(ttl)
+            params["detail"] = self._acquire_detail(ttl, host)
             rows = db.run("acquire_logged", params, durable=True)
         else:
             rows = db.run("acquire", params, durable=True)
@@ -185,7 +189,7 @@ class LeaseStore(Store):
         return Acquisition(None, lease)
 
     def _try_acquire_slots(
-        self, key: str, owner: str, ttl: timedelta, slots: int, columns: dict[str, Any]
+        self, key: str, owner: str, ttl: timedelta, slots: int, columns: dict[str, Any], host: str | None = None
     ) -> Acquisition:
         """A semaphore's acquire, one statement (lease_acquire_slots, migrations/0014).
 
@@ -205,7 +209,7 @@ class LeaseStore(Store):
         sent_at = time.monotonic()
         params: dict[str, Any] = {
             "key": key, "owner": owner, "ttl": ttl, "slots": slots,
-            "detail": self._acquire_detail(ttl) if self.record_events else None, **columns,
+            "detail": self._acquire_detail(ttl, host) if self.record_events else None, **columns,
         }
         rows = db.run("acquire_slots", params, durable=True)
         if rows and rows[0]["acquired"]:
@@ -227,7 +231,7 @@ class LeaseStore(Store):
 
     def try_replace(
         self, key: str, owner: str, ttl: timedelta, *, run_after: datetime, run: RunRef | None = None,
-        takeover: bool = True,
+        takeover: bool = True, host: str | None = None,
     ) -> Acquisition:
         """The replace policy's acquire: take the lease if it is free, expired or this owner's (as
         :meth:`try_acquire` does), or take it over from a holder of an older run, in one statement.
@@ -263,7 +267,7 @@ class LeaseStore(Store):
         sent_at = time.monotonic()
         params: dict[str, Any] = {
             "key": key, "owner": owner, "ttl": ttl, "run_after": run_after, "takeover": bool(takeover),
-            "detail": self._acquire_detail(ttl) if self.record_events else None, **columns,
+            "detail": self._acquire_detail(ttl, host) if self.record_events else None, **columns,
         }
         rows = db.run("replace", params, durable=True)
         if not rows:
@@ -352,16 +356,20 @@ class LeaseStore(Store):
         rows = self._ready().run("waiters", {"keys": key_list, "dag_ids": _dag_list(dag_ids), "limit": limit})
         return [Waiter.from_row(r) for r in rows]
 
-    def _acquire_detail(self, ttl: timedelta) -> str:
+    def _acquire_detail(self, ttl: timedelta, host: str | None = None) -> str:
         """The 'acquired' event's detail from the caller's side (host, TTL), as JSON: encoded once per
-        (host, TTL) and kept, since encoding it cost more client time than the rest of the call."""
+        (host, TTL) and kept, since encoding it cost more client time than the rest of the call. ``host``:
+        another host than this store's (the lease API's caller's)."""
+        if host is not None and (not isinstance(host, str) or "\x00" in host):
+            raise InvalidArgument("host", host, "must be a string without NUL characters")
         cache = self._acquire_details
-        cache_key = (self.host, ttl)
+        host = self.host if host is None else host
+        cache_key = (host, ttl)
         detail = cache.get(cache_key)
         if detail is None:
             if len(cache) >= 64:  # a caller cycling through TTLs: keep the cache small
                 cache.clear()
-            detail = cache[cache_key] = json.dumps({"host": self.host, "ttl_seconds": ttl.total_seconds()}, sort_keys=True)
+            detail = cache[cache_key] = json.dumps({"host": host, "ttl_seconds": ttl.total_seconds()}, sort_keys=True)
         return detail
 
     def _logged(self, logged: bool, kind: EventKind, key: str) -> None:

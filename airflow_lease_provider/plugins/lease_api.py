@@ -8,6 +8,10 @@ and 4):
   without a password: 403 "lease API not enabled" (never open by default).
 - ``renew``, ``release``, ``check``, ``fence``: ``Authorization: Bearer <capability>``, the one the acquire
   answered, for the grant (key, owner, token) named in the request, which must be the row's current grant.
+  One exception, for the caller's own grant only: after a newer grant took the row, that grant's capability
+  (checked against the grant kept in ``lease_api_grant``, migration 22) may still record the grant's
+  ``lost`` (``/event``, once) and a refused late fence's ``fence_rejected`` (``/fence`` answers 409 and never
+  asks the fence), never act under it (docs/api.md, "A grant's own past").
 
 No credentials: 401. The wrong ones: 403. The store unreachable: 503 (fail closed). Nothing here logs a
 header, and no answer but the acquire's carries a capability.
@@ -156,6 +160,10 @@ def may_acquire(credential: BearerDep) -> None:
 # -- bodies and answers -----------------------------------------------------------------------------
 
 Name = Annotated[str, Field(min_length=1, max_length=MAX_NAME)]
+#: A host name as the acquire records it: a DNS name or an address (letters, digits, ``.-_:[]``), at most 253
+#: characters (a DNS name's limit); anything else is 422 naming ``host``, never stored.
+HOST_PATTERN = r"^[A-Za-z0-9._:\[\]-]+$"
+Host = Annotated[str, Field(min_length=1, max_length=253, pattern=HOST_PATTERN)]
 
 
 class RunBody(BaseModel):
@@ -187,6 +195,8 @@ class AcquireBody(BaseModel):
     run: RunBody | None = Field(default=None, description="the task instance taking it (the events' run columns)")
     takeover: bool = Field(default=True, description="policy replace: False never takes over (the holder's "
                            "run is older: `holder_older` in the 409)")
+    host: Host | None = Field(default=None, description="the task's host, recorded in the `acquired` event (default "
+                              "the api-server's)")
 
 
 #: A fencing token as the API takes it: a JSON integer, never a string or a float that looks like one (a
@@ -282,9 +292,9 @@ def acquire(body: AcquireBody, store: StoreDep, _: Annotated[None, Depends(may_a
     if body.policy == "replace":
         assert body.run_after is not None
         taken = store.try_replace(body.key, body.owner, ttl, run_after=body.run_after, run=run,
-                                  takeover=body.takeover)
+                                  takeover=body.takeover, **_caller_host(body))
     else:
-        taken = store.try_acquire(body.key, body.owner, ttl, slots=body.slots, run=run)
+        taken = store.try_acquire(body.key, body.owner, ttl, slots=body.slots, run=run, **_caller_host(body))
     lease = taken.lease
     if lease is None:
         holders = taken.holders or ((taken.holder,) if taken.holder is not None else ())
@@ -314,7 +324,11 @@ def renew(body: RenewBody, store: StoreDep, credential: BearerDep) -> Any:
 def release(body: GrantRef, store: StoreDep, credential: BearerDep) -> Any:
     """Free the grant. Sent again, the same answer (the row says this grant was released by its holder)."""
     lease = _holder_of(store, body, credential)
-    if lease.released_at is not None or store.release(lease):
+    if lease.released_at is None:
+        caps.released(store, lease, credential)  # before: a grant its holder ended never records a loss
+    # The run columns of the 'released' event are the ones the grant's acquire wrote on its row (lease.run),
+    # never the request's: the task instance's Lease tab finds it by them.
+    if lease.released_at is not None or store.release(lease, run=lease.run):
         return {"status": "released", "released": True, "key": body.key, "token": body.token}
     return _conflict({"status": "lost", "released": False, "key": body.key, "token": body.token})
 
@@ -341,13 +355,15 @@ def check_post(body: GrantRef, store: StoreDep, credential: BearerDep) -> dict[s
 
 def fence(body: FenceBody, store: StoreDep, fences: FencesDep, credential: BearerDep) -> Any:
     """Check the grant is held, then advance the fence of ``resource`` to its token (docs/core.md, "The
-    fence"): 200 accepted, or 409 with the fence's reason. An ``idempotency_key`` is claimed with it, once."""
-    lease = _holder_of(store, body, credential)
-    if not lease.held:
-        return _conflict({"status": "lost", "accepted": False, "key": body.key, "token": body.token})
+    fence"): 200 accepted, or 409 with the fence's reason. An ``idempotency_key`` is claimed with it, once.
+    A grant not held (lapsed, or the row holds a newer one): 409 ``lost``, the fence not asked
+    (:func:`_late_fence`)."""
+    lease = caps.grant(store, body.key, body.owner, body.token, credential)
+    if lease is None or not lease.held:
+        return _late_fence(body, lease, store, fences, credential)
     decision = fences.advance(
         body.resource, lease.token, key=lease.key, owner=lease.owner, idempotency_key=body.idempotency_key,
-        store_id=store.store_id, count_epoch=lease.count_epoch, base_key=lease.lease_key,
+        store_id=store.store_id, count_epoch=lease.count_epoch, base_key=lease.lease_key, run=lease.run,
     )
     answer = {"accepted": decision.accepted, "resource": body.resource, "key": body.key, "token": body.token,
               "outcome": decision.outcome, "current_token": decision.current_token,
@@ -381,7 +397,7 @@ def event(body: EventBody, store: StoreDep, credential: BearerDep) -> Any:
     else:
         if body.token is None:
             raise InvalidArgument("token", None, f"is required for a {body.kind!r} event")
-        _holder_of(store, GrantRef(key=body.key, owner=body.owner, token=body.token), credential)
+        return _grant_event(body, body.token, store, credential)
     run = body.run.ref() if body.run else None
     recorded = store.events.record(body.kind, body.key, owner=body.owner, token=body.token, detail=body.detail, run=run)
     if not recorded:
@@ -508,6 +524,68 @@ def wait_release(body: WaitReleaseBody, store: StoreDep, credential: BearerDep) 
     if not caps.wait_release(store, body.key, body.owner, credential):
         raise HTTPException(status.HTTP_403_FORBIDDEN, "not the capability of a waiting place of this key and owner")
     return {"status": "released", "released": True, "key": body.key}
+
+
+# -- a grant's own record: its loss and its late fences (docs/api.md, "A grant's own past") --------------
+
+
+def _caller_host(body: AcquireBody) -> dict[str, Any]:
+    """The acquire's ``host=`` for the store: the task's, when it sent one (checked by :data:`Host`)."""
+    return {"host": body.host} if body.host is not None else {}
+
+
+def _record(store: LeaseStore, kind: str, key: str, owner: str, token: int, detail: dict[str, Any],
+            run: RunRef | None) -> None:
+    if not store.events.record(kind, key, owner=owner, token=token, detail=detail, run=run):
+        raise LeaseStoreUnavailable("the event could not be recorded")
+
+
+def _grant_event(body: EventBody, token: int, store: LeaseStore, credential: str) -> Any:
+    """A grant's own event (``lost``, ``renewed_late``), by that grant's capability. Its run columns are the
+    ones its acquire wrote (the row's, or the kept grant's), never the request's. A ``lost`` is recorded at
+    most once per grant, never for a grant its holder released through the API, and also for the caller's
+    own grant after a newer grant took the key's row (:func:`caps.past_grant`); anything else is 403."""
+    ref = GrantRef(key=body.key, owner=body.owner, token=token)
+    lease = caps.grant(store, ref.key, ref.owner, ref.token, credential)
+    if lease is not None:
+        run = lease.run
+    else:
+        past = caps.past_grant(store, ref.key, ref.owner, ref.token, credential) if body.kind == "lost" else None
+        if past is None:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "not the holder's capability for this grant")
+        run = past.run
+    if body.kind == "lost" and not caps.claim_lost(store, ref.key, ref.owner, ref.token, credential):
+        return _conflict({"status": "not_recorded", "recorded": False, "key": body.key,
+                          "detail": "this grant's loss is recorded already, or its holder released it"})
+    _record(store, body.kind, ref.key, ref.owner, ref.token, body.detail, run)
+    return {"status": "recorded", "recorded": True, "kind": body.kind, "key": body.key}
+
+
+def _late_fence(body: FenceBody, lease: Lease | None, store: LeaseStore, fences: FenceStore, credential: str) -> Any:
+    """A fence asked under a grant that is not held: refused (409 ``lost``), the fence not asked, nothing
+    written but the refusal's ``fence_rejected`` event, as the direct path's fence records a refusal. That
+    event only for the caller's own grant that its holder did not release: the row's grant lapsed (``lease``),
+    or a grant the row no longer holds (:func:`caps.past_grant`, with the run columns its acquire wrote); any
+    other capability is 403 and records nothing."""
+    refused = {"status": "lost", "accepted": False, "key": body.key, "token": body.token}
+    if lease is not None:
+        if lease.released_at is not None:  # released by its holder: asked again, nothing to record
+            return _conflict(refused)
+        lease_key, newest, outcome, run = lease.lease_key, None, "stale", lease.run
+    else:
+        past = caps.past_grant(store, body.key, body.owner, body.token, credential)
+        if past is None:
+            raise HTTPException(status.HTTP_403_FORBIDDEN, "not the holder's capability for this grant")
+        lease_key, newest, outcome, run = past.lease_key, past.newest_grant, "superseded", past.run
+    detail: dict[str, Any] = {
+        "outcome": outcome, "reason": "lost", "lease_key": lease_key,
+        "current_token": fences.current(body.resource, key=body.key), "idempotency_key": body.idempotency_key,
+        "fence_at": "lease API: the grant is no longer held, the fence was not asked",
+    }
+    if newest is not None:
+        detail["newest_grant"] = newest
+    _record(store, "fence_rejected", body.resource, body.owner, body.token, detail, run)
+    return _conflict({**refused, "newest_grant": newest})
 
 
 # -- errors -----------------------------------------------------------------------------------------

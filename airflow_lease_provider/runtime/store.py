@@ -16,6 +16,7 @@ execute, which waits for the thread and does again, failing closed, whatever fai
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import weakref
 from collections.abc import MutableMapping
@@ -28,7 +29,7 @@ from airflow_lease_provider.core import LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.db import DEFAULT_CONNECT_TIMEOUT, DEFAULT_STATEMENT_TIMEOUT
 from airflow_lease_provider.core.db.dsn import server_endpoint
 from airflow_lease_provider.hooks import LeaseConnectionMissing, LeaseHook
-from airflow_lease_provider.hooks.lease import get_connection
+from airflow_lease_provider.hooks.lease import _hostname, get_connection
 from airflow_lease_provider.runtime.signals import Terminate, stop_on_terminate
 from airflow_lease_provider.version_compat import AirflowNotFoundException, in_task_process
 
@@ -57,13 +58,55 @@ def connection_grace(ttl: timedelta | None, renew_every: timedelta | None) -> ti
     return max(grace, timedelta(milliseconds=1))
 
 
+#: The connection whose password is the lease API's acquire secret (plugins/lease_api.py ``API_CONN_ID``).
+API_CONN_ID = "lease_api"
+
+
+class LeaseAPIUnconfigured(LeaseStoreUnavailable):
+    """The task is to take its lease through the lease API, and the ``lease_api`` connection is missing, has
+    no password, or cannot be read: its message names ``lease_api`` and what to do (never its value)."""
+
+
+#: What to do about it, in every such message.
+_DEFINE = (
+    f"define the connection {API_CONN_ID!r} with the lease API's acquire secret as its password, the same "
+    f"as on the api-server (e.g. AIRFLOW_CONN_{API_CONN_ID.upper()}='{{\"conn_type\": \"http\", "
+    "\"password\": \"...\"}'; docs/api.md, \"Enabling it\")"
+)
+
+
 def api_secret() -> str | None:
-    """The lease API's acquire secret (the ``lease_api`` connection's password), None when not defined."""
+    """The lease API's acquire secret (the ``lease_api`` connection's password), None when not defined.
+
+    :raises LeaseAPIUnconfigured: the connection is defined but cannot be read (a secrets backend that
+        fails, a URI that does not parse, which Airflow reports as undefined): never mistaken for "not
+        defined", and the message names ``lease_api``, not the lease store's connection."""
     try:
-        secret = get_connection("lease_api").password
+        conn = get_connection(API_CONN_ID)
     except AirflowNotFoundException:
+        if os.environ.get(f"AIRFLOW_CONN_{API_CONN_ID.upper()}", "").strip():
+            raise LeaseAPIUnconfigured(
+                f"the connection {API_CONN_ID!r} is set (AIRFLOW_CONN_{API_CONN_ID.upper()}) but Airflow could "
+                "not read it: if it is a URI, percent-encode / @ : ? # and % in its password, or give it as JSON "
+                "(docs/api.md)"
+            ) from None
         return None
+    except Exception as exc:
+        # Only the error's type: a message about an unparsable URI may quote a piece of the password.
+        raise LeaseAPIUnconfigured(
+            f"the connection {API_CONN_ID!r} (the lease API's acquire secret) could not be read "
+            f"({type(exc).__name__}): check it where it is kept (a secrets backend, the environment, the "
+            f"metadata database; `airflow connections get {API_CONN_ID}`)"
+        ) from None
+    secret = conn.password
     return str(secret) if secret else None
+
+
+def _no_api_secret() -> LeaseAPIUnconfigured:
+    return LeaseAPIUnconfigured(
+        f"this task takes its lease through the api-server's lease API ([lease] access = api), and the "
+        f"connection {API_CONN_ID!r} is not defined here or has no password: {_DEFINE}"
+    )
 
 
 def api_task_store(task: Any) -> LeaseStore:
@@ -74,13 +117,10 @@ def api_task_store(task: Any) -> LeaseStore:
 
     secret = api_secret()
     if not secret:
-        raise LeaseStoreUnavailable(
-            "[lease] access = api needs the connection 'lease_api' with a password (the lease API's acquire "
-            "secret: docs/api.md)"
-        )
+        raise _no_api_secret()
     ttl = getattr(task, "lease_ttl", None)
     timeout = min(DEFAULT_TIMEOUT, ttl / 10) if isinstance(ttl, timedelta) and ttl > timedelta(0) else DEFAULT_TIMEOUT
-    return cast(LeaseStore, HttpLeaseStore(settings.api_server_url(), secret, timeout=timeout))
+    return cast(LeaseStore, HttpLeaseStore(settings.api_server_url(), secret, timeout=timeout, host=_hostname()))
 
 
 def task_store(task: Any, conn_id: str | None) -> LeaseStore:
@@ -100,11 +140,17 @@ def task_store(task: Any, conn_id: str | None) -> LeaseStore:
     hook = LeaseHook(conn_id)
     try:
         store = hook.get_task_store(grace)
-    except LeaseConnectionMissing:
-        if access == "auto" and conn_id is None and api_secret():
+    except LeaseConnectionMissing as missing:
+        if access != "auto" or conn_id is not None:
+            raise
+        if api_secret():
             log.info("lease: no lease connection here; taking the lease through the api-server's lease API")
             return api_task_store(task)
-        raise
+        # Neither path is set up here: say both, the lease API's too (where it is the one meant, as on an
+        # Edge worker, the lease store's connection alone would send the operator the wrong way).
+        raise LeaseConnectionMissing(
+            f"{missing}; or, to take leases through the api-server ([lease] access = auto or api), {_DEFINE}"
+        ) from None
     if access == "auto" and not hook.location.embedded and not direct_reachable(store) and api_secret():
         endpoint = server_endpoint(store.db.dsn)
         if endpoint not in _logged_unreachable:

@@ -13,13 +13,18 @@ from typing import Any
 import uvicorn
 
 
+def free_port() -> int:
+    """A TCP port of 127.0.0.1 that nothing listens on now (the OS's pick)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 @contextmanager
 def serving(app: Any) -> Iterator[str]:
     """``app`` (an ASGI app) served on a free port of 127.0.0.1 by uvicorn in a daemon thread: its base URL,
     once the server has started (at most 30 s); the server is stopped afterwards."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = int(s.getsockname()[1])
+    port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()

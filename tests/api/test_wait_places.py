@@ -314,10 +314,10 @@ def test_the_trigger_fails_closed_when_the_api_server_does_not_answer(
     store: LeaseStore, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from airflow_lease_provider.triggers.lease_free import LeaseFreeTrigger
-    from tests.api.test_contract import _free_port
+    from tests.api.live_server import free_port
 
     monkeypatch.setenv("AIRFLOW_CONN_LEASE_API", json.dumps({"conn_type": "http", "password": SECRET}))
-    monkeypatch.setenv("AIRFLOW__LEASE__API_URL", f"http://127.0.0.1:{_free_port()}")  # nobody listens
+    monkeypatch.setenv("AIRFLOW__LEASE__API_URL", f"http://127.0.0.1:{free_port()}")  # nobody listens
     now = datetime.now(timezone.utc)
     trigger = LeaseFreeTrigger(key="gone", conn_id=None, schema="(lease API)", poll_interval=0.2, access="api",
                                deadline=(now + timedelta(seconds=2)).isoformat(), not_before=None)

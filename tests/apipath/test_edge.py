@@ -213,9 +213,11 @@ def test_a_frozen_holder_on_the_edge_worker_cannot_publish_after_a_newer_run_too
     log = api.log("edge_zombie", old, "publish")
     assert "LeaseLost" in log, log[-3000:]
     assert SECRET not in log
-    # The ledger: both grants, only the newer one released (the frozen grant lapsed; no release, no write).
+    # The ledger: both grants, the frozen grant's loss (recorded once by its own capability after the newer run
+    # took the key: docs/api.md, "A grant's own past"), only the newer one released (no release, no write).
     seen = [(e["kind"], e["token"]) for e in events(airflow, "edge-zombie-key")]
-    assert sorted(seen) == [("acquired", old_token), ("acquired", new_token), ("released", new_token)], seen
+    assert sorted(seen) == [("acquired", old_token), ("acquired", new_token), ("lost", old_token),
+                            ("released", new_token)], seen
 
 
 def test_a_frozen_holder_replaced_by_a_newer_run_is_refused_by_the_fence_and_skipped_naming_it(

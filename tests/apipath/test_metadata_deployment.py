@@ -192,12 +192,19 @@ def test_a_frozen_holder_s_late_publish_through_the_fence_is_refused_and_the_new
     assert fence == [("metadb-zombie", new_token, f"metadb_zombie/{new}/publish")], fence
     log = api.log("metadb_zombie", old, "publish")
     assert "LeaseLost" in log or "StaleFencingToken" in log, log[-3000:]
+    # The ledger has the frozen grant's loss once, filed under its own run (recorded by its capability, kept past
+    # its row: docs/api.md, "A grant's own past"), and the newer grant's release under the newer run.
+    events = store.events.query(key="metadb-zombie", limit=100)
+    lost = [(e.owner, e.token, e.run.run_id if e.run else None) for e in events if e.kind == "lost"]
+    assert lost == [(f"metadb_zombie/{old}/publish", old_token, old)], lost
+    released = [(e.token, e.run.run_id if e.run else None) for e in events if e.kind == "released"]
+    assert released == [(new_token, new)], released
     assert API_PATH_LINE in log
-    # The ledger: both grants, the newer one's release; the frozen one never released. Its loss is not in the
-    # ledger: its keeper's `lost` is refused by /event once a newer grant is on the row (docs/api.md, decision
-    # 7; the direct path records it), so the task's log is where it is said.
+    # The ledger: both grants, the frozen one's loss (above), the newer one's release; the frozen one never
+    # released.
     seen = {(e.kind, e.token) for e in store.events.query(key="metadb-zombie")}
-    assert {(EventKind.ACQUIRED, old_token), (EventKind.ACQUIRED, new_token), (EventKind.RELEASED, new_token)} <= seen
+    assert {(EventKind.ACQUIRED, old_token), (EventKind.ACQUIRED, new_token), (EventKind.LOST, old_token),
+            (EventKind.RELEASED, new_token)} <= seen
     assert (EventKind.RELEASED, old_token) not in seen, seen
 
 

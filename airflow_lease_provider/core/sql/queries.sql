@@ -475,11 +475,59 @@ SELECT clock_timestamp() AS now;
 -- name: api_capability_bind
 -- The lease API (migrations/0018): keep the digest of a grant's capability on its row, only while that grant
 -- (key, owner, token) is the row's live grant. No row back: the grant is gone already (lost or taken).
-UPDATE {schema}.lease
-   SET api_capability = %(digest)s
- WHERE key = %(key)s AND owner = %(owner)s AND token = %(token)s
-   AND released_at IS NULL AND expires_at > clock_timestamp()
+-- In the same statement the grant is kept in lease_api_grant (migrations/0022) with its lease key and the run
+-- columns its acquire wrote on the row, and the key's kept grants older than %(keep)s are deleted.
+WITH bound AS (
+    UPDATE {schema}.lease AS l
+       SET api_capability = %(digest)s
+     WHERE l.key = %(key)s AND l.owner = %(owner)s AND l.token = %(token)s
+       AND l.released_at IS NULL AND l.expires_at > clock_timestamp()
+    RETURNING l.key, l.owner, l.token, CASE WHEN l.slot > 1 THEN l.slot_of ELSE l.key END AS lease_key,
+              l.dag_id, l.run_id, l.task_id, l.map_index
+), kept AS (
+    INSERT INTO {schema}.lease_api_grant (key, token, owner, digest, lease_key, dag_id, run_id, task_id, map_index)
+    SELECT b.key, b.token, b.owner, %(digest)s, b.lease_key, b.dag_id, b.run_id, b.task_id, b.map_index FROM bound b
+    ON CONFLICT (key, token) DO NOTHING
+), pruned AS (
+    DELETE FROM {schema}.lease_api_grant AS g
+     WHERE g.key = %(key)s AND g.token < %(token)s AND g.granted_at < clock_timestamp() - %(keep)s::interval
+)
+SELECT key FROM bound;
+
+-- name: api_grant_released
+-- The lease API's release, before it releases (migrations/0022): the grant's holder ended it, so its
+-- capability records no loss of it afterwards. Only the grant the capability's digest names.
+UPDATE {schema}.lease_api_grant
+   SET released_at = clock_timestamp()
+ WHERE key = %(key)s AND owner = %(owner)s AND token = %(token)s AND digest = %(digest)s AND released_at IS NULL
 RETURNING key;
+
+-- name: api_past_grant
+-- The lease API (migrations/0022): the grant (key, owner, token) when the capability's digest is the one kept
+-- for it, its holder did not release it, and the key's row no longer holds it (a newer grant took the row, or
+-- a force-release bumped its token): the caller's own lost grant, with its lease key and run columns. No row:
+-- a forged capability, another grant's, a released grant's, or a grant that is still the row's.
+SELECT g.key, g.owner, g.token, g.lease_key, g.lost_at, g.dag_id, g.run_id, g.task_id, g.map_index,
+       l.token AS newest_grant
+  FROM {schema}.lease_api_grant g
+  JOIN {schema}.lease l ON l.key = g.key
+ WHERE g.key = %(key)s AND g.owner = %(owner)s AND g.token = %(token)s AND g.digest = %(digest)s
+   AND g.released_at IS NULL AND (l.token <> g.token OR l.owner <> g.owner);
+
+-- name: api_grant_lost
+-- The lease API's 'lost' of a grant, at most once (migrations/0022): claimed marks the kept grant now (its
+-- holder did not release it, and no 'lost' of it was recorded); kept says whether the grant (key, token) is
+-- kept at all, under any digest (a grant bound before version 22 is not, and records its loss as before).
+-- Sent only once the capability is checked (api_capability_grant or api_past_grant).
+WITH claim AS (
+    UPDATE {schema}.lease_api_grant
+       SET lost_at = clock_timestamp()
+     WHERE key = %(key)s AND owner = %(owner)s AND token = %(token)s AND digest = %(digest)s
+       AND released_at IS NULL AND lost_at IS NULL
+    RETURNING key
+)
+SELECT EXISTS (SELECT 1 FROM claim) AS claimed,
+       EXISTS (SELECT 1 FROM {schema}.lease_api_grant g WHERE g.key = %(key)s AND g.token = %(token)s) AS kept;
 
 -- name: api_capability_grant
 -- The lease API: the row of the grant (key, owner, token) if the capability's digest is the one kept for it,

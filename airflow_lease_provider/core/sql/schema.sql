@@ -130,6 +130,26 @@ CREATE INDEX event_fence_lease_key_at_idx ON {schema}.event ((detail->>'lease_ke
 -- The events of one DAG run by time (migrations/0007).
 CREATE INDEX event_run_at_idx ON {schema}.event (dag_id, run_id, at);
 
+-- The lease API's grants kept past their row (migrations/0022; docs/api.md): each grant's capability digest,
+-- lease key and run columns, so that a capability can record the loss (and a refused late fence) of its own
+-- grant after a newer grant took the row. released_at: its holder released it through the API (it then
+-- records nothing more); lost_at: its 'lost' event is recorded (once). Pruned per key past the event retention.
+CREATE TABLE {schema}.lease_api_grant (
+    key          text        NOT NULL,
+    token        bigint      NOT NULL,
+    owner        text        NOT NULL,
+    digest       bytea       NOT NULL,
+    lease_key    text        NOT NULL,
+    granted_at   timestamptz NOT NULL DEFAULT clock_timestamp(),
+    released_at  timestamptz,
+    lost_at      timestamptz,
+    dag_id       text,
+    run_id       text,
+    task_id      text,
+    map_index    integer,
+    PRIMARY KEY (key, token)
+);
+
 -- The places of the runs waiting for a key (migrations/0012): at most max_waiting per key, each lapsing at
 -- its expires_at unless the waiter (its trigger, while deferred) renews it.
 CREATE TABLE {schema}.lease_waiter (

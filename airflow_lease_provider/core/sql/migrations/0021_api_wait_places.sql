@@ -5,8 +5,6 @@
 -- for the caller whose capability it was taken with: a place of the same owner under another capability
 -- (or none) is neither renewed nor replaced ('other'). The direct path's statements never read the column.
 --
--- (Numbered 0021 on its branch: the lead renumbers at merge.)
---
 -- {schema} is the store's schema, filled in as a quoted identifier (core/db/sqltext.py, with_schema).
 ALTER TABLE {schema}.lease_waiter ADD COLUMN api_capability bytea;
 
