@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing as mp
 import random
 import time
+from collections.abc import Iterator
 from datetime import datetime, timedelta
+from multiprocessing import forkserver
 
 import pytest
 
@@ -16,12 +19,27 @@ from tests.pg import EmbeddedServer, execute, new_schema_name, q
 CONTENDERS = 32
 
 
+@contextlib.contextmanager
+def _processes() -> Iterator[mp.context.ForkServerContext]:
+    """Processes of their own (own interpreter state, own connections), forked from a server process that
+    has imported this module once: spawning each imported it again, ~0.35 CPU s a process, 40 per run
+    (14 of the 23 CPU s these two tests took). The fork server is a fresh, single-threaded interpreter,
+    not this test process (whose threads and connections a plain fork would copy). It is stopped, and
+    reaped, at the end: its CPU and its children's then count as the test's (tests/conftest.py)."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload([__name__])
+    try:
+        yield ctx
+    finally:
+        forkserver._forkserver._stop()  # private, but in every Python we support (3.10-3.13): its own tests use it
+
+
 def _contend(dsn: str, schema: str, worker: int, seconds: float, out: mp.Queue, start: mp.Barrier) -> None:
     """Loop: try to acquire; when it works, hold a while, then release or let it expire."""
     store = LeaseStore(dsn, schema=schema)
     rng = random.Random(worker)
     held = []
-    # Everyone starts together once all are up: spawning and importing 32 processes on 2 cores takes
+    # Everyone starts together once all are up: starting 32 processes on 2 cores takes
     # seconds, which would otherwise eat the contention window of the first ones.
     start.wait(timeout=120)
     end = time.monotonic() + seconds
@@ -49,16 +67,16 @@ def _validity_end(store: LeaseStore, token: int, expires_at):
 
 def test_32_contenders_exactly_one_valid_holder_at_any_moment(pg_dsn: str, schema: str) -> None:
     LeaseStore(pg_dsn, schema=schema).ensure_schema()
-    ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()
-    start = ctx.Barrier(CONTENDERS)
-    procs = [ctx.Process(target=_contend, args=(pg_dsn, schema, w, 8.0, out, start)) for w in range(CONTENDERS)]
-    for p in procs:
-        p.start()
-    acquired = sorted(i for _ in procs for i in out.get(timeout=180))
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    with _processes() as ctx:
+        out: mp.Queue = ctx.Queue()
+        start = ctx.Barrier(CONTENDERS)
+        procs = [ctx.Process(target=_contend, args=(pg_dsn, schema, w, 8.0, out, start)) for w in range(CONTENDERS)]
+        for p in procs:
+            p.start()
+        acquired = sorted(i for _ in procs for i in out.get(timeout=180))
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
     judge = LeaseStore(pg_dsn, schema=schema)
     intervals = [(t, start, _validity_end(judge, t, expires)) for t, start, expires in acquired]
     assert len(intervals) >= 20, f"too few acquisitions to judge: {len(intervals)}"
@@ -81,15 +99,15 @@ def _create_schema(dsn: str, schema: str, barrier: mp.Barrier, out: mp.Queue) ->
 
 
 def test_8_processes_create_the_schema_at_the_same_moment(pg_dsn: str, schema: str) -> None:
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(8)
-    out: mp.Queue = ctx.Queue()
-    procs = [ctx.Process(target=_create_schema, args=(pg_dsn, schema, barrier, out)) for _ in range(8)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
+    with _processes() as ctx:
+        barrier = ctx.Barrier(8)
+        out: mp.Queue = ctx.Queue()
+        procs = [ctx.Process(target=_create_schema, args=(pg_dsn, schema, barrier, out)) for _ in range(8)]
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(timeout=30)
     assert results == [("ok", latest_version())] * 8
     versions = execute(pg_dsn, q('SELECT version FROM {schema}.schema_version', schema))
     assert versions == [(v,) for v in range(1, latest_version() + 1)]
