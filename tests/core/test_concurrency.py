@@ -2,36 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import multiprocessing as mp
 import random
 import time
-from collections.abc import Iterator
 from datetime import datetime, timedelta
-from multiprocessing import forkserver
 
 import pytest
 
 from airflow_lease_provider.core import LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.schema import latest_version
+from tests.forked import processes
 from tests.pg import EmbeddedServer, execute, new_schema_name, q
 
 CONTENDERS = 32
-
-
-@contextlib.contextmanager
-def _processes() -> Iterator[mp.context.ForkServerContext]:
-    """Processes of their own (own interpreter state, own connections), forked from a server process that
-    has imported this module once: spawning each imported it again, ~0.35 CPU s a process, 40 per run
-    (14 of the 23 CPU s these two tests took). The fork server is a fresh, single-threaded interpreter,
-    not this test process (whose threads and connections a plain fork would copy). It is stopped, and
-    reaped, at the end: its CPU and its children's then count as the test's (tests/conftest.py)."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload([__name__])
-    try:
-        yield ctx
-    finally:
-        forkserver._forkserver._stop()  # private, but in every Python we support (3.10-3.13): its own tests use it
 
 
 def _contend(dsn: str, schema: str, worker: int, seconds: float, out: mp.Queue, start: mp.Barrier) -> None:
@@ -67,7 +50,7 @@ def _validity_end(store: LeaseStore, token: int, expires_at):
 
 def test_32_contenders_exactly_one_valid_holder_at_any_moment(pg_dsn: str, schema: str) -> None:
     LeaseStore(pg_dsn, schema=schema).ensure_schema()
-    with _processes() as ctx:
+    with processes(__name__) as ctx:  # not spawned: tests/forked.py
         out: mp.Queue = ctx.Queue()
         start = ctx.Barrier(CONTENDERS)
         procs = [ctx.Process(target=_contend, args=(pg_dsn, schema, w, 8.0, out, start)) for w in range(CONTENDERS)]
@@ -99,7 +82,7 @@ def _create_schema(dsn: str, schema: str, barrier: mp.Barrier, out: mp.Queue) ->
 
 
 def test_8_processes_create_the_schema_at_the_same_moment(pg_dsn: str, schema: str) -> None:
-    with _processes() as ctx:
+    with processes(__name__) as ctx:  # not spawned: tests/forked.py
         barrier = ctx.Barrier(8)
         out: mp.Queue = ctx.Queue()
         procs = [ctx.Process(target=_create_schema, args=(pg_dsn, schema, barrier, out)) for _ in range(8)]
