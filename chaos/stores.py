@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import secrets
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from datetime import datetime, timedelta, timezone
 from typing import Any
@@ -70,6 +70,39 @@ def lease_fields(lease: Lease) -> dict[str, Any]:
     }
 
 
+def recorded_renewal(
+    recorder: Recorder, lease: Lease, renew: Callable[[], Lease | None], **marks: Any
+) -> Lease | None:
+    """``renew()`` (a store's renewal of ``lease``, made by the keeper thread), recorded: its outcome, and the
+    renewed lease's fields when it was granted. ``marks`` go into each record (``http=True``: through the
+    lease API). The one wrapper of the direct and the HTTP store."""
+    t0 = time.monotonic()
+    ident = {"key": lease.key, "owner": lease.owner, "token": lease.token, **marks}
+    try:
+        renewed = renew()
+    except LeaseError as exc:
+        recorder.op("renew", t0=t0, outcome=outcome_of(exc), error=str(exc), **ident)
+        raise
+    if renewed is None:
+        recorder.op("renew", t0=t0, outcome="refused", **ident)
+    else:
+        recorder.op("renew", t0=t0, outcome="ok", **marks, **lease_fields(renewed))
+    return renewed
+
+
+def recorded_release(recorder: Recorder, lease: Lease, release: Callable[[], bool], **marks: Any) -> bool:
+    """``release()`` (a store's release of ``lease``), recorded as :func:`recorded_renewal` records a renewal."""
+    t0 = time.monotonic()
+    ident = {"key": lease.key, "owner": lease.owner, "token": lease.token, **marks}
+    try:
+        released = release()
+    except LeaseError as exc:
+        recorder.op("release", t0=t0, outcome=outcome_of(exc), error=str(exc), **ident)
+        raise
+    recorder.op("release", t0=t0, outcome="ok" if released else "refused", **ident)
+    return released
+
+
 class RecordingLeaseStore(LeaseStore):
     """The real :class:`LeaseStore`; renewals (made by the keeper thread) and releases are recorded."""
 
@@ -78,29 +111,10 @@ class RecordingLeaseStore(LeaseStore):
         self.recorder = recorder
 
     def renew(self, lease: Lease, ttl: timedelta | None = None) -> Lease | None:
-        t0 = time.monotonic()
-        ident = {"key": lease.key, "owner": lease.owner, "token": lease.token}
-        try:
-            renewed = super().renew(lease, ttl)
-        except LeaseError as exc:
-            self.recorder.op("renew", t0=t0, outcome=outcome_of(exc), error=str(exc), **ident)
-            raise
-        if renewed is None:
-            self.recorder.op("renew", t0=t0, outcome="refused", **ident)
-        else:
-            self.recorder.op("renew", t0=t0, outcome="ok", **lease_fields(renewed))
-        return renewed
+        return recorded_renewal(self.recorder, lease, lambda: super(RecordingLeaseStore, self).renew(lease, ttl))
 
     def release(self, lease: Lease, *, run: RunRef | None = None) -> bool:
-        t0 = time.monotonic()
-        ident = {"key": lease.key, "owner": lease.owner, "token": lease.token}
-        try:
-            released = super().release(lease, run=run)
-        except LeaseError as exc:
-            self.recorder.op("release", t0=t0, outcome=outcome_of(exc), error=str(exc), **ident)
-            raise
-        self.recorder.op("release", t0=t0, outcome="ok" if released else "refused", **ident)
-        return released
+        return recorded_release(self.recorder, lease, lambda: super(RecordingLeaseStore, self).release(lease, run=run))
 
 
 class _OwnConnection:
@@ -360,26 +374,11 @@ class RecordingHttpLeaseStore(HttpLeaseStore):
         )
 
     def renew(self, lease: Lease, ttl: timedelta | None = None) -> Lease | None:
-        t0 = time.monotonic()
-        ident = {"key": lease.key, "owner": lease.owner, "token": lease.token, "http": True}
-        try:
-            renewed = super().renew(lease, ttl)
-        except LeaseError as exc:
-            self.recorder.op("renew", t0=t0, outcome=outcome_of(exc), error=str(exc), **ident)
-            raise
-        if renewed is None:
-            self.recorder.op("renew", t0=t0, outcome="refused", **ident)
-        else:
-            self.recorder.op("renew", t0=t0, outcome="ok", http=True, **lease_fields(renewed))
-        return renewed
+        return recorded_renewal(
+            self.recorder, lease, lambda: super(RecordingHttpLeaseStore, self).renew(lease, ttl), http=True
+        )
 
     def release(self, lease: Lease, **kwargs: Any) -> bool:
-        t0 = time.monotonic()
-        ident = {"key": lease.key, "owner": lease.owner, "token": lease.token, "http": True}
-        try:
-            released = super().release(lease, **kwargs)
-        except LeaseError as exc:
-            self.recorder.op("release", t0=t0, outcome=outcome_of(exc), error=str(exc), **ident)
-            raise
-        self.recorder.op("release", t0=t0, outcome="ok" if released else "refused", **ident)
-        return released
+        return recorded_release(
+            self.recorder, lease, lambda: super(RecordingHttpLeaseStore, self).release(lease, **kwargs), http=True
+        )

@@ -134,7 +134,8 @@ def main(argv: list[str] | None = None) -> int:
     plain = sorted(ours, key=lambda n: (n.split("::")[0].split("/"), position[n]))
     first_ui = next(n for n in ours if n.split("::")[0] in conftest.UI_WORLD)
     same = [seconds[n] for n in ours if n.split("::")[0] == first_ui.split("::")[0] and n != first_ui and n in seconds]
-    ui_start = max(0.0, seconds.get(first_ui, 0.0) - statistics.median(same))
+    # A run without the UI tier (the inner loop, scripts/test --no-airflow) starts no UI world.
+    ui_start = max(0.0, seconds.get(first_ui, 0.0) - statistics.median(same)) if same else 0.0
     print(f"{len(seconds)} tests measured, {sum(n not in seconds for n in ours)} of {len(ours)} without a figure; "
           f"the UI world's start ~{ui_start:.0f} s")
     for name, ids, make, reorder in (

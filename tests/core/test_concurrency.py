@@ -11,6 +11,7 @@ import pytest
 
 from airflow_lease_provider.core import LeaseStore, LeaseStoreUnavailable
 from airflow_lease_provider.core.schema import latest_version
+from tests.forked import processes
 from tests.pg import EmbeddedServer, execute, new_schema_name, q
 
 CONTENDERS = 32
@@ -21,7 +22,7 @@ def _contend(dsn: str, schema: str, worker: int, seconds: float, out: mp.Queue, 
     store = LeaseStore(dsn, schema=schema)
     rng = random.Random(worker)
     held = []
-    # Everyone starts together once all are up: spawning and importing 32 processes on 2 cores takes
+    # Everyone starts together once all are up: starting 32 processes on 2 cores takes
     # seconds, which would otherwise eat the contention window of the first ones.
     start.wait(timeout=120)
     end = time.monotonic() + seconds
@@ -49,16 +50,16 @@ def _validity_end(store: LeaseStore, token: int, expires_at):
 
 def test_32_contenders_exactly_one_valid_holder_at_any_moment(pg_dsn: str, schema: str) -> None:
     LeaseStore(pg_dsn, schema=schema).ensure_schema()
-    ctx = mp.get_context("spawn")
-    out: mp.Queue = ctx.Queue()
-    start = ctx.Barrier(CONTENDERS)
-    procs = [ctx.Process(target=_contend, args=(pg_dsn, schema, w, 8.0, out, start)) for w in range(CONTENDERS)]
-    for p in procs:
-        p.start()
-    acquired = sorted(i for _ in procs for i in out.get(timeout=180))
-    for p in procs:
-        p.join(timeout=60)
-        assert p.exitcode == 0
+    with processes(__name__) as ctx:  # not spawned: tests/forked.py
+        out: mp.Queue = ctx.Queue()
+        start = ctx.Barrier(CONTENDERS)
+        procs = [ctx.Process(target=_contend, args=(pg_dsn, schema, w, 8.0, out, start)) for w in range(CONTENDERS)]
+        for p in procs:
+            p.start()
+        acquired = sorted(i for _ in procs for i in out.get(timeout=180))
+        for p in procs:
+            p.join(timeout=60)
+            assert p.exitcode == 0
     judge = LeaseStore(pg_dsn, schema=schema)
     intervals = [(t, start, _validity_end(judge, t, expires)) for t, start, expires in acquired]
     assert len(intervals) >= 20, f"too few acquisitions to judge: {len(intervals)}"
@@ -81,15 +82,15 @@ def _create_schema(dsn: str, schema: str, barrier: mp.Barrier, out: mp.Queue) ->
 
 
 def test_8_processes_create_the_schema_at_the_same_moment(pg_dsn: str, schema: str) -> None:
-    ctx = mp.get_context("spawn")
-    barrier = ctx.Barrier(8)
-    out: mp.Queue = ctx.Queue()
-    procs = [ctx.Process(target=_create_schema, args=(pg_dsn, schema, barrier, out)) for _ in range(8)]
-    for p in procs:
-        p.start()
-    results = [out.get(timeout=120) for _ in procs]
-    for p in procs:
-        p.join(timeout=30)
+    with processes(__name__) as ctx:  # not spawned: tests/forked.py
+        barrier = ctx.Barrier(8)
+        out: mp.Queue = ctx.Queue()
+        procs = [ctx.Process(target=_create_schema, args=(pg_dsn, schema, barrier, out)) for _ in range(8)]
+        for p in procs:
+            p.start()
+        results = [out.get(timeout=120) for _ in procs]
+        for p in procs:
+            p.join(timeout=30)
     assert results == [("ok", latest_version())] * 8
     versions = execute(pg_dsn, q('SELECT version FROM {schema}.schema_version', schema))
     assert versions == [(v,) for v in range(1, latest_version() + 1)]

@@ -10,12 +10,7 @@ the real PostgreSQL.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 import threading
-from pathlib import Path
 from typing import Any
 
 import psycopg2
@@ -26,6 +21,7 @@ from airflow_lease_provider.core import LeaseStore
 from airflow_lease_provider.core.schema import ensure_schema
 from airflow_lease_provider.runtime.catchup import record_skipped_catchup
 from airflow_lease_provider.timetables.catchup_record import METRIC
+from tests.forked import processes
 from tests.pg import execute, q
 from tests.timetables.test_catchup_record import AFTER_GAP, BEFORE_GAP, context
 
@@ -255,54 +251,42 @@ def test_the_ledger_method_checks_the_schema_once_not_per_record(store: LeaseSto
     assert [name for name in sent if name != "prune_events"] == ["record_skipped_catchup"] * 3
 
 
-WORKER = """
-import json, sys, threading
-from airflow.sdk.observability.stats import Stats
-from airflow_lease_provider.core import LeaseStore
-from airflow_lease_provider.runtime.catchup import record_skipped_catchup
-from tests.timetables.test_catchup_record import AFTER_GAP, BEFORE_GAP, context
+def _record_in_a_process(dsn: str, schema: str, key: str, start: Any, out: Any) -> None:
+    """A task process's record of the gap, its Stats counted in this process."""
+    from airflow.sdk.observability.stats import Stats
 
-counted = []
-Stats.incr = lambda stat, count=None, rate=None, *, tags=None: counted.append([stat, count])
-dsn, schema, key, go = sys.argv[1:5]
-ctx = context(AFTER_GAP, BEFORE_GAP)
-with LeaseStore(dsn, schema=schema) as store:
-    store.ensure_schema()
-    print("ready", flush=True)
-    sys.stdin.readline()  # all processes are released together
-    skipped = record_skipped_catchup(ctx, ledger=store.events, key=key)
-print(json.dumps({"count": skipped.count, "metrics": counted}), flush=True)
-"""
+    counted: list[list[Any]] = []
+    Stats.incr = lambda stat, count=None, rate=None, *, tags=None: counted.append([stat, count])  # type: ignore[method-assign]
+    ctx = context(AFTER_GAP, BEFORE_GAP)
+    with LeaseStore(dsn, schema=schema) as store:
+        store.ensure_schema()
+        start.wait(timeout=120)  # all processes are released together
+        skipped = record_skipped_catchup(ctx, ledger=store.events, key=key)
+    out.put({"count": skipped.count, "metrics": counted})
 
 
 def test_parallel_processes_write_one_record(pg_dsn: str, schema: str) -> None:
     """Separate processes (as separate task processes on separate workers are), released together."""
     LeaseStore(pg_dsn, schema=schema).ensure_schema()
-    root = Path(__file__).resolve().parents[2]
-    env = {**os.environ, "PYTHONPATH": f"{root}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
-    procs = [
-        subprocess.Popen(
-            [sys.executable, "-c", WORKER, pg_dsn, schema, f"articles.task{i % 3}", "go"],
-            stdin=subprocess.PIPE,
-            stdout=subprocess.PIPE,
-            text=True,
-            env=env,
-        )
-        for i in range(6)
-    ]
-    try:
+    # Forked from a server that imported this module (and Airflow) once: tests/forked.py.
+    with processes(__name__) as ctx:
+        start, out = ctx.Barrier(6), ctx.Queue()
+        procs = [
+            ctx.Process(target=_record_in_a_process, args=(pg_dsn, schema, f"articles.task{i % 3}", start, out))
+            for i in range(6)
+        ]
         for proc in procs:
-            assert proc.stdout is not None and proc.stdout.readline().strip() == "ready"
-        for proc in procs:
-            assert proc.stdin is not None
-            proc.stdin.write("go\n")
-            proc.stdin.flush()
-        outputs = [json.loads(proc.communicate(timeout=120)[0].strip().splitlines()[-1]) for proc in procs]
-    finally:
-        for proc in procs:
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            proc.start()
+        try:
+            outputs = [out.get(timeout=180) for _ in procs]
+            for proc in procs:
+                proc.join(timeout=60)
+                assert proc.exitcode == 0
+        finally:
+            for proc in procs:
+                if proc.is_alive():
+                    proc.kill()
+                    proc.join()
     assert [o["count"] for o in outputs] == [SKIPPED] * 6
     counted = [count for o in outputs for stat, count in o["metrics"] if stat == METRIC]
     assert counted == [SKIPPED], outputs
