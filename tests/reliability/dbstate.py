@@ -7,7 +7,9 @@ from typing import Any
 import psycopg2
 from psycopg2 import sql
 
-#: The store's tables, compared row by row.
+#: The store's tables always listed (empty when the schema is absent). Every other table of the schema
+#: (the waiting places, the lease API's kept grants, the epochs, the schema version, and any table a later
+#: migration adds) is compared too, listed once it has a row, so a new table cannot be left out.
 STORE_TABLES = ("lease", "fence", "fence_count_epoch", "fence_publish", "event")
 
 
@@ -24,12 +26,18 @@ class Rows:
         with self.conn.cursor() as cur:
             cur.execute("SELECT 1 FROM pg_namespace WHERE nspname = %s", (self.schema,))
             exists = cur.fetchone() is not None
-            for table in STORE_TABLES:
+            tables = list(STORE_TABLES)
+            if exists:
+                cur.execute("SELECT tablename FROM pg_tables WHERE schemaname = %s ORDER BY tablename", (self.schema,))
+                tables += [name for (name,) in cur.fetchall() if name not in STORE_TABLES]
+            for table in tables:
                 if not exists:
                     out[table] = []
                     continue
                 cur.execute(sql.SQL("SELECT * FROM {}.{}").format(sql.Identifier(self.schema), sql.Identifier(table)))
-                out[table] = sorted(cur.fetchall(), key=repr)
+                rows = sorted(cur.fetchall(), key=repr)
+                if rows or table in STORE_TABLES:
+                    out[table] = rows
         return out
 
     def close(self) -> None:
