@@ -59,6 +59,7 @@ from hypothesis.stateful import (
 )
 
 from airflow_lease_provider.core import FenceStore, Lease, LeaseLost, LeaseStore, SlotCountMismatch
+from airflow_lease_provider.core.capability import place_capability
 from airflow_lease_provider.core.dbapi_fence import DbApiFence
 from airflow_lease_provider.core.types import Acquisition
 from tests.pg import drop_schema, new_schema_name, q
@@ -96,6 +97,17 @@ BARRIER = (HTTP, 0, 1) if API else (0, 1, 2)
 #: Who asks in the ``ask`` rule: the lease API's actor as often as two of the direct stores.
 ACTORS = (0, 1, 2, HTTP, HTTP) if API else (0, 1, 2)
 RESOURCES = ("r1",)
+#: Waiting places (docs/core.md, "Waiting places in the model"): not in the single-defect searches, nor on the
+#: store of 72519bc (no lease API, no place capabilities).
+PLACES = TARGET == "all" and not OLD_CODE
+#: A place's time passes in whole steps (``time_passes`` moves the expiry of every place of the machine back
+#: by a step or two, as ``expire`` ages a lease): a place claimed for 1 or 2 steps lapses exactly when the
+#: model says, whatever the load (a run takes seconds, a step is minutes).
+PLACE_STEP = timedelta(minutes=2)
+#: A second lease API client (another process: place ids, so request ids, of its own); ``World.other_api``.
+OTHER_API = 4
+#: Who claims and gives back places: the direct stores, the lease API's actor, the second API client.
+PLACE_ACTORS = (0, 1, 2, HTTP, HTTP, OTHER_API) if API else (0, 1, 2)
 T0 = datetime(2026, 1, 1, tzinfo=timezone.utc)
 
 # The suite's run (40 runs of 50 steps: 30-60 s on the 2-core machine under load); a longer search for a
@@ -155,6 +167,27 @@ class Grant:
                 f"{lease.token}{through}")
 
 
+@dataclass(eq=False)
+class Place:
+    """A waiting place as the model sees it: a row of ``lease_waiter`` (lapsed or not) until a give-back or
+    a claim of its key clears it."""
+
+    key: str
+    owner: str
+    #: The model's order of creation (the newest place of a key has the largest).
+    n: int
+    #: The ``max_waiting`` of the claim that created it.
+    max_waiting: int
+    #: The model time (``PLACE_STEP``s) at which it lapses unless claimed again.
+    lapses: int
+    #: Who took it: a direct store (< HTTP: no capability) or one of the two lease API clients.
+    via: int
+
+    def __repr__(self) -> str:
+        through = {HTTP: " via the lease API", OTHER_API: " via the second API client"}.get(self.via, "")
+        return f"place #{self.n} {self.key!r} {self.owner} (max {self.max_waiting}, lapses at {self.lapses}){through}"
+
+
 @dataclass
 class World:
     """What a machine works on: the store's schema, three store objects and the lease API's client (index
@@ -167,6 +200,11 @@ class World:
     store_id: str
     #: An autocommit connection of the test's own: the checks' reads, the expiries, the lock waits.
     conn: Any
+    #: Another ``HttpLeaseStore`` on the same lease API (another process): ``OTHER_API`` in the place rules.
+    other_api: Any = None
+
+    def place_store(self, actor: int) -> Any:
+        return self.other_api if actor == OTHER_API else self.stores[actor]
 
 
 def kind_call(store: LeaseStore, kind: str, key: str, owner: str, run_after: datetime) -> Acquisition:
@@ -209,6 +247,9 @@ class ExclusionMachine(RuleBasedStateMachine):
         #: What happened, step by step, for a failure's message: a failure that depends on how threads met
         #: may not happen again when Hypothesis replays the steps, and then it prints no steps of its own.
         self.log: list[str] = []
+        #: key -> owner -> its place (the rows of lease_waiter, lapsed ones until cleared); the model clock.
+        self.places: dict[str, dict[str, Place]] = {}
+        self.clock = 0
 
     def history(self) -> str:
         return "\nwhat happened (this machine's keys and resources are prefixed with its run id):\n  " + "\n  ".join(
@@ -383,6 +424,133 @@ class ExclusionMachine(RuleBasedStateMachine):
         """Every valid holder of a key froze past its TTL at once (a worker paused, a partition)."""
         for g in [g for g in self.grants if g.base == self.k(base) and self._valid(g)]:
             self._expire(g)
+
+    # -- waiting places ----------------------------------------------------------------------------
+
+    def _live(self, p: Place) -> bool:
+        return p.lapses > self.clock
+
+    def _live_places(self, key: str) -> list[Place]:
+        return sorted((p for p in self.places.get(key, {}).values() if self._live(p)), key=lambda p: p.n)
+
+    @precondition(lambda self: PLACES)
+    @rule(ops=st.lists(st.one_of(
+        st.tuples(st.just("claim"), st.sampled_from(PLACE_ACTORS), st.sampled_from(BASES), st.sampled_from(OWNERS),
+                  st.integers(1, 2), st.integers(1, 2)),
+        st.tuples(st.just("give back"), st.integers(0, 10_000), st.booleans()),
+    ), min_size=1, max_size=3))
+    def wait(self, ops: list[tuple[Any, ...]]) -> None:
+        """One to three waiting-place steps: a claim (take or keep a place: any actor, owner and key,
+        max_waiting 1 or 2, a TTL of 1 or 2 steps), or a give-back of a place by its taker (``True``) or
+        by a lease API client that did not take it (``False``: refused)."""
+        for op in ops:
+            before = _rows(self.world.conn, self.world.schema, f"{self.run}:")
+            if op[0] == "claim":
+                self._claim(*op[1:])
+            else:
+                self._give_back(*op[1:])
+            after = _rows(self.world.conn, self.world.schema, f"{self.run}:")
+            assert after == before, f"a waiting place changed the leases: {before} -> {after}{self.history()}"
+
+    def _claim(self, actor: int, base: str, owner: str, max_waiting: int, steps: int) -> None:
+        key = self.k(base)
+        got = self.world.place_store(actor).wait_claim(key, owner, PLACE_STEP * steps, max_waiting=max_waiting)
+        places = self.places.setdefault(key, {})
+        for lapsed in [o for o, p in places.items() if not self._live(p)]:
+            del places[lapsed]  # every claim of the key clears its lapsed places first
+        mine = places.get(owner)
+        if mine is not None and actor >= HTTP and mine.via != actor:
+            # Over the API a place is kept only with the request id it was taken with (decision 9): the
+            # direct path's, or another client's, is 403 ('other') and changes nothing.
+            expected = "other"
+        elif mine is not None:
+            expected = "claimed"  # kept, renewed (the direct path keeps any place of its owner)
+            mine.lapses = self.clock + steps
+        elif len(places) < max_waiting:
+            expected = "claimed"
+            places[owner] = Place(key, owner, self._next(), max_waiting, self.clock + steps, actor)
+        else:
+            expected = "full"
+        listed = [w.owner for w in got.waiters]
+        self.log.append(f"{owner} claims a place of {key!r} (max {max_waiting}, {steps} steps) through "
+                        f"{actor}: {'claimed' if got.claimed else 'refused'} {listed}; the model: {expected}")
+        if actor >= HTTP:
+            self.through_api[f"place {expected}"] += 1
+        assert got.claimed is (expected == "claimed"), f"{owner} {key!r}: {got}{self.history()}"
+        if expected == "other":
+            assert got.waiters == (), got
+            return
+        assert listed == [p.owner for p in self._live_places(key)], f"{got}{self.history()}"
+        if expected == "claimed":
+            # Claimed: the owner has a live place (the rows agree: places_are_the_models).
+            assert owner in listed, got
+        else:
+            # Full: max_waiting other runs had a live place.
+            assert owner not in listed and len(listed) >= max_waiting, f"{got}{self.history()}"
+
+    def _give_back(self, i: int, by_taker: bool) -> None:
+        every = [p for key in sorted(self.places) for p in self.places[key].values()]
+        if not every:
+            return
+        place = every[i % len(every)]
+        if by_taker:
+            actor = place.via if place.via >= HTTP else i % HTTP
+        elif API:
+            actor = OTHER_API if place.via == HTTP else HTTP  # not the taker: refused
+        else:
+            return
+        given = self.world.place_store(actor).wait_release(place.key, place.owner)
+        self.log.append(f"{place!r} given back through {actor}: {given}")
+        if actor >= HTTP:
+            self.through_api["place given back" if given else "place give-back refused"] += 1
+        # A place is given back by its taker even once lapsed (its row is there until a claim clears it).
+        assert given is by_taker, f"{place!r} given back through {actor}: {given}{self.history()}"
+        if given:
+            del self.places[place.key][place.owner]
+
+    @precondition(lambda self: PLACES and API)
+    @rule(i=st.integers(0, 10_000), how=st.sampled_from(["another place's", "another owner", "another key",
+                                                         "the acquire secret"]))
+    def api_gives_a_place_back_with_a_wrong_capability(self, i: int, how: str) -> None:
+        """A caller of the lease API with the acquire secret and one place's capability tries to give back a
+        place that capability is not for: refused (403), nothing changed, the capability not echoed."""
+        mine = [p for key in sorted(self.places) for p in self.places[key].values() if p.via >= HTTP]
+        if not mine:
+            return
+        place = mine[i % len(mine)]
+        key, owner = place.key, place.owner
+        capability = place_capability(self.world.place_store(place.via)._place_request(key, owner))
+        if how == "another place's":
+            others = [p for p in mine if p is not place]
+            if not others:
+                return
+            other = others[i % len(others)]
+            capability = place_capability(self.world.place_store(other.via)._place_request(other.key, other.owner))
+        elif how == "another owner":
+            owner = OWNERS[(OWNERS.index(owner) + 1 + i % 2) % len(OWNERS)]
+        elif how == "another key":
+            key = self.k(BASES[(BASES.index(key.split(":", 1)[1]) + 1) % len(BASES)])
+        else:
+            capability = API_SECRET
+        before = _places(self.world.conn, self.world.schema, f"{self.run}:")
+        code, answer = self.world.stores[HTTP]._send("POST", "/wait/release", capability,
+                                                     {"key": key, "owner": owner})
+        self.log.append(f"give back {key!r} {owner} with {how} capability ({place!r}): {code}")
+        self.through_api["place give-back refused"] += 1
+        assert code == 403, f"{how}: {code} {answer}{self.history()}"
+        assert capability not in json.dumps(answer), answer
+        assert _places(self.world.conn, self.world.schema, f"{self.run}:") == before, self.history()
+
+    @precondition(lambda self: PLACES)
+    @rule(steps=st.integers(1, 2))
+    def time_passes(self, steps: int) -> None:
+        """``steps`` of the places' time pass: every place of the machine is aged by them (its expiry moved
+        back), so those claimed for no more lapse, and are cleared by the next claim of their key."""
+        with self.world.conn.cursor() as cur:
+            cur.execute(q("UPDATE {schema}.lease_waiter SET expires_at = expires_at - %s"
+                          " WHERE starts_with(key, %s)", self.world.schema), (PLACE_STEP * steps, f"{self.run}:"))
+        self.clock += steps
+        self.log.append(f"{steps} steps pass: the clock is {self.clock}")
 
     @precondition(lambda self: PUBLISHES)
     @rule(i=st.integers(0, 10_000), fence=st.sampled_from(FENCES), resource=st.sampled_from(RESOURCES))
@@ -646,6 +814,25 @@ class ExclusionMachine(RuleBasedStateMachine):
             )
 
 
+    @invariant()
+    def places_are_the_models(self) -> None:
+        """The rows of lease_waiter are the model's places (owner, live or lapsed, taken through the API or
+        not), and per key never more live places than the ``max_waiting`` of the claim that created the
+        newest live one (docs/core.md, "waiting places": a claim inserts a place only while fewer than its
+        own ``max_waiting`` are live, renewals add none, so the count only falls until the next insert)."""
+        if not PLACES:
+            return
+        rows = _places(self.world.conn, self.world.schema, f"{self.run}:")
+        found = {(r["key"], r["owner"]): (r["live"], r["api"]) for r in rows}
+        model = {(p.key, p.owner): (self._live(p), p.via >= HTTP)
+                 for places in self.places.values() for p in places.values()}
+        assert found == model, f"the waiting places {found}, the model's {model}{self.history()}"
+        for key in self.places:
+            live = self._live_places(key)
+            if live:
+                assert len(live) <= live[-1].max_waiting, f"{key!r}: {live}{self.history()}"
+
+
 def wait_answered_or_waiting(conn: Any, pid: int, thread: threading.Thread, timeout: float = 30.0) -> None:
     """Until ``thread``'s call has answered, or its backend ``pid`` waits for a lock (the open grant's)."""
     deadline = time.monotonic() + timeout
@@ -664,6 +851,17 @@ def _rows(conn: Any, schema: str, prefix: str) -> list[dict[str, Any]]:
             q("SELECT key, owner, token, slots, slot, slot_of, released_at IS NULL"
               " AND expires_at > clock_timestamp() AS live FROM {schema}.lease WHERE starts_with(key, %s)",
               schema),
+            (prefix,),
+        )
+        return [dict(r) for r in cur.fetchall()]
+
+
+def _places(conn: Any, schema: str, prefix: str) -> list[dict[str, Any]]:
+    with conn.cursor(cursor_factory=psycopg2.extras.RealDictCursor) as cur:
+        cur.execute(
+            q("SELECT key, owner, since, expires_at, expires_at > clock_timestamp() AS live,"
+              " api_capability IS NOT NULL AS api FROM {schema}.lease_waiter WHERE starts_with(key, %s)"
+              " ORDER BY key, owner", schema),
             (prefix,),
         )
         return [dict(r) for r in cur.fetchall()]
@@ -733,11 +931,13 @@ API_SECRET = "exclusion-model-secret"
 def world(pg_dsn: str, schema: str, tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[World]:
     stores: list[Any] = [LeaseStore(pg_dsn, schema=schema) for _ in range(3)]
     stores[0].ensure_schema()
+    other_api = None
     if API:
         from airflow_lease_provider.client import HttpLeaseStore
 
         url = request.getfixturevalue("lease_api_url")
         stores.append(HttpLeaseStore(url, API_SECRET, timeout=timedelta(seconds=30)))
+        other_api = HttpLeaseStore(url, API_SECRET, timeout=timedelta(seconds=30))
     elsewhere = new_schema_name()
     fences = {
         "store": FenceStore(pg_dsn, schema=schema),
@@ -746,9 +946,9 @@ def world(pg_dsn: str, schema: str, tmp_path: Path, request: pytest.FixtureReque
     }
     conn = psycopg2.connect(pg_dsn)
     conn.autocommit = True
-    yield World(pg_dsn, schema, stores, fences, stores[0].store_id, conn)
+    yield World(pg_dsn, schema, stores, fences, stores[0].store_id, conn, other_api)
     conn.close()
-    for s in stores:
+    for s in [*stores, other_api] if other_api is not None else stores:
         s.close()
     fences["store"].close()
     fences["elsewhere"].close()
@@ -766,5 +966,7 @@ def test_every_way_of_granting_a_key_keeps_the_exclusion_rule_and_the_fences(wor
     run_model(world)
     if API:
         done = ExclusionMachine.through_api
-        assert all(done[what] for what in ("granted", "renewed", "released", "published", "publish refused")), done
+        assert all(done[what] for what in ("granted", "renewed", "released", "published", "publish refused",
+                                           "place claimed", "place full", "place other", "place given back",
+                                           "place give-back refused")), done
 
