@@ -438,17 +438,20 @@ class ExclusionMachine(RuleBasedStateMachine):
         st.tuples(st.just("claim"), st.sampled_from(PLACE_ACTORS), st.sampled_from(BASES), st.sampled_from(OWNERS),
                   st.integers(1, 2), st.integers(1, 2)),
         st.tuples(st.just("give back"), st.integers(0, 10_000), st.booleans()),
-    ), min_size=1, max_size=3))
+        st.tuples(st.just("time passes"), st.integers(1, 2)),
+    ), min_size=1, max_size=4))
     def wait(self, ops: list[tuple[Any, ...]]) -> None:
-        """One to three waiting-place steps: a claim (take or keep a place: any actor, owner and key,
-        max_waiting 1 or 2, a TTL of 1 or 2 steps), or a give-back of a place by its taker (``True``) or
-        by a lease API client that did not take it (``False``: refused)."""
+        """One to four waiting-place steps: a claim (take or keep a place: any actor, owner and key,
+        max_waiting 1 or 2, a TTL of 1 or 2 steps), a give-back of a place by its taker (``True``) or by a
+        lease API client that did not take it (``False``: refused), or time passing for the places."""
         for op in ops:
             before = _rows(self.world.conn, self.world.schema, f"{self.run}:")
             if op[0] == "claim":
                 self._claim(*op[1:])
-            else:
+            elif op[0] == "give back":
                 self._give_back(*op[1:])
+            else:
+                self._time_passes(*op[1:])
             after = _rows(self.world.conn, self.world.schema, f"{self.run}:")
             assert after == before, f"a waiting place changed the leases: {before} -> {after}{self.history()}"
 
@@ -458,6 +461,7 @@ class ExclusionMachine(RuleBasedStateMachine):
         places = self.places.setdefault(key, {})
         for lapsed in [o for o, p in places.items() if not self._live(p)]:
             del places[lapsed]  # every claim of the key clears its lapsed places first
+            self.through_api["lapsed place cleared" + (" through the API" if actor >= HTTP else "")] += 1
         mine = places.get(owner)
         if mine is not None and actor >= HTTP and mine.via != actor:
             # Over the API a place is kept only with the request id it was taken with (decision 9): the
@@ -476,6 +480,8 @@ class ExclusionMachine(RuleBasedStateMachine):
                         f"{actor}: {'claimed' if got.claimed else 'refused'} {listed}; the model: {expected}")
         if actor >= HTTP:
             self.through_api[f"place {expected}"] += 1
+            if expected == "other" and mine is not None and mine.via >= HTTP:
+                self.through_api["place of another client"] += 1
         assert got.claimed is (expected == "claimed"), f"{owner} {key!r}: {got}{self.history()}"
         if expected == "other":
             assert got.waiters == (), got
@@ -507,6 +513,21 @@ class ExclusionMachine(RuleBasedStateMachine):
         assert given is by_taker, f"{place!r} given back through {actor}: {given}{self.history()}"
         if given:
             del self.places[place.key][place.owner]
+
+    @precondition(lambda self: PLACES and API)
+    @rule(base=st.sampled_from(BASES), owner=st.sampled_from(OWNERS), taker=st.sampled_from([HTTP, OTHER_API]),
+          max_waiting=st.integers(1, 2))
+    def another_client_claims_an_api_place(self, base: str, owner: str, taker: int, max_waiting: int) -> None:
+        """Decision 9 as a scenario: a place taken through the lease API (by ``taker``) is claimed for the same
+        owner by the other API client (another request id: refused, 403, the place not renewed), which then
+        tries to give it back (refused); the taker keeps it."""
+        other = OTHER_API if taker == HTTP else HTTP
+        for actor in (taker, other, taker):
+            self.wait([("claim", actor, base, owner, max_waiting, 1)])
+        place = self.places.get(self.k(base), {}).get(owner)
+        if place is not None and place.via == taker:
+            every = [p for key in sorted(self.places) for p in self.places[key].values()]
+            self.wait([("give back", every.index(place), False)])
 
     @precondition(lambda self: PLACES and API)
     @rule(i=st.integers(0, 10_000), how=st.sampled_from(["another place's", "another owner", "another key",
@@ -541,9 +562,7 @@ class ExclusionMachine(RuleBasedStateMachine):
         assert capability not in json.dumps(answer), answer
         assert _places(self.world.conn, self.world.schema, f"{self.run}:") == before, self.history()
 
-    @precondition(lambda self: PLACES)
-    @rule(steps=st.integers(1, 2))
-    def time_passes(self, steps: int) -> None:
+    def _time_passes(self, steps: int) -> None:
         """``steps`` of the places' time pass: every place of the machine is aged by them (its expiry moved
         back), so those claimed for no more lapse, and are cleared by the next claim of their key."""
         with self.world.conn.cursor() as cur:
@@ -967,6 +986,8 @@ def test_every_way_of_granting_a_key_keeps_the_exclusion_rule_and_the_fences(wor
     if API:
         done = ExclusionMachine.through_api
         assert all(done[what] for what in ("granted", "renewed", "released", "published", "publish refused",
-                                           "place claimed", "place full", "place other", "place given back",
+                                           "place claimed", "place full", "place other", "place of another client",
+                                           "place given back", "lapsed place cleared",
+                                           "lapsed place cleared through the API",
                                            "place give-back refused")), done
 
