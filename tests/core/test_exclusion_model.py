@@ -16,6 +16,11 @@ schema, as an Edge worker's task would. It asks for keys every way, races the di
 (always one of the racers), renews and releases its own grants with their capability (some through a
 direct store), and publishes to the store's fence through ``/fence``; the same rules are checked over all.
 
+Waiting places (``max_waiting``) on the same keys: claims by the direct stores, the lease API's actor and a
+second API client (another process: its request ids are not the first's), give-backs by a place's taker
+and refused ones (the other client, another place's capability, another owner or key, the acquire secret),
+and time passing for the places in whole steps (their expiry moved back).
+
 After every step, and over the history it recorded, it checks:
 
 - the live grants of a key (the lease rows of its slots, read from the store) never exceed what its rule
@@ -26,6 +31,11 @@ After every step, and over the history it recorded, it checks:
   once and by a fence elsewhere once a superseding holder published there;
 - no fence refuses a valid holder (a grant still live and the newest of its row): N holders of one count
   never refuse each other.
+- the rows of ``lease_waiter`` are the reference's places (who has one, live or lapsed, taken through the
+  API or not), and a key never has more live places than the ``max_waiting`` of the claim that created its
+  newest live place (docs/core.md, "waiting places"); every claim's answer is the reference's (claimed,
+  full, or over the API 403 for a place taken with another request id), a refused give-back changes
+  nothing, and no place step changes a lease row.
 """
 
 from __future__ import annotations
