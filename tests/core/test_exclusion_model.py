@@ -449,21 +449,25 @@ class ExclusionMachine(RuleBasedStateMachine):
                   st.integers(1, 2), st.integers(1, 2)),
         st.tuples(st.just("give back"), st.integers(0, 10_000), st.booleans()),
         st.tuples(st.just("time passes"), st.integers(1, 2)),
+        st.tuples(st.just("list"), st.sampled_from(PLACE_ACTORS)),
     ), min_size=1, max_size=4))
     def wait(self, ops: list[tuple[Any, ...]]) -> None:
         """One to four waiting-place steps: a claim (take or keep a place: any actor, owner and key,
         max_waiting 1 or 2, a TTL of 1 or 2 steps), a give-back of a place by its taker (``True``) or by a
-        lease API client that did not take it (``False``: refused), or time passing for the places."""
+        lease API client that did not take it (``False``: refused), time passing for the places, or a
+        listing of the keys' live places (``waiters``, directly or through ``/waiters``)."""
+        before = _rows(self.world.conn, self.world.schema, f"{self.run}:")
         for op in ops:
-            before = _rows(self.world.conn, self.world.schema, f"{self.run}:")
             if op[0] == "claim":
                 self._claim(*op[1:])
             elif op[0] == "give back":
                 self._give_back(*op[1:])
+            elif op[0] == "list":
+                self._list(*op[1:])
             else:
                 self._time_passes(*op[1:])
-            after = _rows(self.world.conn, self.world.schema, f"{self.run}:")
-            assert after == before, f"a waiting place changed the leases: {before} -> {after}{self.history()}"
+        after = _rows(self.world.conn, self.world.schema, f"{self.run}:")
+        assert after == before, f"a waiting place changed the leases: {before} -> {after}{self.history()}"
 
     def _claim(self, actor: int, base: str, owner: str, max_waiting: int, steps: int) -> None:
         key = self.k(base)
@@ -571,6 +575,16 @@ class ExclusionMachine(RuleBasedStateMachine):
         assert code == 403, f"{how}: {code} {answer}{self.history()}"
         assert capability not in json.dumps(answer), answer
         assert _places(self.world.conn, self.world.schema, f"{self.run}:") == before, self.history()
+
+    def _list(self, actor: int) -> None:
+        keys = [self.k(b) for b in BASES]
+        listed: dict[str, list[str]] = {}
+        for w in self.world.place_store(actor).waiters(keys):
+            listed.setdefault(w.key, []).append(w.owner)
+        model = {key: [p.owner for p in self._live_places(key)] for key in keys if self._live_places(key)}
+        assert listed == model, f"waiters through {actor}: {listed}, the model's {model}{self.history()}"
+        if actor >= HTTP:
+            self.through_api["places listed"] += 1
 
     def _time_passes(self, steps: int) -> None:
         """``steps`` of the places' time pass: every place of the machine is aged by them (its expiry moved
@@ -997,7 +1011,7 @@ def test_every_way_of_granting_a_key_keeps_the_exclusion_rule_and_the_fences(wor
         done = ExclusionMachine.through_api
         assert all(done[what] for what in ("granted", "renewed", "released", "published", "publish refused",
                                            "place claimed", "place full", "place other", "place of another client",
-                                           "place given back", "lapsed place cleared",
+                                           "place given back", "lapsed place cleared", "places listed",
                                            "lapsed place cleared through the API",
                                            "place give-back refused")), done
 
