@@ -17,7 +17,7 @@ import pytest
 from airflow.timetables.base import DagRunInfo, DataInterval, TimeRestriction
 from airflow.timetables.interval import CronDataIntervalTimetable
 from airflow.timetables.trigger import CronTriggerTimetable
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from airflow_lease_provider.timetables import CappedCatchupTimetable, capped_catchup
@@ -70,6 +70,40 @@ def frozen(monkeypatch: pytest.MonkeyPatch) -> type[Clock]:
     outage_minutes=st.integers(min_value=0, max_value=6 * 24 * 60),
     second=st.integers(min_value=0, max_value=59),
     from_dag_model=st.booleans(),
+)
+# Spring forward in New York (2025-03-09, 02:00 -> 03:00): found by Hypothesis.
+@example(
+    schedule="*/20 1-4 * * *",
+    tz="America/New_York",
+    data_interval=True,
+    cap=1,
+    window_minutes=None,
+    last_offset_minutes=94160,
+    outage_minutes=2800,
+    second=0,
+    from_dag_model=False,
+)
+@example(
+    schedule="*/20 1-4 * * *",
+    tz="America/New_York",
+    data_interval=True,
+    cap=1,
+    window_minutes=None,
+    last_offset_minutes=94140,
+    outage_minutes=2780,
+    second=0,
+    from_dag_model=False,
+)
+@example(
+    schedule="*/20 1-4 * * *",
+    tz="America/New_York",
+    data_interval=True,
+    cap=1,
+    window_minutes=None,
+    last_offset_minutes=94120,
+    outage_minutes=2780,
+    second=0,
+    from_dag_model=False,
 )
 def test_capped_runs_are_the_newest_of_airflows_runs(
     frozen: type[Clock],
