@@ -157,6 +157,54 @@ def frozen(monkeypatch: pytest.MonkeyPatch) -> type[Clock]:
     second=0,
     from_dag_model=False,
 )
+# The same day: the last run 03:00 EDT, right after the gap, whose data interval Airflow's _get_prev makes
+# start at 03:40 (the test's last run is repaired); and the scheduler's path from the stored run.
+@example(
+    schedule="*/20 1-4 * * *",
+    tz="America/New_York",
+    data_interval=True,
+    cap=3,
+    window_minutes=None,
+    last_offset_minutes=96910,
+    outage_minutes=120,
+    second=0,
+    from_dag_model=False,
+)
+@example(
+    schedule="*/20 1-4 * * *",
+    tz="America/New_York",
+    data_interval=True,
+    cap=3,
+    window_minutes=None,
+    last_offset_minutes=94160,
+    outage_minutes=2800,
+    second=0,
+    from_dag_model=True,
+)
+# Fall back in New York (2025-11-02, 02:00 EDT -> 01:00 EST): the last run 01:20 EDT, down through the
+# repeated hour (01:00-01:40 run once, EST) until 02:50 EST.
+@example(
+    schedule="*/20 1-4 * * *",
+    tz="America/New_York",
+    data_interval=True,
+    cap=3,
+    window_minutes=None,
+    last_offset_minutes=439520,
+    outage_minutes=150,
+    second=0,
+    from_dag_model=False,
+)
+@example(
+    schedule="*/20 1-4 * * *",
+    tz="America/New_York",
+    data_interval=False,
+    cap=6,
+    window_minutes=None,
+    last_offset_minutes=439520,
+    outage_minutes=150,
+    second=0,
+    from_dag_model=True,
+)
 def test_capped_runs_are_the_newest_of_airflows_runs(
     frozen: type[Clock],
     schedule: str,
