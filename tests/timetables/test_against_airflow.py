@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import itertools
+import zoneinfo
 from types import SimpleNamespace
 from typing import Any
 
@@ -46,6 +47,7 @@ SCHEDULES = [
 TIMEZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]
 START = pendulum.datetime(2025, 1, 1, tz="UTC")
 _SECOND = datetime.timedelta(seconds=1)
+_DAY = datetime.timedelta(days=1)
 
 
 class Clock:
@@ -74,6 +76,40 @@ def _spring_forward_before(tz: str, moment: pendulum.DateTime) -> bool:
     return later > earlier
 
 
+def _odd_change_near(tz: str, low: pendulum.DateTime, high: pendulum.DateTime) -> bool:
+    """Whether ``tz``'s UTC offset changes by other than a whole hour within a day of ``[low, high]``."""
+    if tz == "UTC":
+        return False
+    zone = zoneinfo.ZoneInfo(tz)
+    moment, stop = low - datetime.timedelta(days=1), high + datetime.timedelta(days=1)
+    offset = moment.astimezone(zone).utcoffset()
+    while moment < stop:
+        moment += datetime.timedelta(minutes=30)
+        following = moment.astimezone(zone).utcoffset()
+        assert offset is not None and following is not None
+        if (following - offset) % datetime.timedelta(hours=1):
+            return True
+        offset = following
+    return False
+
+
+def _enumerated_runs(
+    schedule: str, tz: str, data_interval: bool, last: DataInterval, now: pendulum.DateTime
+) -> tuple[list[DagRunInfo], DagRunInfo]:
+    """The runs after ``last`` by ``now`` and the next, from the brute-force enumeration of the slots."""
+    slots = [
+        pendulum.instance(s)
+        for s in reference_slots(schedule, tz, last.end - datetime.timedelta(days=1), now + _DAY)
+    ]
+    runs = [
+        DagRunInfo.interval(start=a, end=b) if data_interval else DagRunInfo.exact(b)
+        for a, b in itertools.pairwise(slots)
+        if b > last.end
+    ]
+    due = [r for r in runs if r.run_after <= now]
+    return due, runs[len(due)]
+
+
 def _reference_runs(
     schedule: str, tz: str, data_interval: bool, last: DataInterval, now: pendulum.DateTime
 ) -> tuple[list[DagRunInfo], DagRunInfo]:
@@ -82,8 +118,13 @@ def _reference_runs(
     Trigger-style: ``CronTriggerTimetable``'s. Data-interval: ``CronDataIntervalTimetable``'s, unless its
     intervals leave a hole (the spring-forward case in the module's docstring); then the trigger
     timetable's slots with contiguous intervals, after checking that Airflow's runs are among them and
-    each hole starts right after a spring-forward change.
+    each hole starts right after a spring-forward change. An every-hour schedule across a change that is
+    not a whole hour (Lord Howe's 30 minutes) is the other documented case: Airflow adds the naive hour
+    difference across it (its data-interval timetable may even raise "did not advance"), so the slots
+    are the brute-force enumeration's, as in ``test_dst_property.py``.
     """
+    if schedule.split()[1] == "*" and _odd_change_near(tz, last.end, now):
+        return _enumerated_runs(schedule, tz, data_interval, last, now)
     trigger = CronTriggerTimetable(schedule, timezone=tz)
     if not data_interval:
         return _runs_until(trigger, last, now)
@@ -205,6 +246,42 @@ def frozen(monkeypatch: pytest.MonkeyPatch) -> type[Clock]:
     second=0,
     from_dag_model=True,
 )
+# Lord Howe's 30-minute changes with every-hour schedules (2025-04-06 02:00 LHDT -> 01:30 LHST, 2025-10-05
+# 02:00 LHST -> 02:30 LHDT): Airflow's stepping is the documented every-hour case (its data-interval
+# timetable raises "did not advance" on the second), so the reference is the enumeration.
+@example(
+    schedule="0 * * * *",
+    tz="Australia/Lord_Howe",
+    data_interval=True,
+    cap=1,
+    window_minutes=None,
+    last_offset_minutes=136200,
+    outage_minutes=20,
+    second=0,
+    from_dag_model=False,
+)
+@example(
+    schedule="*/7 * * * *",
+    tz="Australia/Lord_Howe",
+    data_interval=True,
+    cap=2,
+    window_minutes=None,
+    last_offset_minutes=136260,
+    outage_minutes=10,
+    second=0,
+    from_dag_model=False,
+)
+@example(
+    schedule="0 * * * *",
+    tz="Australia/Lord_Howe",
+    data_interval=True,
+    cap=1,
+    window_minutes=None,
+    last_offset_minutes=398310,
+    outage_minutes=90,
+    second=0,
+    from_dag_model=True,
+)
 def test_capped_runs_are_the_newest_of_airflows_runs(
     frozen: type[Clock],
     schedule: str,
@@ -223,8 +300,15 @@ def test_capped_runs_are_the_newest_of_airflows_runs(
     else:
         reference = CronTriggerTimetable(schedule, timezone=tz)
     # The last run: a real slot of the schedule, anywhere in 2025.
-    last_end = reference._align_to_prev(START.add(minutes=last_offset_minutes))
-    last_start = reference._get_prev(last_end)
+    moment = START.add(minutes=last_offset_minutes)
+    if schedule.split()[1] == "*" and _odd_change_near(tz, moment, moment):
+        # Airflow's alignment there is the documented every-hour case (in Lord Howe it makes 01:30 LHST
+        # of "0 * * * *", not a slot): the enumeration's two slots before.
+        earlier = reference_slots(schedule, tz, moment - _DAY, moment)
+        last_start, last_end = (pendulum.instance(s) for s in earlier[-2:])
+    else:
+        last_end = reference._align_to_prev(moment)
+        last_start = reference._get_prev(last_end)
     if last_start >= last_end:
         # Airflow's _get_prev of a slot right after a spring-forward gap reads a non-existent wall-clock
         # time and lands after it (New York, 03:00 EDT: 03:40 EDT): the slot before, from the enumeration.
