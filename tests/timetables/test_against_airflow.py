@@ -46,7 +46,6 @@ SCHEDULES = [
 ]
 TIMEZONES = ["UTC", "Europe/Berlin", "America/New_York", "Australia/Lord_Howe"]
 START = pendulum.datetime(2025, 1, 1, tz="UTC")
-_SECOND = datetime.timedelta(seconds=1)
 _DAY = datetime.timedelta(days=1)
 
 
@@ -76,8 +75,9 @@ def _spring_forward_before(tz: str, moment: pendulum.DateTime) -> bool:
     return later > earlier
 
 
-def _odd_change_near(tz: str, low: pendulum.DateTime, high: pendulum.DateTime) -> bool:
-    """Whether ``tz``'s UTC offset changes by other than a whole hour within a day of ``[low, high]``."""
+def _change_near(tz: str, low: pendulum.DateTime, high: pendulum.DateTime, *, odd_only: bool) -> bool:
+    """Whether ``tz``'s UTC offset changes (by other than a whole hour, ``odd_only``) within a day of
+    ``[low, high]``."""
     if tz == "UTC":
         return False
     zone = zoneinfo.ZoneInfo(tz)
@@ -87,7 +87,7 @@ def _odd_change_near(tz: str, low: pendulum.DateTime, high: pendulum.DateTime) -
         moment += datetime.timedelta(minutes=30)
         following = moment.astimezone(zone).utcoffset()
         assert offset is not None and following is not None
-        if (following - offset) % datetime.timedelta(hours=1):
+        if following != offset and (not odd_only or (following - offset) % datetime.timedelta(hours=1)):
             return True
         offset = following
     return False
@@ -123,7 +123,7 @@ def _reference_runs(
     difference across it (its data-interval timetable may even raise "did not advance"), so the slots
     are the brute-force enumeration's, as in ``test_dst_property.py``.
     """
-    if schedule.split()[1] == "*" and _odd_change_near(tz, last.end, now):
+    if schedule.split()[1] == "*" and _change_near(tz, last.end, now, odd_only=True):
         return _enumerated_runs(schedule, tz, data_interval, last, now)
     trigger = CronTriggerTimetable(schedule, timezone=tz)
     if not data_interval:
@@ -282,6 +282,19 @@ def frozen(monkeypatch: pytest.MonkeyPatch) -> type[Clock]:
     second=0,
     from_dag_model=True,
 )
+# Lord Howe's spring-forward (2025-10-05 02:00 -> 02:30 LHDT), the last run asked for at 02:30: Airflow's
+# alignment gives 02:50, not a slot of "*/20 1-4 * * *" (the test takes the enumeration's 02:00 -> 02:40).
+@example(
+    schedule="*/20 1-4 * * *",
+    tz="Australia/Lord_Howe",
+    data_interval=True,
+    cap=1,
+    window_minutes=None,
+    last_offset_minutes=398370,
+    outage_minutes=30,
+    second=0,
+    from_dag_model=False,
+)
 def test_capped_runs_are_the_newest_of_airflows_runs(
     frozen: type[Clock],
     schedule: str,
@@ -301,19 +314,16 @@ def test_capped_runs_are_the_newest_of_airflows_runs(
         reference = CronTriggerTimetable(schedule, timezone=tz)
     # The last run: a real slot of the schedule, anywhere in 2025.
     moment = START.add(minutes=last_offset_minutes)
-    if schedule.split()[1] == "*" and _odd_change_near(tz, moment, moment):
-        # Airflow's alignment there is the documented every-hour case (in Lord Howe it makes 01:30 LHST
-        # of "0 * * * *", not a slot): the enumeration's two slots before.
-        earlier = reference_slots(schedule, tz, moment - _DAY, moment)
+    if _change_near(tz, moment, moment, odd_only=False):
+        # Near an offset change Airflow's alignment may give an instant that is not a slot (Lord Howe
+        # 02:30 LHDT after the gap: 02:50 for "*/20 1-4 * * *"; "0 * * * *" on the fall-back day: 01:30
+        # LHST), one after ``moment``, or an interval that starts after it ends (New York 03:00 EDT:
+        # 03:40): the enumeration's two slots before ``moment``.
+        earlier = reference_slots(schedule, tz, moment - datetime.timedelta(days=63), moment)
         last_start, last_end = (pendulum.instance(s) for s in earlier[-2:])
     else:
         last_end = reference._align_to_prev(moment)
         last_start = reference._get_prev(last_end)
-    if last_start >= last_end:
-        # Airflow's _get_prev of a slot right after a spring-forward gap reads a non-existent wall-clock
-        # time and lands after it (New York, 03:00 EDT: 03:40 EDT): the slot before, from the enumeration.
-        earlier = reference_slots(schedule, tz, last_end - datetime.timedelta(days=32), last_end - _SECOND)
-        last_start = pendulum.instance(earlier[-1])
     last = DataInterval(last_start, last_end) if data_interval else DataInterval.exact(last_end)
     now = last_end.add(minutes=outage_minutes, seconds=second)
     frozen.now = now
