@@ -24,8 +24,8 @@ from datetime import timedelta
 from typing import Any
 
 from airflow_lease_provider.core import validation
-from airflow_lease_provider.core.identity import RunRef, run_columns
-from airflow_lease_provider.core.lease import positive_limit
+from airflow_lease_provider.core.identity import RunRef
+from airflow_lease_provider.core.lease import wait_claim_params
 from airflow_lease_provider.core.types import Lease, Waiter
 
 #: Bytes of randomness in a capability.
@@ -152,16 +152,9 @@ def wait_claim(
     :meth:`~airflow_lease_provider.core.LeaseStore.wait_claim`, atomic per key, at most ``max_waiting``
     places): the status (``claimed``, ``full``, ``other``: the owner's place was taken with another
     capability) and every live waiter of the key, oldest first."""
-    key = validation.name("key", key)
-    owner = validation.owner("owner", owner)
-    validation.ttl("ttl", ttl)
-    positive_limit(max_waiting, "max_waiting", maximum=10_000)
-    rows = store._ready().run(
-        "api_wait_claim",
-        {"key": key, "owner": owner, "ttl": ttl, "max_waiting": max_waiting,
-         "digest": place_digest(key, owner, capability), **run_columns(run)},
-        durable=True,
-    )
+    params = wait_claim_params(key, owner, ttl, max_waiting, run)
+    key, owner = params["key"], params["owner"]
+    rows = store._ready().run("api_wait_claim", {**params, "digest": place_digest(key, owner, capability)}, durable=True)
     status = str(rows[0]["status"]) if rows else "full"
     return status, [Waiter.from_row(r, key) for r in rows if r["owner"] is not None]
 

@@ -49,6 +49,18 @@ log = logging.getLogger(__name__)
 MAX_EPOCH = 8_388_608
 
 
+def wait_claim_params(
+    key: str, owner: str, ttl: timedelta, max_waiting: int, run: RunRef | None
+) -> dict[str, Any]:
+    """A waiting-place claim's checked parameters (the direct store's and the lease API's claims): a clear
+    :class:`InvalidArgument` for a bad key, owner, TTL or ``max_waiting``, before anything is asked."""
+    key = validation.name("key", key)
+    owner = validation.owner("owner", owner)
+    validation.ttl("ttl", ttl)
+    positive_limit(max_waiting, "max_waiting", maximum=10_000)
+    return {"key": key, "owner": owner, "ttl": ttl, "max_waiting": max_waiting, **run_columns(run)}
+
+
 def positive_limit(value: object, parameter: str = "limit", maximum: int = 100_000) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= maximum:
         raise InvalidArgument(parameter, value, f"must be an integer from 1 to {maximum}")
@@ -324,15 +336,9 @@ class LeaseStore(Store):
 
         :returns: whether ``owner`` has a place now, and every live waiter of the key (who fills the places
             when it has none)."""
-        key = validation.name("key", key)
-        owner = validation.owner("owner", owner)
-        validation.ttl("ttl", ttl)
-        positive_limit(max_waiting, "max_waiting", maximum=10_000)
-        rows = self._ready().run(
-            "wait_claim",
-            {"key": key, "owner": owner, "ttl": ttl, "max_waiting": max_waiting, **run_columns(run)},
-            durable=True,
-        )
+        params = wait_claim_params(key, owner, ttl, max_waiting, run)
+        rows = self._ready().run("wait_claim", params, durable=True)
+        key = params["key"]
         waiters = tuple(Waiter.from_row(r, key) for r in rows)
         claimed = bool(rows[0]["claimed"]) if rows else False
         return WaitClaim(key, owner, claimed, waiters)
