@@ -6,6 +6,7 @@ import multiprocessing as mp
 import random
 import time
 from datetime import datetime, timedelta
+from typing import Any
 
 import pytest
 
@@ -15,10 +16,16 @@ from tests.forked import processes
 from tests.pg import EmbeddedServer, execute, new_schema_name, q
 
 CONTENDERS = 32
+#: Acquisitions the contenders make together before they stop (at most ``WINDOW`` seconds): the judge needs
+#: enough of them, and on a loaded machine a fixed window of a few seconds gave too few (14 in 8 s).
+ACQUISITIONS = 40
+WINDOW = 90.0
 
 
-def _contend(dsn: str, schema: str, worker: int, seconds: float, out: mp.Queue, start: mp.Barrier) -> None:
-    """Loop: try to acquire; when it works, hold a while, then release or let it expire."""
+def _contend(dsn: str, schema: str, worker: int, seconds: float, out: mp.Queue, start: mp.Barrier,
+             count: Any) -> None:
+    """Loop: try to acquire; when it works, hold a while, then release or let it expire. Every contender
+    stops once ``count`` (shared) reaches :data:`ACQUISITIONS`, or after ``seconds``."""
     store = LeaseStore(dsn, schema=schema)
     rng = random.Random(worker)
     held = []
@@ -26,11 +33,13 @@ def _contend(dsn: str, schema: str, worker: int, seconds: float, out: mp.Queue, 
     # seconds, which would otherwise eat the contention window of the first ones.
     start.wait(timeout=120)
     end = time.monotonic() + seconds
-    while time.monotonic() < end:
+    while time.monotonic() < end and count.value < ACQUISITIONS:
         lease = store.acquire("hot", owner=f"w{worker}", ttl=timedelta(seconds=1))
         if lease is None:
             time.sleep(rng.uniform(0.001, 0.02))
             continue
+        with count.get_lock():
+            count.value += 1
         time.sleep(rng.uniform(0.0, 0.05))
         if rng.random() < 0.15:
             time.sleep(1.1)  # walk away without releasing: the lease must lapse by itself
@@ -53,7 +62,9 @@ def test_32_contenders_exactly_one_valid_holder_at_any_moment(pg_dsn: str, schem
     with processes(__name__) as ctx:  # not spawned: tests/forked.py
         out: mp.Queue = ctx.Queue()
         start = ctx.Barrier(CONTENDERS)
-        procs = [ctx.Process(target=_contend, args=(pg_dsn, schema, w, 8.0, out, start)) for w in range(CONTENDERS)]
+        count = ctx.Value("i", 0)
+        procs = [ctx.Process(target=_contend, args=(pg_dsn, schema, w, WINDOW, out, start, count))
+                 for w in range(CONTENDERS)]
         for p in procs:
             p.start()
         acquired = sorted(i for _ in procs for i in out.get(timeout=180))
