@@ -130,6 +130,24 @@ def test_a_place_of_the_direct_path_is_never_taken_over(api: TestClient, store: 
     assert rows(store, "k") == before
 
 
+def _two_claims_at_once(store: LeaseStore, key: str, ids: list[str]) -> list[int]:
+    """Two claims of OWNER's place, one per request id, sent together (a barrier), each by its own client."""
+    codes = [0, 0]
+    barrier = threading.Barrier(2)
+
+    def take(i: int) -> None:
+        with make_client(store) as c:
+            barrier.wait()
+            codes[i] = claim(c, key, OWNER, ids[i], ttl=60).status_code
+
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return codes
+
+
 def test_two_tries_taking_over_at_once_get_one_place(store: LeaseStore, enabled: None) -> None:  # noqa: F811
     for attempt in range(5):
         key = f"k{attempt}"
@@ -137,19 +155,7 @@ def test_two_tries_taking_over_at_once_get_one_place(store: LeaseStore, enabled:
             assert claim(c, key, OWNER, rid(), ttl=60).status_code == 200
         age(store, key, 45)
         ids = [rid(), rid()]
-        codes: list[int] = [0, 0]
-        barrier = threading.Barrier(2)
-
-        def take(i: int, key: str = key) -> None:
-            with make_client(store) as c:
-                barrier.wait()
-                codes[i] = claim(c, key, OWNER, ids[i], ttl=60).status_code
-
-        threads = [threading.Thread(target=take, args=(i,)) for i in range(2)]
-        for t in threads:
-            t.start()
-        for t in threads:
-            t.join()
+        codes = _two_claims_at_once(store, key, ids)
         assert sorted(codes) == [200, 403], codes  # one took it over; the other's place is now live: refused
         winner = ids[codes.index(200)]
         (row,) = rows(store, key)
