@@ -833,23 +833,24 @@ DECLARE
     v_expires timestamptz;
     v_takeover timestamptz;
     v_status text;
+    v_now timestamptz;
 BEGIN
     PERFORM pg_catalog.pg_advisory_xact_lock(125535, pg_catalog.hashtext(p_key));
     DELETE FROM {schema}.lease_waiter w WHERE w.key = p_key AND w.expires_at <= pg_catalog.clock_timestamp();
+    v_now := pg_catalog.clock_timestamp();
     SELECT w.api_capability, w.api_renewed_at, w.expires_at INTO v_digest, v_renewed, v_expires
       FROM {schema}.lease_waiter w WHERE w.key = p_key AND w.owner = p_owner;
     IF FOUND THEN
         IF v_digest IS NOT NULL AND v_digest = p_digest THEN
             UPDATE {schema}.lease_waiter AS w
-               SET expires_at = pg_catalog.clock_timestamp() + p_ttl, api_renewed_at = pg_catalog.clock_timestamp()
+               SET expires_at = v_now + p_ttl, api_renewed_at = v_now
              WHERE w.key = p_key AND w.owner = p_owner;
             v_status := 'claimed';
         ELSIF v_digest IS NOT NULL AND v_renewed IS NOT NULL THEN
             v_takeover := v_renewed + (v_expires - v_renewed) * 2 / 3;
-            IF pg_catalog.clock_timestamp() >= v_takeover THEN
+            IF v_now >= v_takeover THEN
                 UPDATE {schema}.lease_waiter AS w
-                   SET api_capability = p_digest, expires_at = pg_catalog.clock_timestamp() + p_ttl,
-                       api_renewed_at = pg_catalog.clock_timestamp()
+                   SET api_capability = p_digest, expires_at = v_now + p_ttl, api_renewed_at = v_now
                  WHERE w.key = p_key AND w.owner = p_owner;
                 v_status := 'taken_over';
                 v_takeover := NULL;
@@ -862,8 +863,7 @@ BEGIN
     ELSIF (SELECT pg_catalog.count(*) FROM {schema}.lease_waiter w WHERE w.key = p_key) < p_max THEN
         INSERT INTO {schema}.lease_waiter (key, owner, since, expires_at, dag_id, run_id, task_id, map_index,
                                            api_capability, api_renewed_at)
-        VALUES (p_key, p_owner, pg_catalog.clock_timestamp(), pg_catalog.clock_timestamp() + p_ttl,
-                p_dag_id, p_run_id, p_task_id, p_map_index, p_digest, pg_catalog.clock_timestamp());
+        VALUES (p_key, p_owner, v_now, v_now + p_ttl, p_dag_id, p_run_id, p_task_id, p_map_index, p_digest, v_now);
         v_status := 'claimed';
     ELSE
         v_status := 'full';
