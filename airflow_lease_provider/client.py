@@ -337,6 +337,9 @@ class HttpLeaseStore:
             places = tuple(_waiter(w) for w in answer["waiters"])
             if code == 200:
                 self._places[(key, owner)] = str(answer["capability"])
+                if answer.get("taken_over"):
+                    log.info("lease: the waiting place of %r for %r was taken over from its stale keeper "
+                             "(a previous try's, which claimed it no more)", owner, key)
             return WaitClaim(key, owner, code == 200, places)
         if code == 403:
             at = answer.get("takeover_at")
