@@ -468,7 +468,8 @@ class WaitClaimBody(BaseModel):
     request_id: str = Field(
         min_length=caps.MIN_REQUEST_ID, max_length=200,
         description="a random string of the taker's, secret like the capability it yields: naming it again "
-        "keeps (renews) the place; a claim naming another cannot touch it",
+        "keeps (renews) the place; a claim naming another cannot touch it while it is live, and one of the same "
+        "owner takes it over once it is stale (not claimed for two thirds of its TTL: its keeper is dead)",
     )
     run: RunBody | None = Field(default=None, description="the task instance waiting (the place's run columns)")
 

@@ -9,7 +9,8 @@ have no lease connection, so ``[lease] access = auto`` takes the lease API throu
 Door A: leased DAGs under the real scheduler (runs triggered over REST): an overlap skipped naming the holder,
 a frozen holder's late publish refused by the fence, both on the Leases page's data; and the policies that
 wait, through the real triggerer, whose trigger polls and keeps its waiting place over the lease API too
-(``wait``; ``wait`` with ``max_waiting=1`` and three runs; ``replace`` with a ``replace_grace``).
+(``wait``; ``wait`` with ``max_waiting=1`` and three runs; the same with its triggerer killed and the waiting
+run cleared: its new try takes its place over; ``replace`` with a ``replace_grace``).
 
 Door B: an attacker over HTTP against the same api-server: no credentials, wrong ones, another grant's
 capability, a released one replayed, the right one for another grant, the acquire secret or an Airflow JWT
