@@ -218,3 +218,31 @@ def test_a_new_try_does_not_wait_past_its_deadline_for_a_place(tries: tuple[Any,
                                   end=started + timedelta(seconds=5))
     assert kept is refused and (datetime.now(started.tzinfo) - started) < timedelta(seconds=2)
     assert [w.owner for w in store.waiters(["k"])] == [OWNER]
+
+
+def test_a_place_claimed_before_migration_23_is_kept_by_its_taker_and_never_taken_over_until_claimed_again(
+    pg_dsn: str, schema: str, enabled: None  # noqa: F811
+) -> None:
+    """A store at version 22 with a live API place (no last-claim time): after the upgrade its taker keeps it,
+    a new try's claim is 403 with no takeover time (it lapses as before); once its taker claims it again it
+    is a place of version 23 (stale two thirds of its TTL later)."""
+    from tests.pg import execute, q, store_at_version
+
+    store_at_version(pg_dsn, schema, 22)
+    old = rid()
+    execute(pg_dsn, q("SELECT * FROM {schema}.lease_wait_claim_api('k', %s, interval '60 seconds', 1, %s, "
+                      "NULL, NULL, NULL, NULL)", schema), (OWNER, caps.place_digest("k", OWNER, capability_of(old))))
+    upgraded = LeaseStore(pg_dsn, schema=schema)
+    try:
+        assert [w.owner for w in upgraded.waiters(["k"])] == [OWNER]  # the store's first use migrates it
+        with make_client(upgraded) as api:
+            (row,) = rows(upgraded, "k")
+            assert row[4] is None  # claimed before version 23
+            refused = claim(api, "k", OWNER, rid(), ttl=60)
+            assert refused.status_code == 403 and refused.json()["takeover_at"] is None
+            assert rows(upgraded, "k") == [row]
+            assert claim(api, "k", OWNER, old, ttl=60).status_code == 200
+            age(upgraded, "k", 41)
+            assert claim(api, "k", OWNER, rid(), ttl=60).json()["taken_over"] is True
+    finally:
+        upgraded.close()
