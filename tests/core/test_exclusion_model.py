@@ -34,8 +34,8 @@ After every step, and over the history it recorded, it checks:
 - the rows of ``lease_waiter`` are the reference's places (who has one, live or lapsed, taken through the
   API or not), and a key never has more live places than the ``max_waiting`` of the claim that created its
   newest live place (docs/core.md, "waiting places"); every claim's answer is the reference's (claimed,
-  full, or over the API 403 for a place taken with another request id), a refused give-back changes
-  nothing, and no place step changes a lease row.
+  full, or over the API 403 for a live place taken with another request id, taken over once it is stale),
+  a refused give-back changes nothing, and no place step changes a lease row.
 """
 
 from __future__ import annotations
