@@ -692,7 +692,7 @@ def test_no_answer_and_no_log_carries_the_secret_or_a_capability(airflow: Deploy
     digests = {bytes(digest) for *_ref, digest in rows}
     task_grants = [(key, owner, token) for key, owner, token, _digest in rows if key.startswith("metadb-")]
     assert {key for key, _owner, _token in task_grants} == {
-        "metadb-overlap", "metadb-zombie", "metadb-wait", "metadb-buffer", "metadb-grace"}, rows
+        "metadb-overlap", "metadb-zombie", "metadb-wait", "metadb-buffer", "metadb-grace", "metadb-retry-place"}, rows
     for path, text in {**process_logs, **task_logs}.items():
         for candidate in _capability_shaped(text):
             for key, owner, token in task_grants:
