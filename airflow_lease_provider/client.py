@@ -337,10 +337,15 @@ class HttpLeaseStore:
             places = tuple(_waiter(w) for w in answer["waiters"])
             if code == 200:
                 self._places[(key, owner)] = str(answer["capability"])
+                if answer.get("taken_over"):
+                    log.info("lease: the waiting place of %r for %r was taken over from its stale keeper "
+                             "(a previous try's, which claimed it no more)", owner, key)
             return WaitClaim(key, owner, code == 200, places)
         if code == 403:
-            log.warning("lease: the waiting place of %r for %r was taken through another place id", owner, key)
-            return WaitClaim(key, owner, False, ())
+            at = answer.get("takeover_at")
+            log.warning("lease: the waiting place of %r for %r was taken through another place id%s", owner, key,
+                        f" (it may be taken over from {at}, when its keeper is dead)" if at else "")
+            return WaitClaim(key, owner, False, (), takeover_at=datetime.fromisoformat(at) if at else None)
         raise LeaseError(f"the lease API answered {code} to the waiting place's claim: {answer.get('detail')}")
 
     def wait_release(self, key: str, owner: str) -> bool:

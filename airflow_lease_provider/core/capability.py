@@ -20,7 +20,7 @@ import hashlib
 import secrets
 import time
 from dataclasses import dataclass
-from datetime import timedelta
+from datetime import datetime, timedelta
 from typing import Any
 
 from airflow_lease_provider.core import validation
@@ -145,18 +145,31 @@ def place_digest(key: str, owner: str, capability: str) -> bytes:
     return hashlib.sha256("\0".join(("place", key, owner, capability)).encode()).digest()
 
 
+@dataclass(frozen=True)
+class PlaceClaim:
+    """The lease API's claim of a waiting place (:func:`wait_claim`): ``status`` is ``claimed`` (taken or
+    kept), ``taken_over`` (the owner's stale place, taken with another capability, is the caller's now),
+    ``full`` or ``other`` (the owner's live place was taken with another capability, or by the direct path);
+    ``takeover_at``: for ``other``, from when a claim of the owner may take it over (None: never, a direct
+    path's place); ``waiters``: every live waiter of the key, oldest first."""
+
+    status: str
+    waiters: list[Waiter]
+    takeover_at: datetime | None = None
+
+
 def wait_claim(
     store: Any, key: str, owner: str, ttl: timedelta, capability: str, *, max_waiting: int, run: Any = None
-) -> tuple[str, list[Waiter]]:
+) -> PlaceClaim:
     """Take or keep ``owner``'s waiting place for ``key`` with ``capability`` (as
     :meth:`~airflow_lease_provider.core.LeaseStore.wait_claim`, atomic per key, at most ``max_waiting``
-    places): the status (``claimed``, ``full``, ``other``: the owner's place was taken with another
-    capability) and every live waiter of the key, oldest first."""
+    places), or take over the owner's stale place taken with another capability (migrations/0023)."""
     params = wait_claim_params(key, owner, ttl, max_waiting, run)
     key, owner = params["key"], params["owner"]
     rows = store._ready().run("api_wait_claim", {**params, "digest": place_digest(key, owner, capability)}, durable=True)
     status = str(rows[0]["status"]) if rows else "full"
-    return status, [Waiter.from_row(r, key) for r in rows if r["owner"] is not None]
+    return PlaceClaim(status, [Waiter.from_row(r, key) for r in rows if r["owner"] is not None],
+                      rows[0]["takeover_at"] if rows else None)
 
 
 def wait_release(store: Any, key: str, owner: str, capability: str) -> bool:

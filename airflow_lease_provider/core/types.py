@@ -261,6 +261,9 @@ class WaitClaim:
     owner: str
     claimed: bool
     waiters: tuple[Waiter, ...]
+    #: Over the lease API only: the owner's place is live but was taken with another request id (a previous
+    #: try's, whose keeper may be dead), and from this time a claim may take it over (docs/api.md, decision 9).
+    takeover_at: datetime | None = None
 
     @property
     def others(self) -> list[Waiter]:

@@ -468,7 +468,8 @@ class WaitClaimBody(BaseModel):
     request_id: str = Field(
         min_length=caps.MIN_REQUEST_ID, max_length=200,
         description="a random string of the taker's, secret like the capability it yields: naming it again "
-        "keeps (renews) the place; a claim naming another cannot touch it",
+        "keeps (renews) the place; a claim naming another cannot touch it while it is live, and one of the same "
+        "owner takes it over once it is stale (not claimed for two thirds of its TTL: its keeper is dead)",
     )
     run: RunBody | None = Field(default=None, description="the task instance waiting (the place's run columns)")
 
@@ -504,18 +505,24 @@ def waiters(body: KeysBody, store: StoreDep, _: Annotated[None, Depends(may_acqu
 def wait_claim(body: WaitClaimBody, store: StoreDep, _: Annotated[None, Depends(may_acquire)]) -> Any:
     """Take or keep the owner's waiting place for ``key`` (as the direct store's ``wait_claim``: at most
     ``max_waiting`` places per key, in one statement under the key's lock): 200 ``claimed`` with the place's
-    capability (derived from ``request_id``: the same for every claim naming it), 409 ``full`` naming the
-    waiters, 403 when the owner's place was taken with another request id (or by the direct path)."""
+    capability (derived from ``request_id``: the same for every claim naming it; ``taken_over`` true when the
+    owner's stale place, taken with another request id, was taken over), 409 ``full`` naming the waiters, 403
+    when the owner's live place was taken with another request id (``takeover_at``: from when a claim may
+    take it over) or by the direct path (decision 9)."""
     capability = caps.place_capability(body.request_id)
     run = body.run.ref() if body.run else None
-    state, places = caps.wait_claim(store, body.key, body.owner, timedelta(seconds=body.ttl_seconds), capability,
-                                    max_waiting=body.max_waiting, run=run)
-    listed = [waiter_json(w) for w in places]
-    if state == "other":
-        raise HTTPException(status.HTTP_403_FORBIDDEN, "this owner's waiting place was taken with another request id")
-    if state != "claimed":
+    got = caps.wait_claim(store, body.key, body.owner, timedelta(seconds=body.ttl_seconds), capability,
+                          max_waiting=body.max_waiting, run=run)
+    listed = [waiter_json(w) for w in got.waiters]
+    if got.status == "other":
+        return JSONResponse(jsonable_encoder({
+            "detail": "this owner's waiting place was taken with another request id",
+            "takeover_at": got.takeover_at,
+        }), status_code=status.HTTP_403_FORBIDDEN)
+    if got.status not in ("claimed", "taken_over"):
         return _conflict({"status": "full", "claimed": False, "key": body.key, "waiters": listed})
-    return {"status": "claimed", "claimed": True, "key": body.key, "capability": capability, "waiters": listed}
+    return {"status": "claimed", "claimed": True, "taken_over": got.status == "taken_over", "key": body.key,
+            "capability": capability, "waiters": listed}
 
 
 def wait_release(body: WaitReleaseBody, store: StoreDep, credential: BearerDep) -> Any:

@@ -31,6 +31,7 @@ naming the run that replaced it.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
@@ -55,6 +56,10 @@ from airflow_lease_provider.version_compat import AirflowSkipException
 #: once more, for this long, when it fires): long enough for a resumed task to be queued, started and
 #: acquire; short enough that a dead waiter (a killed triggerer, a deleted task) frees its place soon.
 WAITER_TTL = timedelta(seconds=90)
+
+#: How long after a place may be taken over (its ``takeover_at``, the store's clock) a new try claims it: the
+#: task's and the store's clocks differ a little.
+TAKEOVER_MARGIN = 0.5
 
 
 class Contender(Protocol):
@@ -263,6 +268,8 @@ class Wait(OverlapPolicy):
             claim = None
             if places is not None:
                 claim = lease.store.wait_claim(key, lease.owner, WAITER_TTL, max_waiting=places, run=lease.run)
+                if not claim.claimed and claim.takeover_at is not None:
+                    claim = self.take_over_place(lease, claim, key=key, places=places, end=end)
                 if not claim.claimed:
                     self.buffer_full(lease, held, claim, key=key, places=places)
             self.defer(lease, held.holder, end, first=waited is None, key=key, claim=claim, places=places)
@@ -279,6 +286,23 @@ class Wait(OverlapPolicy):
         if holder is not None and holder.owner == lease.owner:
             return None
         return Acquisition(None, holder)
+
+    def take_over_place(self, lease: Contender, claim: WaitClaim, *, key: str, places: int, end: datetime) -> WaitClaim:
+        """Over the lease API: this owner's place is live under another place id (a previous try's, whose
+        trigger died and gave nothing back). Wait until it may be taken over (its keeper missed a whole
+        renewal period: at most two thirds of its TTL, docs/api.md decision 9), then claim it again: a live
+        keeper renewed it meanwhile, and it stays refused (a few more tries only when the clocks differ)."""
+        for _ in range(3):
+            if claim.claimed or claim.takeover_at is None:
+                break
+            pause = (claim.takeover_at - datetime.now(timezone.utc)).total_seconds()
+            if claim.takeover_at >= end or pause > WAITER_TTL.total_seconds():
+                break
+            lease.log.info("lease: this run's waiting place for %r is kept under a previous try's place id; "
+                           "claiming it again at %s, when it may be taken over", key, claim.takeover_at.isoformat())
+            time.sleep(max(pause, 0.0) + TAKEOVER_MARGIN)
+            claim = lease.store.wait_claim(key, lease.owner, WAITER_TTL, max_waiting=places, run=lease.run)
+        return claim
 
     def give_up_place(self, lease: Contender, key: str) -> None:
         """Give this run's waiting place back (it got the lease or gave up); it lapses by itself if this fails."""

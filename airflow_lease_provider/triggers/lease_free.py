@@ -114,12 +114,16 @@ class LeaseFreeTrigger(BaseTrigger):
             return holders[0] if len(holders) >= self.slots else None
         return store.holder(self.key)
 
-    def _claim(self, store: Any) -> bool:
-        """Claim the waiting place again (renewing it); whether it is still this waiter's."""
+    def _claim(self, store: Any, handing_over: bool = False) -> bool:
+        """Claim the waiting place again (renewing it); whether it is still this waiter's. ``handing_over``:
+        the last claim, before the resumed task starts; on the API path it is for half as long again, so that
+        the place cannot be taken over (two thirds of its TTL without a claim, docs/api.md decision 9) before
+        its whole TTL, the resumed task's time to start, has passed."""
         waiter = self.waiter or {}
         run = RunRef.from_columns(waiter)
+        ttl = timedelta(seconds=float(waiter["ttl_seconds"]))
         claim = store.wait_claim(
-            self.key, waiter["owner"], timedelta(seconds=float(waiter["ttl_seconds"])),
+            self.key, waiter["owner"], ttl * 1.5 if handing_over and self.access == "api" else ttl,
             max_waiting=int(waiter["max_waiting"]), run=run,
         )
         return bool(claim.claimed)
@@ -168,12 +172,13 @@ class LeaseFreeTrigger(BaseTrigger):
         claimed_at = float("-inf")
 
         async def keep_place(force: bool = False) -> bool:
-            """Claim the waiting place again when due; False: it is another run's now."""
+            """Claim the waiting place again when due (``force``: now, the last claim before the resumed task
+            starts); False: it is another run's now."""
             nonlocal claimed_at
             if not self.waiter or (not force and time.monotonic() - claimed_at < claim_every):
                 return True
             try:
-                kept = await asyncio.to_thread(self._claim, store)
+                kept = await asyncio.to_thread(self._claim, store, force)
             except LeaseError as exc:  # kept until its TTL runs out; claimed again at the next poll
                 self.log.warning("lease %r: could not claim the waiting place: %s", self.key, exc)
                 return True

@@ -9,7 +9,8 @@ have no lease connection, so ``[lease] access = auto`` takes the lease API throu
 Door A: leased DAGs under the real scheduler (runs triggered over REST): an overlap skipped naming the holder,
 a frozen holder's late publish refused by the fence, both on the Leases page's data; and the policies that
 wait, through the real triggerer, whose trigger polls and keeps its waiting place over the lease API too
-(``wait``; ``wait`` with ``max_waiting=1`` and three runs; ``replace`` with a ``replace_grace``).
+(``wait``; ``wait`` with ``max_waiting=1`` and three runs; the same with its triggerer killed and the waiting
+run cleared: its new try takes its place over; ``replace`` with a ``replace_grace``).
 
 Door B: an attacker over HTTP against the same api-server: no credentials, wrong ones, another grant's
 capability, a released one replayed, the right one for another grant, the acquire secret or an Airflow JWT
@@ -30,6 +31,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Iterator
+from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
@@ -78,7 +80,7 @@ def _migrated_by_airflow(deployment: Deployment) -> None:
 def airflow(metadata_template: MetadataTemplate) -> Iterator[Deployment]:
     files = [DAGS / "metadb_leased.py", ROOT / "tests" / "airflow" / "dags" / "_util.py"]
     env = {"LEASE_TEST_MARKERS": str(MARKERS)}
-    dag_ids = {"metadb_overlap", "metadb_zombie", "metadb_wait", "metadb_buffer", "metadb_grace"}
+    dag_ids = {"metadb_overlap", "metadb_zombie", "metadb_wait", "metadb_buffer", "metadb_grace", "metadb_retry_place"}
     # With a triggerer: the waiting policies defer, and the triggerer (through the lease API) resumes them.
     with deployment_for(metadata_template, files, dag_ids, env, lease_default=False, triggerer=True,
                         before_start=_migrated_by_airflow) as deployment:
@@ -297,6 +299,62 @@ def test_one_waiting_place_over_the_api_three_runs_one_runs_one_waits_then_runs_
     assert api.wait_for_run("metadb_buffer", skipped) == "success"  # skipped, not failed
     assert not (MARKERS / f"buffer-started-{skipped}").exists()
     assert store.waiters(["metadb-buffer"]) == [] and store.holder("metadb-buffer") is None
+
+
+def test_a_new_try_of_a_waiting_run_whose_triggerer_was_killed_keeps_its_place_and_runs_after_the_holder(
+    airflow: Deployment, store: LeaseStore
+) -> None:
+    """docs/api.md, decision 9: a run waits with max_waiting=1 (its place taken over /wait/claim, kept by its
+    trigger); the triggerer is killed (SIGKILL: nothing gives the place back) and the run is cleared. Its new
+    try claims with a place id of its own and takes the place over once its dead keeper's claims stopped (not
+    skipped as if every place were taken); its order and owner are kept, only the capability changes. Then a
+    triggerer again: the new try's trigger waits, and the run takes the lease once the holder is done."""
+    api, dag, key = airflow.api, "metadb_retry_place", "metadb-retry-place"
+    holder = api.trigger(dag)
+    _, holder_token = marker(f"retry-started-{holder}").split()
+    waiter = api.trigger(dag)
+    owner = f"{dag}/{waiter}/work"
+
+    def place() -> list[tuple[Any, ...]]:
+        return execute(airflow.dsn, q("SELECT owner, since, api_capability FROM {schema}.lease_waiter WHERE key = %s",
+                                      SCHEMA), (key,))
+
+    wait(lambda: api.task_states(dag, waiter).get("work"), lambda s: s == "deferred", 180, "the waiter deferred")
+    (before,) = wait(place, lambda rows: [r[0] for r in rows] == [owner], 60, "the waiter's place")
+    assert before[2] is not None  # taken through the lease API
+    # The trigger claims the place as it starts (its expiry moves on): its keeper is the triggerer now.
+    wait(lambda: execute(airflow.dsn, q("SELECT expires_at FROM {schema}.lease_waiter WHERE key = %s", SCHEMA),
+                         (key,)), lambda rows: bool(rows) and rows[0][0] > before[1] + timedelta(seconds=91), 120,
+         "the trigger to keep the place")
+    (triggerer,) = [p for p in airflow.started if p.args[-1] == "triggerer" and p.poll() is None]
+    os.killpg(triggerer.pid, signal.SIGKILL)
+    triggerer.wait(timeout=30)
+    try:
+        api.clear(dag, waiter, ["work"])
+        # The new try takes the place over (at once when it is stale already, else when its keeper's claims
+        # stopped for two thirds of its TTL): the same owner and order, another capability.
+        (after,) = wait(place, lambda rows: len(rows) == 1 and bytes(rows[0][2]) != bytes(before[2]), 240,
+                        "the new try to take its place over")
+        assert after[:2] == before[:2]
+        wait(lambda: api.task_states(dag, waiter).get("work"), lambda s: s == "deferred", 120,
+             "the new try deferred, keeping its place")
+    finally:
+        airflow._start("triggerer", "triggerer")
+    tries = api.tries(dag, waiter, "work")
+    assert len(tries) >= 2, tries
+    assert not (MARKERS / f"retry-started-{waiter}").exists()
+    (MARKERS / f"retry-let-go-{holder}").write_text("go")
+    assert api.wait_for_run(dag, holder) == "success"
+    started, token = marker(f"retry-started-{waiter}", timeout=240).split()
+    assert int(token) > int(holder_token)
+    (MARKERS / f"retry-let-go-{waiter}").write_text("go")
+    assert api.wait_for_run(dag, waiter) == "success", api.task_states(dag, waiter)
+    last = api.tries(dag, waiter, "work")[-1]
+    assert last["state"] == "success" and last["try_number"] >= 2, last
+    log = api.log(dag, waiter, "work", try_number=last["try_number"])
+    assert "taken over from its stale keeper" in log, log[-3000:]
+    assert store.waiters([key]) == [] and store.holder(key) is None
+    assert not store.events.query(key=key, kind=EventKind.SKIPPED_BUFFER_FULL)
 
 
 def test_replace_with_a_grace_over_the_api_waits_the_grace_then_takes_over_and_the_older_run_ends_skipped(
@@ -634,7 +692,7 @@ def test_no_answer_and_no_log_carries_the_secret_or_a_capability(airflow: Deploy
     digests = {bytes(digest) for *_ref, digest in rows}
     task_grants = [(key, owner, token) for key, owner, token, _digest in rows if key.startswith("metadb-")]
     assert {key for key, _owner, _token in task_grants} == {
-        "metadb-overlap", "metadb-zombie", "metadb-wait", "metadb-buffer", "metadb-grace"}, rows
+        "metadb-overlap", "metadb-zombie", "metadb-wait", "metadb-buffer", "metadb-grace", "metadb-retry-place"}, rows
     for path, text in {**process_logs, **task_logs}.items():
         for candidate in _capability_shaped(text):
             for key, owner, token in task_grants:

@@ -34,8 +34,8 @@ After every step, and over the history it recorded, it checks:
 - the rows of ``lease_waiter`` are the reference's places (who has one, live or lapsed, taken through the
   API or not), and a key never has more live places than the ``max_waiting`` of the claim that created its
   newest live place (docs/core.md, "waiting places"); every claim's answer is the reference's (claimed,
-  full, or over the API 403 for a place taken with another request id), a refused give-back changes
-  nothing, and no place step changes a lease row.
+  full, or over the API 403 for a live place taken with another request id, taken over once it is stale),
+  a refused give-back changes nothing, and no place step changes a lease row.
 """
 
 from __future__ import annotations
@@ -192,6 +192,17 @@ class Place:
     lapses: int
     #: Who took it: a direct store (< HTTP: no capability) or one of the two lease API clients.
     via: int
+    #: The model time of its last claim through the lease API (None: the direct path took it); with
+    #: ``lapses``, when another API client's claim of the owner may take it over (migrations/0023).
+    renewed: int | None = None
+
+    def takeover_at(self) -> float | None:
+        """When a claim of its owner with another request id takes it over: two thirds of the time between
+        its last API claim and its expiry later (a direct claim of the owner moves the expiry, not the claim);
+        None: never (a place of the direct path)."""
+        if self.via < HTTP or self.renewed is None:
+            return None
+        return self.renewed + (self.lapses - self.renewed) * 2 / 3
 
     def __repr__(self) -> str:
         through = {HTTP: " via the lease API", OTHER_API: " via the second API client"}.get(self.via, "")
@@ -446,14 +457,15 @@ class ExclusionMachine(RuleBasedStateMachine):
     @precondition(lambda self: PLACES)
     @rule(ops=st.lists(st.one_of(
         st.tuples(st.just("claim"), st.sampled_from(PLACE_ACTORS), st.sampled_from(BASES), st.sampled_from(OWNERS),
-                  st.integers(1, 2), st.integers(1, 2)),
+                  st.integers(1, 2), st.integers(1, 3)),
         st.tuples(st.just("give back"), st.integers(0, 10_000), st.booleans()),
         st.tuples(st.just("time passes"), st.integers(1, 2)),
         st.tuples(st.just("list"), st.sampled_from(PLACE_ACTORS)),
     ), min_size=1, max_size=3))
     def wait(self, ops: list[tuple[Any, ...]]) -> None:
         """One to three waiting-place steps: a claim (take or keep a place: any actor, owner and key,
-        max_waiting 1 or 2, a TTL of 1 or 2 steps), a give-back of a place by its taker (``True``) or by a
+        max_waiting 1 or 2, a TTL of 1 to 3 steps: a place claimed for 3 is stale, so taken over by a claim
+        of its owner through the other API client, after 2), a give-back of a place by its taker (``True``) or by a
         lease API client that did not take it (``False``: refused), time passing for the places, or a
         listing of the keys' live places (``waiters``, directly or through ``/waiters``)."""
         before = _rows(self.world.conn, self.world.schema, f"{self.run}:")
@@ -477,16 +489,25 @@ class ExclusionMachine(RuleBasedStateMachine):
             del places[lapsed]  # every claim of the key clears its lapsed places first
             self.through_api["lapsed place cleared" + (" through the API" if actor >= HTTP else "")] += 1
         mine = places.get(owner)
-        if mine is not None and actor >= HTTP and mine.via != actor:
-            # Over the API a place is kept only with the request id it was taken with (decision 9): the
+        stale_from = mine.takeover_at() if mine is not None else None
+        if mine is not None and actor >= HTTP and mine.via != actor and stale_from is not None and self.clock >= stale_from:
+            # Over the API a place of the same owner taken with another request id is taken over once stale
+            # (its keeper missed a whole renewal period: a new try of a task whose trigger died; decision 9).
+            expected = "taken over"
+            mine.via, mine.renewed, mine.lapses = actor, self.clock, self.clock + steps
+        elif mine is not None and actor >= HTTP and mine.via != actor:
+            # Over the API a live place is kept only with the request id it was taken with (decision 9): the
             # direct path's, or another client's, is 403 ('other') and changes nothing.
             expected = "other"
         elif mine is not None:
             expected = "claimed"  # kept, renewed (the direct path keeps any place of its owner)
             mine.lapses = self.clock + steps
+            if actor >= HTTP:
+                mine.renewed = self.clock
         elif len(places) < max_waiting:
             expected = "claimed"
-            places[owner] = Place(key, owner, self._next(), max_waiting, self.clock + steps, actor)
+            places[owner] = Place(key, owner, self._next(), max_waiting, self.clock + steps, actor,
+                                  self.clock if actor >= HTTP else None)
         else:
             expected = "full"
         listed = [w.owner for w in got.waiters]
@@ -496,12 +517,14 @@ class ExclusionMachine(RuleBasedStateMachine):
             self.through_api[f"place {expected}"] += 1
             if expected == "other" and mine is not None and mine.via >= HTTP:
                 self.through_api["place of another client"] += 1
-        assert got.claimed is (expected == "claimed"), f"{owner} {key!r}: {got}{self.history()}"
+        assert got.claimed is (expected in ("claimed", "taken over")), f"{owner} {key!r}: {got}{self.history()}"
         if expected == "other":
             assert got.waiters == (), got
+            # When it may be taken over: the model's time, in the store's clock (its steps moved back).
+            assert (got.takeover_at is None) is (stale_from is None), f"{got}{self.history()}"
             return
         assert listed == [p.owner for p in self._live_places(key)], f"{got}{self.history()}"
-        if expected == "claimed":
+        if expected in ("claimed", "taken over"):
             # Claimed: the owner has a live place (the rows agree: places_are_the_models).
             assert owner in listed, got
         else:
@@ -535,6 +558,24 @@ class ExclusionMachine(RuleBasedStateMachine):
         """A waiter dies: its place (``max_waiting`` 1, a TTL of one step) lapses as a step passes, and the
         next claim of the key (another owner's) clears it and takes the place."""
         self.wait([("claim", first, base, owners[0], 1, 1), ("time passes", 1), ("claim", second, base, owners[1], 1, 2)])
+
+    @precondition(lambda self: PLACES and API)
+    @rule(first=st.sampled_from((HTTP, OTHER_API)), base=st.sampled_from(BASES), owners=st.permutations(OWNERS),
+          passes=st.integers(1, 2))
+    def a_try_s_place_is_taken_over(self, first: int, base: str, owners: list[str], passes: int) -> None:
+        """Decision 9: a task's try takes a place through one API client (a TTL of 3 steps) and its trigger
+        dies; steps pass; another owner claims (full: a stale place is not another owner's), then the task's
+        new try, through the other client (another place id): taken over once 2 steps passed (stale), 403
+        after 1 (live). Then the first try claims and gives back with its own request id: refused once the
+        place was taken over from it."""
+        second = OTHER_API if first == HTTP else HTTP
+        self.wait([("claim", first, base, owners[0], 1, 3), ("time passes", passes),
+                   ("claim", second, base, owners[1], 1, 1)])
+        self.wait([("claim", second, base, owners[0], 1, 3), ("claim", first, base, owners[0], 1, 3)])
+        place = self.places.get(self.k(base), {}).get(owners[0])
+        if place is not None and place.via >= HTTP:
+            every = [p for key in sorted(self.places) for p in self.places[key].values()]
+            self.wait([("give back", every.index(place), False)])
 
     @precondition(lambda self: PLACES and API)
     @rule(i=st.integers(0, 10_000), how=st.sampled_from(["another client claims", "another client gives back",
@@ -599,8 +640,9 @@ class ExclusionMachine(RuleBasedStateMachine):
         """``steps`` of the places' time pass: every place of the machine is aged by them (its expiry moved
         back), so those claimed for no more lapse, and are cleared by the next claim of their key."""
         with self.world.conn.cursor() as cur:
-            cur.execute(q("UPDATE {schema}.lease_waiter SET expires_at = expires_at - %s"
-                          " WHERE starts_with(key, %s)", self.world.schema), (PLACE_STEP * steps, f"{self.run}:"))
+            cur.execute(q("UPDATE {schema}.lease_waiter SET expires_at = expires_at - %s,"
+                          " api_renewed_at = api_renewed_at - %s WHERE starts_with(key, %s)", self.world.schema),
+                        (PLACE_STEP * steps, PLACE_STEP * steps, f"{self.run}:"))
         self.clock += steps
         self.log.append(f"{steps} steps pass: the clock is {self.clock}")
 
@@ -1026,6 +1068,7 @@ def test_every_way_of_granting_a_key_keeps_the_exclusion_rule_and_the_fences(wor
         if PLACES:
             expected += ("place claimed", "place full", "place other", "place of another client", "place given back",
                          "place give-back refused", "lapsed place cleared", "lapsed place cleared through the API",
+                         "place taken over",
                          "places listed")
         missing = [what for what in expected if not done[what]]
         assert not missing, f"the lease API's actor never did {missing}: {done}"

@@ -71,6 +71,22 @@ with DAG("metadb_buffer", schedule=None, start_date=START, max_active_runs=4):
     work()
 
 
+# A new try of a waiting task whose triggerer was killed keeps its place (docs/api.md, decision 9: the takeover
+# of a stale place by its owner's new try).
+
+with DAG("metadb_retry_place", schedule=None, start_date=START, max_active_runs=4):
+
+    @task.leased(lease_key="metadb-retry-place", lease_ttl=timedelta(seconds=30), on_overlap="wait", max_waiting=1,
+                 lease_poll_interval=timedelta(seconds=1), lease_wait_timeout=timedelta(minutes=8))
+    def work(lease=None):
+        run_id = get_current_context()["run_id"]
+        mark(f"retry-started-{run_id}", f"{time.time()} {lease.token}")
+        wait_for(f"retry-let-go-{run_id}", timeout=400)
+        return lease.token
+
+    work()
+
+
 with DAG("metadb_grace", schedule=None, start_date=START, max_active_runs=4):
 
     @task.leased(lease_key="metadb-grace", lease_ttl=timedelta(seconds=15), on_overlap="replace",
