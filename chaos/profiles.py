@@ -80,7 +80,7 @@ class Profile:
     wait_fraction: float = 0.0
     wait_rounds: int = 4
     lapse_fraction: float = 0.25
-    forged_fraction: float = 0.2
+    forged_fraction: float = 0.4
     reclaim_fraction: float = 0.25
     #: Coverage the run must reach for its result to count (the CI test asserts it too): at least
     #: ``min_wait_ops`` claims of a waiting place, and as many give-backs, when ``wait_fraction`` is set.
@@ -101,7 +101,7 @@ PROFILES: dict[str, Profile] = {
     # stops all HTTP workers for seconds), besides every fault of the store.
     "short": Profile(name="short", duration=60.0, workers=16, keys=6, slot_keys=1, slot_fraction=0.4,
                      force_every=4.0, min_operations=5000, http_workers=4, api_pause_every=20.0,
-                     api_kill_every=45.0, lossy_every=12.0, wait_fraction=0.3, min_wait_ops=50),
+                     api_kill_every=45.0, lossy_every=12.0, wait_fraction=0.25, min_wait_ops=50),
     # Release checks: half an hour, twice the workers, more keys, a slightly longer TTL.
     "long": Profile(
         name="long", duration=1800.0, workers=32, keys=8, ttl=3.0, skewed=8,

@@ -324,7 +324,7 @@ class Worker:
             if outcome in ("full", "other", "error"):
                 break
             maybe_placed = True
-            self.nap.wait(cfg.ttl * rng.uniform(0.05, 0.3))
+            self.nap.wait(cfg.ttl * rng.uniform(0.03, 0.15))
         if not maybe_placed:
             return
         if rng.random() < cfg.lapse_fraction:
