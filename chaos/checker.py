@@ -593,6 +593,12 @@ class Checker:
         """The waiting places' rules (chaos.waiting), and their figures."""
         timeout = float(self.meta.get("profile", {}).get("statement_timeout", 1.0) or 1.0)
         figures = waiting.check(self.ops, self.by_type["probe_waiters"], timeout, self.report.violate)
+        if figures and self.http_workers:
+            lost = Counter(str(f.get("path", "")).rsplit("/v1", 1)[-1] for f in self.by_type["fault"]
+                           if f["kind"] == "lost_reply" and "/wait/" in str(f.get("path", "")))
+            figures["waiting places: replies lost after the store answered (lease API)"] = dict(sorted(lost.items()))
+            figures["waiting places: operations through the lease API with an unknown outcome"] = sum(
+                1 for op in self.ops if op.get("http") and op["op"].startswith("wait_") and op.get("outcome") == "unknown")
         self.report.figures.update(figures)
 
     def _errors(self) -> None:

@@ -83,7 +83,7 @@ def test_short_profile_zero_violations_over_5000_operations_and_every_fault(tmp_
     assert figures["waiting places: lapsed (left by their waiter, not given back)"] >= 5, output[-6000:]
     assert figures["waiting places: claims through the lease API"] >= 10, output[-6000:]
     assert figures["waiting places: outcomes"].get("wait_release:refused:forged", 0) >= 1, output[-6000:]
-    assert outcomes.get("wait_claim:unknown", 0) >= 1, output[-6000:]
+    assert figures["waiting places: operations through the lease API with an unknown outcome"] >= 1, output[-6000:]
     assert figures["waiting places: listed by the final probe"] is not None, output[-6000:]
     # The history holds database timestamps for every answered operation.
     first_op = next(
