@@ -599,7 +599,30 @@ class Checker:
             figures["waiting places: replies lost after the store answered (lease API)"] = dict(sorted(lost.items()))
             figures["waiting places: operations through the lease API with an unknown outcome"] = sum(
                 1 for op in self.ops if op.get("http") and op["op"].startswith("wait_") and op.get("outcome") == "unknown")
+        if figures:
+            figures["waiting places: paused waiters, their next claim after waking"] = self._paused_waiters()
         self.report.figures.update(figures)
+
+    def _paused_waiters(self) -> dict[str, int]:
+        """What the waiters the nemesis paused (past the TTL) met at their first claim after waking."""
+        outcomes: Counter[str] = Counter()
+        wakes = [f for f in self.by_type["fault"] if f["kind"] == "sigcont"]
+        for stop in self.by_type["fault"]:
+            if stop["kind"] != "sigstop" or not stop.get("waiting"):
+                continue
+            woke = next((w["t"] for w in wakes if w["w"] == stop["w"] and w["t"] >= stop["t"]), None)
+            mine = [op for op in self.ops if op["op"] == "wait_claim" and op["w"] == stop["w"]
+                    and op["key"] == stop["waiting"]]
+            before = [op for op in mine if op["t1"] <= stop["t"] and op.get("outcome") == "claimed"]
+            after = [op for op in mine if woke is not None and op["t0"] >= woke]
+            if not after or not before:
+                outcomes["no claim after waking"] += 1
+            elif after[0].get("outcome") != "claimed":
+                outcomes[str(after[0].get("outcome"))] += 1
+            else:
+                same = after[0].get("since") == before[-1].get("since") and after[0]["owner"] == before[-1]["owner"]
+                outcomes["claimed: the same place (not lapsed yet)" if same else "claimed: a new place"] += 1
+        return dict(sorted(outcomes.items()))
 
     def _errors(self) -> None:
         for op in self.ops:
