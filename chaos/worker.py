@@ -16,7 +16,6 @@ import signal
 import sys
 import threading
 import time
-import zlib
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -121,8 +120,8 @@ def resource_of(index: int) -> str:
 
 def max_waiting_of(key: str) -> int:
     """A key's ``max_waiting``, the same in every worker (so that the checker can hold each key to it):
-    1 for ``job-0``, 2 for ``job-1``, 1 for ``job-2``, ..."""
-    return 1 + zlib.crc32(key.encode()) % 2 if not key.startswith("job-") else 1 + int(key[4:]) % 2
+    1 for ``job-0``, 2 for ``job-1``, 1 for ``job-2``, ... (the workers wait on ``job-N`` keys only)."""
+    return 1 + int(key.rsplit("-", 1)[1]) % 2
 
 
 def slot_key_of(index: int) -> str:
