@@ -78,12 +78,16 @@ class Profile:
     #: forged capability (``forged_fraction``, must be refused), and sometimes claims again with another
     #: place id after giving it back (``reclaim_fraction``: a new place, never the old one renewed).
     wait_fraction: float = 0.0
+    #: The HTTP workers' share (more of them wait, so that the API server's pauses, kills and lost replies
+    #: meet waiting-place claims and give-backs in every run).
+    http_wait_fraction: float = 0.0
     wait_rounds: int = 4
     lapse_fraction: float = 0.25
     forged_fraction: float = 0.4
     reclaim_fraction: float = 0.25
     #: Coverage the run must reach for its result to count (the CI test asserts it too): at least
-    #: ``min_wait_ops`` claims of a waiting place, and as many give-backs, when ``wait_fraction`` is set.
+    #: ``min_wait_ops`` claims that took or kept a waiting place, and a tenth as many give-backs and claims
+    #: refused for a full key, when it is set.
     min_operations: int = 0
     min_wait_ops: int = 0
 
@@ -103,13 +107,14 @@ PROFILES: dict[str, Profile] = {
     # fewer operations (a waiting worker polls), too close to the 5,000 on a loaded machine.
     "short": Profile(name="short", duration=60.0, workers=16, keys=6, slot_keys=1, slot_fraction=0.4,
                      force_every=4.0, min_operations=5000, http_workers=4, api_pause_every=20.0,
-                     api_kill_every=45.0, lossy_every=12.0, wait_fraction=0.15, min_wait_ops=50),
+                     api_kill_every=45.0, lossy_every=12.0, wait_fraction=0.15, http_wait_fraction=0.4,
+                     min_wait_ops=50),
     # Release checks: half an hour, twice the workers, more keys, a slightly longer TTL.
     "long": Profile(
         name="long", duration=1800.0, workers=32, keys=8, ttl=3.0, skewed=8,
         kill_every=60.0, slot_keys=3, count_phase=9.0, force_every=6.0, min_operations=100_000,
-        http_workers=8, api_pause_every=30.0, api_kill_every=90.0, lossy_every=15.0, wait_fraction=0.3,
-        min_wait_ops=1000,
+        http_workers=8, api_pause_every=30.0, api_kill_every=90.0, lossy_every=15.0, wait_fraction=0.25,
+        http_wait_fraction=0.4, min_wait_ops=1000,
     ),
     # The broken-variant tests: just long enough for the checker to see the variant fail.
     # No server kills (they take seconds each); more pauses, and more late work published unchecked, so
