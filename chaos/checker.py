@@ -24,6 +24,8 @@ committed (the audit triggers and the publish target):
                         once after a lost answer) was granted twice: a grant of the owner whose capability
                         was bound was still live when the owner was granted again (a resend must answer the
                         grant the first send made)
+``wait-over-max``, ``wait-forged-release``, ``wait-renewed-after-end``, ``wait-probe``
+                        waiting places (``wait_claim`` / ``wait_release``): see :mod:`chaos.waiting`
 ``recovery``            after the faults stopped and every worker crashed at once, a fresh client did
                         not acquire a key (and publish) within TTL + 1 s
 
@@ -61,7 +63,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-from chaos import exclusion, history
+from chaos import exclusion, history, waiting
 
 #: Fault kinds and the profile field that schedules them (plus ``clock_skew``, set by ``skewed``).
 FAULT_SCHEDULE = {
@@ -252,6 +254,7 @@ class Checker:
         self._exclusion(leases)
         self._valid_refused()
         self._api_granted_twice()
+        self._waiting()
         self._errors()
         self._probe()
         self._figures()
@@ -586,6 +589,41 @@ class Checker:
                             f"{earlier.row} token {earlier.token} (capability bound) was live until {earlier.end}",
                         )
 
+    def _waiting(self) -> None:
+        """The waiting places' rules (chaos.waiting), and their figures."""
+        timeout = float(self.meta.get("profile", {}).get("statement_timeout", 1.0) or 1.0)
+        figures = waiting.check(self.ops, self.by_type["probe_waiters"], timeout, self.report.violate)
+        if figures and self.http_workers:
+            lost = Counter(str(f.get("path", "")).rsplit("/v1", 1)[-1] for f in self.by_type["fault"]
+                           if f["kind"] == "lost_reply" and "/wait/" in str(f.get("path", "")))
+            figures["waiting places: replies lost after the store answered (lease API)"] = dict(sorted(lost.items()))
+            figures["waiting places: operations through the lease API with an unknown outcome"] = sum(
+                1 for op in self.ops if op.get("http") and op["op"].startswith("wait_") and op.get("outcome") == "unknown")
+        if figures:
+            figures["waiting places: paused waiters, their next claim after waking"] = self._paused_waiters()
+        self.report.figures.update(figures)
+
+    def _paused_waiters(self) -> dict[str, int]:
+        """What the waiters the nemesis paused (past the TTL) met at their first claim after waking."""
+        outcomes: Counter[str] = Counter()
+        wakes = [f for f in self.by_type["fault"] if f["kind"] == "sigcont"]
+        for stop in self.by_type["fault"]:
+            if stop["kind"] != "sigstop" or not stop.get("waiting"):
+                continue
+            woke = next((w["t"] for w in wakes if w["w"] == stop["w"] and w["t"] >= stop["t"]), None)
+            mine = [op for op in self.ops if op["op"] == "wait_claim" and op["w"] == stop["w"]
+                    and op["key"] == stop["waiting"]]
+            before = [op for op in mine if op["t1"] <= stop["t"] and op.get("outcome") == "claimed"]
+            after = [op for op in mine if woke is not None and op["t0"] >= woke]
+            if not after or not before:
+                outcomes["no claim after waking"] += 1
+            elif after[0].get("outcome") != "claimed":
+                outcomes[str(after[0].get("outcome"))] += 1
+            else:
+                same = after[0].get("since") == before[-1].get("since") and after[0]["owner"] == before[-1]["owner"]
+                outcomes["claimed: the same place (not lapsed yet)" if same else "claimed: a new place"] += 1
+        return dict(sorted(outcomes.items()))
+
     def _errors(self) -> None:
         for op in self.ops:
             if op.get("outcome") == "error":
@@ -793,6 +831,25 @@ class Checker:
                     r.coverage.append(f"no {kind} grant of a semaphore key")
             if not any(g.era for g in pooled):
                 r.coverage.append("no slot-count change")
+        need_wait = int(profile.get("min_wait_ops", 0) or 0)
+        if need_wait:
+            # Claims that took or kept a place, and give-backs answered; with HTTP workers, some through the
+            # lease API, one answer lost there, and a forged give-back refused.
+            counts = {
+                "claims of a waiting place": r.outcomes.get(("wait_claim", "claimed"), 0),
+                "give-backs of a waiting place": sum(
+                    1 for op in self.ops if op["op"] == "wait_release" and op.get("outcome") == "ok"),
+                "refused claims (every place taken)": r.outcomes.get(("wait_claim", "full"), 0),
+            }
+            for what, n in counts.items():
+                if n < (need_wait if what.startswith("claims") else max(1, need_wait // 10)):
+                    r.coverage.append(f"{n} {what}, fewer than this profile requires")
+            if self.http_workers:
+                http_wait = [op for op in self.ops if op.get("http") and op["op"] in ("wait_claim", "wait_release")]
+                if not any(op["op"] == "wait_claim" and op.get("outcome") == "claimed" for op in http_wait):
+                    r.coverage.append("no waiting place was claimed through the lease API")
+                if not any(op.get("forged") and op.get("outcome") == "refused" for op in http_wait):
+                    r.coverage.append("no give-back with a forged capability was tried through the lease API")
 
 
 def check_acknowledged(records: list[dict[str, Any]]) -> Report:

@@ -67,7 +67,10 @@ def _spawn(
             join_fraction=profile.join_fraction, slot_keys=profile.slot_keys,
             slot_fraction=profile.slot_fraction, slot_counts=profile.slot_counts, count_phase=profile.count_phase,
             stray_count_fraction=profile.stray_count_fraction, single_fraction=profile.single_fraction,
-            replace_fraction=profile.replace_fraction, started=started,
+            replace_fraction=profile.replace_fraction,
+            wait_fraction=profile.http_wait_fraction if wid in http_ids(profile) else profile.wait_fraction,
+            wait_rounds=profile.wait_rounds, lapse_fraction=profile.lapse_fraction,
+            forged_fraction=profile.forged_fraction, reclaim_fraction=profile.reclaim_fraction, started=started,
             api_url=api_url if wid in http_ids(profile) else None, api_timeout=profile.api_timeout,
         )
         logfile = (work / "logs" / f"w{wid}.log").open("wb")
@@ -136,6 +139,25 @@ def _probe(dsn: str, profile: Profile, rec: Recorder) -> None:
         rec.write({"type": "probe", "t": time.monotonic(), "key": key_of(index), "token": None, "acquired_at": None})
     store.close()
     fences.close()
+
+
+def _probe_waiters(dsn: str, rec: Recorder) -> None:
+    """After every worker crashed at once: the live waiting places, as a fresh client lists them
+    (``LeaseStore.waiters``), between two readings of the database clock."""
+    store = LeaseStore(dsn, schema=chaos_sql.LEASE_SCHEMA, record_events=False)
+    try:
+        before = db_time(dsn)
+        listed = store.waiters()
+        after = db_time(dsn)
+    except LeaseError as exc:
+        rec.write({"type": "probe_waiters", "t": time.monotonic(), "error": str(exc)})
+        return
+    finally:
+        store.close()
+    rec.write({
+        "type": "probe_waiters", "t": time.monotonic(), "db_before": before, "db_after": after,
+        "waiters": [(w.key, w.owner, w.since, w.expires_at) for w in listed],
+    })
 
 
 def _dump(dsn: str) -> list[dict[str, Any]]:
@@ -215,6 +237,7 @@ def run(profile: Profile, variant: str, out: Path, seed: int, say: Any = print) 
         if api_server is not None:
             api_server.stop()
         rec.write({"type": "crash_all", "t": time.monotonic(), "db_time": db_time(dsn)})
+        _probe_waiters(dsn, rec)
         _probe(dsn, profile, rec)
         tail = _dump(dsn)
         rec.close()

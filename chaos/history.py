@@ -15,6 +15,12 @@ Record types (``"type"``):
     A semaphore key's acquire records the count it asked for (``asked``), and its grant the slot and count
     (``slot``, ``slots``) and the key acquired (``lease_key``; ``key`` is the slot's row); a replace its
     ``run_after`` and the holder it took over (``replaced_owner``, ``replaced_token``).
+    A waiting place's ``wait_claim`` (outcome ``claimed``, ``full``, ``other`` over HTTP when the owner's place
+    was taken with another place id, ``unknown``) records ``max_waiting``, ``ttl``, the live waiters the
+    answer listed (``waiters``: owner, since, expires_at) and the owner's own place (``since``,
+    ``expires_at``); ``wait_release`` (``ok``, ``refused``, ``unknown``) whether its capability was forged
+    (``forged``). ``after_forged``/``reclaim`` mark the claim right after a forged give-back and the claim
+    under a new place id after a give-back.
     Database times (``acquired_at``, ``renewed_at``, ``expires_at``, ``observed_at``, a publish's ``at``,
     a release's ``released_at`` taken from the committed row) are ISO strings from ``clock_timestamp()``;
     an operation the database never answered has none. ``t0``/``t1`` are the host's monotonic clock (the
@@ -29,6 +35,9 @@ Record types (``"type"``):
     a worker that had died by itself before the final crash (an exception the core let through).
 ``probe``
     after ``crash_all``: the first acquisition of each key by a fresh client, and its publish.
+``probe_waiters``
+    after ``crash_all``: the live waiting places a fresh client lists (``waiters``: key, owner, since,
+    expires_at), between two readings of the database clock (``db_before``, ``db_after``).
 ``audit_lease`` / ``audit_fence`` / ``target`` / ``final_lease``
     ground truth read from the database at the end: every committed change of a lease row (with its slot
     count, slot, ``slot_of``, ``run_after``, ``replaced_token`` and, in ``extra``, every other column) and

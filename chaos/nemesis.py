@@ -150,7 +150,40 @@ class Nemesis:
         upper = [h for h in pooled if "#" in h[1]]
         return self.rng.choice(upper if upper and self.rng.random() < 0.7 else pooled)
 
+    def _waiters(self) -> list[tuple[int, str]]:
+        """The workers with a live waiting place, and its key."""
+        try:
+            conn = connect(self.server.dsn)
+        except psycopg2.Error:
+            return []
+        try:
+            with conn.cursor() as cur:
+                cur.execute(chaos_sql.waiters())
+                rows = cur.fetchall()
+        except psycopg2.Error:
+            return []
+        finally:
+            conn.close()
+        found = []
+        for owner, key in rows:
+            match = _OWNER_RE.match(owner)
+            if match and int(match.group(1)) in self.workers and int(match.group(1)) not in self.stopped:
+                found.append((int(match.group(1)), key))
+        return found
+
     def fault_zombie(self) -> None:
+        """SIGSTOP a holder past its TTL; a quarter of the time a waiter when there is one (a paused
+        triggerer: its place lapses meanwhile, and its next claim must not find it kept)."""
+        waiters = self._waiters() if self.rng.random() < 0.25 else []
+        if waiters:
+            worker, waited = self.rng.choice(waiters)
+            pause = self.profile.ttl * self.rng.uniform(1.3, 2.2) + 0.3
+            self.workers[worker].send_signal(signal.SIGSTOP)
+            now = time.monotonic()
+            self.stopped[worker] = (now, now + pause)
+            self.rec.fault("sigstop", w=worker, key=None, token=None, waiting=waited, pause_s=round(pause, 3),
+                           db_time=db_time(self.server.dsn))
+            return
         holders = [h for h in self._holders() if h[0] not in self.stopped]
         if holders:
             worker, key, token = self._pick(holders)

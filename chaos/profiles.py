@@ -70,8 +70,26 @@ class Profile:
     lossy_seconds: float = 3.0
     lossy_fraction: float = 0.3
     api_timeout: float = 1.5
-    #: Coverage the run must reach for its result to count (the CI test asserts it too).
+    #: Waiting places (``wait_claim`` / ``wait_release``, through the store or the lease API): the share of
+    #: the acquires refused because the key is held after which the worker takes a waiting place on that key
+    #: (each key's ``max_waiting`` is fixed: 1 or 2, chaos.worker.max_waiting_of), keeps it by claiming it
+    #: again ``1..wait_rounds`` times while it polls, then gives it back, or lets it lapse
+    #: (``lapse_fraction``: a dead waiter). An HTTP worker sometimes first tries to give it back with a
+    #: forged capability (``forged_fraction``, must be refused), and sometimes claims again with another
+    #: place id after giving it back (``reclaim_fraction``: a new place, never the old one renewed).
+    wait_fraction: float = 0.0
+    #: The HTTP workers' share (more of them wait, so that the API server's pauses, kills and lost replies
+    #: meet waiting-place claims and give-backs in every run).
+    http_wait_fraction: float = 0.0
+    wait_rounds: int = 4
+    lapse_fraction: float = 0.25
+    forged_fraction: float = 0.4
+    reclaim_fraction: float = 0.25
+    #: Coverage the run must reach for its result to count (the CI test asserts it too): at least
+    #: ``min_wait_ops`` claims that took or kept a waiting place, and a tenth as many give-backs and claims
+    #: refused for a full key, when it is set.
     min_operations: int = 0
+    min_wait_ops: int = 0
 
     def with_overrides(self, **changes: object) -> Profile:
         return replace(self, **{k: v for k, v in changes.items() if v is not None})
@@ -85,14 +103,18 @@ PROFILES: dict[str, Profile] = {
     # Four of the 16 workers go through the lease API (issue 41), whose server is paused, killed and
     # restarted, and loses replies after committing (each about once or twice a run: every one of them
     # stops all HTTP workers for seconds), besides every fault of the store.
+    # 15 % of the refused acquires take a waiting place (about 500 claims a run): at 25 % a run made 15-20 %
+    # fewer operations (a waiting worker polls), too close to the 5,000 on a loaded machine.
     "short": Profile(name="short", duration=60.0, workers=16, keys=6, slot_keys=1, slot_fraction=0.4,
                      force_every=4.0, min_operations=5000, http_workers=4, api_pause_every=20.0,
-                     api_kill_every=45.0, lossy_every=12.0),
+                     api_kill_every=45.0, lossy_every=12.0, wait_fraction=0.15, http_wait_fraction=0.4,
+                     min_wait_ops=50),
     # Release checks: half an hour, twice the workers, more keys, a slightly longer TTL.
     "long": Profile(
         name="long", duration=1800.0, workers=32, keys=8, ttl=3.0, skewed=8,
         kill_every=60.0, slot_keys=3, count_phase=9.0, force_every=6.0, min_operations=100_000,
-        http_workers=8, api_pause_every=30.0, api_kill_every=90.0, lossy_every=15.0,
+        http_workers=8, api_pause_every=30.0, api_kill_every=90.0, lossy_every=15.0, wait_fraction=0.25,
+        http_wait_fraction=0.4, min_wait_ops=1000,
     ),
     # The broken-variant tests: just long enough for the checker to see the variant fail.
     # No server kills (they take seconds each); more pauses, and more late work published unchecked, so
@@ -111,10 +133,15 @@ PROFILES: dict[str, Profile] = {
         name="smoke-slots", duration=20.0, workers=8, keys=2, skewed=2, kill_every=1e9, zombie_every=2.0,
         slot_keys=2, slot_fraction=0.8, count_phase=4.0, force_every=3.0,
     ),
+    # The waiting places' broken variant: two keys, most refused acquires wait, few places given back early.
+    "smoke-wait": Profile(
+        name="smoke-wait", duration=20.0, workers=8, keys=2, skewed=2, kill_every=1e9, zombie_every=2.0,
+        wait_fraction=0.8, lapse_fraction=0.5, min_wait_ops=20,
+    ),
 }
 
 #: Variants: the real store, and deliberately broken ones the checker must catch (see chaos.stores).
 VARIANTS = (
     "correct", "fence-off", "client-clock", "async-commit", "keeper-from-construction", "fence-cross-key",
-    "replace-ignores-slots",
+    "replace-ignores-slots", "wait-ignores-max",
 )

@@ -149,3 +149,10 @@ def holders(lease_schema: str = LEASE_SCHEMA) -> sql.Composed:
     return sql.SQL(
         "SELECT owner, key, token FROM {}.lease WHERE expires_at > clock_timestamp() AND released_at IS NULL"
     ).format(sql.Identifier(lease_schema))
+
+
+def waiters(lease_schema: str = LEASE_SCHEMA) -> sql.Composed:
+    """The live waiting places' owners and keys (the nemesis pauses a waiter too)."""
+    return sql.SQL(
+        "SELECT owner, key FROM {}.lease_waiter WHERE expires_at > clock_timestamp()"
+    ).format(sql.Identifier(lease_schema))

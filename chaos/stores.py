@@ -15,6 +15,9 @@ The broken variants exist to prove the checker can fail. Each breaks exactly one
   (the ``valid-refused`` property).
 * ``replace-ignores-slots`` replaces as the store did before issue 38: it reads and writes the key's own
   row only, so it grants a single holder beside a semaphore's live slot (the ``exclusion`` properties).
+* ``wait-ignores-max`` claims waiting places as if every key allowed 10,000 waiters, whatever
+  ``max_waiting`` the caller asked for: more places live at once than the key's limit (the ``wait-over-max``
+  property).
 
 A third, ``async-commit``, drops the store's ``SET LOCAL synchronous_commit = on`` (decision 4) on a
 server whose default is off: after a SIGKILL of the server, acknowledged tokens and publishes can vanish,
@@ -44,6 +47,7 @@ from airflow_lease_provider.core import (
     LeaseStoreUnavailable,
     RunRef,
     TokenHolder,
+    WaitClaim,
     validation,
 )
 from airflow_lease_provider.core.db import Database
@@ -282,6 +286,19 @@ class ReplaceIgnoresSlotsLeaseStore(RecordingLeaseStore):
         return Acquisition(Lease(*taken[:2], int(taken[2]), *taken[3:]), None, replaced)
 
 
+class WaitIgnoresMaxLeaseStore(RecordingLeaseStore):
+    """BROKEN ON PURPOSE: a waiting-place claim ignores the caller's ``max_waiting`` (as a store whose claim
+    never counted the live places would): every claim gets a place. The rest of the store is the real one."""
+
+    def wait_claim(self, key: str, owner: str, ttl: timedelta, *, max_waiting: int = 1,
+                   run: RunRef | None = None) -> WaitClaim:
+        return super().wait_claim(key, owner, ttl, max_waiting=IGNORED_MAX, run=run)  # THE BUG
+
+
+#: The limit the broken claim uses instead of the caller's (the largest the store accepts).
+IGNORED_MAX = 10_000
+
+
 class FromConstructionKeeper(LeaseKeeper):
     """BROKEN ON PURPOSE: the keeper of before issue 10. It counts the time left from the moment the keeper
     itself is built (or a renewal's reply arrives), so a pause between reading the lease and keeping it is
@@ -377,6 +394,20 @@ class RecordingHttpLeaseStore(HttpLeaseStore):
         return recorded_renewal(
             self.recorder, lease, lambda: super(RecordingHttpLeaseStore, self).renew(lease, ttl), http=True
         )
+
+    def new_place_id(self, owner: str) -> str:
+        """Forget ``owner``'s place id (and the capabilities of its places): its next claim names another
+        request id, as a new process of the owner that was not handed the place id would."""
+        self._place_ids.pop(owner, None)
+        for place in [p for p in self._places if p[1] == owner]:
+            del self._places[place]
+        return self.place_id(owner)
+
+    def wait_release_with(self, key: str, owner: str, capability: str) -> bool:
+        """``/wait/release`` with ``capability`` as the credential (the chaos worker's forged one): whether
+        the API answered 200 (it gave a place back)."""
+        code, _ = self._send("POST", "/wait/release", capability, {"key": key, "owner": owner})
+        return code == 200
 
     def release(self, lease: Lease, **kwargs: Any) -> bool:
         return recorded_release(

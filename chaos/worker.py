@@ -11,6 +11,7 @@ import ctypes
 import json
 import os
 import random
+import secrets
 import signal
 import sys
 import threading
@@ -47,6 +48,7 @@ from chaos.stores import (
     RecordingHttpLeaseStore,
     RecordingLeaseStore,
     ReplaceIgnoresSlotsLeaseStore,
+    WaitIgnoresMaxLeaseStore,
     _OwnConnection,
     commit_asynchronously,
     lease_fields,
@@ -81,6 +83,11 @@ class WorkerConfig:
     stray_count_fraction: float = Profile.stray_count_fraction
     single_fraction: float = Profile.single_fraction
     replace_fraction: float = Profile.replace_fraction
+    wait_fraction: float = Profile.wait_fraction
+    wait_rounds: int = Profile.wait_rounds
+    lapse_fraction: float = Profile.lapse_fraction
+    forged_fraction: float = Profile.forged_fraction
+    reclaim_fraction: float = Profile.reclaim_fraction
     #: The harness's monotonic clock when the workers were started (the same clock in every process, never
     #: faked): the slot-count phases and the replaces' run order count from it.
     started: float = 0.0
@@ -111,6 +118,12 @@ def resource_of(index: int) -> str:
     return f"target-{index // 2}"
 
 
+def max_waiting_of(key: str) -> int:
+    """A key's ``max_waiting``, the same in every worker (so that the checker can hold each key to it):
+    1 for ``job-0``, 2 for ``job-1``, 1 for ``job-2``, ... (the workers wait on ``job-N`` keys only)."""
+    return 1 + int(key.rsplit("-", 1)[1]) % 2
+
+
 def slot_key_of(index: int) -> str:
     """A semaphore key: acquired with N slots (N changing), with one holder, or replaced."""
     return f"pool-{index}"
@@ -137,6 +150,7 @@ class Worker:
         self.rec = Recorder(Path(cfg.history), w=cfg.id, **({"http": True} if cfg.api_url else {}))
         self.rng = random.Random(cfg.seed)
         self.ttl = timedelta(seconds=cfg.ttl)
+        self.held = False  # whether the last acquire was refused because the key is held
         self.nap = threading.Event()  # never set: its wait() is the sleep that works under libfaketime
         timeouts: dict[str, Any] = {
             "schema": cfg.lease_schema,
@@ -145,6 +159,7 @@ class Worker:
         }
         lease_cls = {
             "client-clock": ClientClockLeaseStore, "replace-ignores-slots": ReplaceIgnoresSlotsLeaseStore,
+            "wait-ignores-max": WaitIgnoresMaxLeaseStore,
         }.get(cfg.variant, RecordingLeaseStore)
         self.http: RecordingHttpLeaseStore | None = None
         if cfg.api_url is not None:
@@ -182,8 +197,12 @@ class Worker:
                 resource, in_store = slot_resource_of(index), True
             else:
                 index = self.rng.randrange(self.cfg.keys)
+                self.held = False
                 lease, backoff = self.acquire(key_of(index), owner)
                 resource, in_store = resource_of(index), False
+                if lease is None and self.held and self.rng.random() < self.cfg.wait_fraction:
+                    self.wait_place(key_of(index), owner)
+                    continue
             if lease is None:
                 self.nap.wait(backoff)
                 continue
@@ -239,6 +258,7 @@ class Worker:
                         **lease_fields(got.lease))
             return got.lease, 0.0
         holder = got.holder
+        self.held = True
         self.rec.op(
             op, t0=t0, key=key, owner=owner, outcome="held",
             holder_owner=holder.owner if holder else None, holder_token=holder.token if holder else None,
@@ -286,6 +306,90 @@ class Worker:
             self.rec.op("replace", t0=t0, key=key, owner=owner, outcome="error", error=repr(exc), **fields)
             return None, self.rng.uniform(0.2, 0.5)
         return self._answer("replace", t0, key, owner, got, **fields)
+
+    # -- waiting places ----------------------------------------------------------------------------
+
+    def wait_place(self, key: str, owner: str) -> None:
+        """Take a waiting place on ``key`` (held by another), keep it while polling, then give it back or let
+        it lapse; over HTTP sometimes first give it back with a forged capability (refused, nothing changes:
+        the place is claimed once more at once), and sometimes claim again with another place id after the
+        give-back (a new place). Every call is recorded (``wait_claim``, ``wait_release``)."""
+        rng, cfg = self.rng, self.cfg
+        limit = max_waiting_of(key)
+        place = self.http.new_place_id(owner) if self.http is not None else None
+        maybe_placed = False
+        for _ in range(rng.randint(1, cfg.wait_rounds)):
+            outcome = self.wait_claim(key, owner, limit, place=place)
+            if outcome in ("full", "other", "error"):
+                break
+            maybe_placed = True
+            self.nap.wait(cfg.ttl * rng.uniform(0.03, 0.15))
+        if not maybe_placed:
+            return
+        if rng.random() < cfg.lapse_fraction:
+            return  # a dead waiter: the place lapses TTL after its last claim
+        if self.http is not None and rng.random() < cfg.forged_fraction:
+            self.wait_release(key, owner, place=place, forged=True)
+            self.wait_claim(key, owner, limit, place=place, after_forged=True)
+        self.wait_release(key, owner, place=place)
+        if self.http is not None and rng.random() < cfg.reclaim_fraction:
+            place = self.http.new_place_id(owner)
+            if self.wait_claim(key, owner, limit, place=place, reclaim=True) in ("claimed", "unknown"):
+                self.wait_release(key, owner, place=place)
+
+    def wait_claim(self, key: str, owner: str, limit: int, **shape: Any) -> str:
+        """One claim of ``owner``'s waiting place on ``key``; its outcome: ``claimed``, ``full`` (every place
+        is another's), ``other`` (over HTTP: the owner's place was taken with another place id), ``unknown``
+        (no answer: the place may or may not have been taken or kept), ``error``."""
+        ttl = self.ttl
+        fields: dict[str, Any] = {"key": key, "owner": owner, "max_waiting": limit, "ttl": self.cfg.ttl, **shape}
+        if self.http is not None:
+            fields["http"] = True
+        t0 = time.monotonic()
+        try:
+            got = self.leases.wait_claim(key, owner, ttl, max_waiting=limit)
+        except LeaseError as exc:
+            outcome = outcome_of(exc)
+            self.rec.op("wait_claim", t0=t0, outcome=outcome, error=str(exc), **fields)
+            return outcome
+        except Exception as exc:
+            self.rec.op("wait_claim", t0=t0, outcome="error", error=repr(exc), **fields)
+            return "error"
+        mine = next((w for w in got.waiters if w.owner == owner), None)
+        if got.claimed:
+            outcome = "claimed"
+        else:
+            outcome = "other" if self.http is not None and not got.waiters else "full"
+        self.rec.op(
+            "wait_claim", t0=t0, outcome=outcome,
+            waiters=[(w.owner, w.since, w.expires_at) for w in got.waiters],
+            since=mine.since if mine else None, expires_at=mine.expires_at if mine else None, **fields,
+        )
+        return outcome
+
+    def wait_release(self, key: str, owner: str, *, forged: bool = False, **shape: Any) -> str:
+        """Give ``owner``'s waiting place on ``key`` back (``forged``: over HTTP, with a capability that is not
+        the place's); its outcome: ``ok``, ``refused`` (no such place), ``unknown``, ``error``."""
+        fields: dict[str, Any] = {"key": key, "owner": owner, "forged": forged, **shape}
+        if self.http is not None:
+            fields["http"] = True
+        t0 = time.monotonic()
+        try:
+            if forged:
+                assert self.http is not None
+                released = self.http.wait_release_with(key, owner, secrets.token_urlsafe(32))
+            else:
+                released = self.leases.wait_release(key, owner)
+        except LeaseError as exc:
+            outcome = outcome_of(exc)
+            self.rec.op("wait_release", t0=t0, outcome=outcome, error=str(exc), **fields)
+            return outcome
+        except Exception as exc:
+            self.rec.op("wait_release", t0=t0, outcome="error", error=repr(exc), **fields)
+            return "error"
+        outcome = "ok" if released else "refused"
+        self.rec.op("wait_release", t0=t0, outcome=outcome, **fields)
+        return outcome
 
     def db_now(self) -> datetime | None:
         """The database clock now, or None when it cannot be asked (a fault is on)."""

@@ -5,7 +5,8 @@ expect a violation; when a refactor of the real store bypasses the seam a broken
 variant silently behaves correctly and the chaos test fails only as "no violation found", after minutes.
 This checks the seams directly, in milliseconds: the cross-key fence compares tokens of different lease keys
 at one resource, which the real fence never does; the replace of before issue 38 grants a key beside a live
-slot of it, which the real store refuses."""
+slot of it, which the real store refuses; the claim that ignores max_waiting gives a second place where the
+real store gives one."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ import pytest
 
 from airflow_lease_provider.core import FenceStore, LeaseError, LeaseStore, StaleFencingToken
 from chaos.history import Recorder
-from chaos.stores import CrossKeyFenceStore, ReplaceIgnoresSlotsLeaseStore
+from chaos.stores import CrossKeyFenceStore, ReplaceIgnoresSlotsLeaseStore, WaitIgnoresMaxLeaseStore
 
 TTL = timedelta(minutes=5)
 RUN_AFTER = datetime(2026, 1, 1, tzinfo=timezone.utc)
@@ -81,3 +82,28 @@ def test_the_broken_replace_takes_the_key_beside_a_live_slot(
     assert got.lease is not None and got.lease.key == "K"  # broken on purpose: the chaos checker's prey
     holders = {(h.key, h.owner) for h in replace_ignores_slots.slot_holders("K")}
     assert {("K", "c"), ("K#2", "b")} <= holders
+
+
+@pytest.fixture
+def wait_ignores_max(pg_dsn: str, schema: str, tmp_path: Path) -> Iterator[WaitIgnoresMaxLeaseStore]:
+    recorder = Recorder(tmp_path / "history.jsonl")
+    leases = WaitIgnoresMaxLeaseStore(
+        pg_dsn, schema=schema, recorder=recorder, connect_timeout=timedelta(seconds=5),
+        statement_timeout=timedelta(seconds=5),
+    )
+    yield leases
+    leases.close()
+    recorder.close()
+
+
+def test_the_real_store_gives_no_more_waiting_places_than_max_waiting(store: LeaseStore) -> None:
+    assert store.wait_claim("K", "a", TTL, max_waiting=1).claimed
+    refused = store.wait_claim("K", "b", TTL, max_waiting=1)
+    assert not refused.claimed and [w.owner for w in refused.waiters] == ["a"]
+
+
+def test_the_broken_claim_ignores_max_waiting(wait_ignores_max: WaitIgnoresMaxLeaseStore) -> None:
+    assert wait_ignores_max.wait_claim("K", "a", TTL, max_waiting=1).claimed
+    second = wait_ignores_max.wait_claim("K", "b", TTL, max_waiting=1)
+    assert second.claimed  # broken on purpose: the chaos checker's prey
+    assert [w.owner for w in wait_ignores_max.waiters(["K"])] == ["a", "b"]

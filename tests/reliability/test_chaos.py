@@ -1,5 +1,5 @@
-"""The fault-injection harness in CI: the short profile passes (four of its workers through the lease API),
-the broken variants fail.
+"""The fault-injection harness in CI: the short profile passes (four of its workers through the lease API,
+waiting places taken by all), the broken variants fail.
 
 Each run is ``python -m chaos`` in a subprocess, exactly the command a person runs, on a private
 embedded PostgreSQL that the harness starts and kills itself (never ``LEASE_TEST_DSN``'s server).
@@ -8,6 +8,7 @@ embedded PostgreSQL that the harness starts and kills itself (never ``LEASE_TEST
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from chaos.checker import FAULT_KINDS
+from chaos.checker import FAULT_KINDS, check_records
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -73,6 +74,17 @@ def test_short_profile_zero_violations_over_5000_operations_and_every_fault(tmp_
     assert any(r["op"] == "acquire" and r.get("outcome") == "ok" for r in http_ops), output[-6000:]
     assert any(r["op"] == "renew" and r.get("outcome") == "ok" for r in http_ops), output[-6000:]
     assert any(r.get("resent") for r in http_ops), "no acquire was sent again after a lost answer"
+    # Waiting places (chaos.waiting), directly and through the lease API under its faults: taken, kept, given
+    # back, refused for a full key, left to lapse, given back with a forged capability (refused), claims
+    # whose answer never came (judged without being counted as taken), and the waiters listed at the end.
+    outcomes, figures = report["outcomes"], report["figures"]
+    assert outcomes.get("wait_claim:claimed", 0) >= 50 and outcomes.get("wait_claim:full", 0) >= 5, output[-6000:]
+    assert outcomes.get("wait_release:ok", 0) >= 5, output[-6000:]
+    assert figures["waiting places: lapsed (left by their waiter, not given back)"] >= 5, output[-6000:]
+    assert figures["waiting places: claims through the lease API"] >= 10, output[-6000:]
+    assert figures["waiting places: outcomes"].get("wait_release:refused:forged", 0) >= 1, output[-6000:]
+    assert figures["waiting places: operations through the lease API with an unknown outcome"] >= 1, output[-6000:]
+    assert figures["waiting places: listed by the final probe"] is not None, output[-6000:]
     # The history holds database timestamps for every answered operation.
     first_op = next(
         json.loads(line) for line in (tmp_path / "history.jsonl").open()
@@ -83,7 +95,7 @@ def test_short_profile_zero_violations_over_5000_operations_and_every_fault(tmp_
 
 #: Each broken variant and its profile.
 BROKEN = {"fence-off": "smoke", "client-clock": "smoke", "keeper-from-construction": "smoke-keeper",
-          "fence-cross-key": "smoke", "replace-ignores-slots": "smoke-slots"}
+          "fence-cross-key": "smoke", "replace-ignores-slots": "smoke-slots", "wait-ignores-max": "smoke-wait"}
 
 
 @pytest.fixture(scope="module")
@@ -146,3 +158,19 @@ def test_checker_catches_a_replace_that_ignores_the_slots_of_its_key(broken_runs
     assert report["violations"].get("exclusion-db", 0) >= 1, output[-4000:]
     assert "a single holder beside another holder" in output
     assert "RESULT: VIOLATIONS" in output
+
+
+def test_checker_catches_a_claim_that_ignores_max_waiting(broken_runs: dict[str, Any]) -> None:
+    code, report, output = broken_runs["wait-ignores-max"]
+    assert code == 1, output[-4000:]
+    # Every claim got a waiting place whatever the key's max_waiting: more live places than the limit, in the
+    # claims' answers, in the places' proven lifetimes, and in the final listing.
+    assert report["violations"].get("wait-over-max", 0) >= 1, output[-4000:]
+    assert "RESULT: VIOLATIONS" in output
+    # The places' lifetimes alone show it too: the same history with every answer's listing of waiters removed.
+    path = Path(re.search(r"history=(\S+)", output).group(1))  # type: ignore[union-attr]
+    records = [json.loads(line) for line in path.open()]
+    for record in records:
+        record.pop("waiters", None)
+    unlisted = check_records(records)
+    assert any(v.kind == "wait-over-max" and "proven live" in v.detail for v in unlisted.violations), unlisted.format()

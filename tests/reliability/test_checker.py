@@ -487,3 +487,144 @@ def test_an_http_acquire_granted_twice() -> None:
     bound["extra"] = {**bound["extra"], "api_capability": "\\x00"}
     later.acquire("pool-0", 1, "w1-1", TTL + 0.5, w=1, slots=2, slot=2)
     assert "api-granted-twice" not in kinds(later.check())
+
+
+# -- waiting places (chaos.waiting) ----------------------------------------------------------------------
+
+
+class Waits:
+    """Waiting-place operations as a worker records them; times in seconds from T0 (database) and from 0
+    (the host's monotonic clock: the same numbers here)."""
+
+    def __init__(self, story: Story, limit: int = 1) -> None:
+        self.s = story
+        self.limit = limit
+        self.places: dict[tuple[str, str], float] = {}  # (key, owner) -> since
+
+    def claim(self, owner: str, t: float, w: int, *, key: str = "job-0", listed: list[str] | None = None,
+              outcome: str = "claimed", since: float | None = None, **shape: Any) -> None:
+        """A claim answered at database time ``t`` (its place's ``since`` kept, or ``since``: a new place)."""
+        fields: dict[str, Any] = {}
+        if outcome == "claimed":
+            start = self.places.setdefault((key, owner), t) if since is None else since
+            self.places[(key, owner)] = start
+            fields = {"since": at(start), "expires_at": at(t + TTL)}
+        if outcome in ("claimed", "full"):
+            fields["waiters"] = [(o, at(0), at(t + TTL)) for o in (listed if listed is not None else [owner])]
+        self.s.op("wait_claim", w, t, key=key, owner=owner, max_waiting=self.limit, ttl=TTL, outcome=outcome,
+                  **fields, **shape)
+
+    def release(self, owner: str, t: float, w: int, *, key: str = "job-0", outcome: str = "ok",
+                forged: bool = False) -> None:
+        self.s.op("wait_release", w, t, key=key, owner=owner, forged=forged, outcome=outcome)
+        if outcome == "ok" and not forged:
+            self.places.pop((key, owner), None)
+
+    def probe(self, listed: list[tuple[str, str, float]], when: float = 50.0) -> None:
+        self.s.records.append({"type": "probe_waiters", "t": when, "db_before": at(when), "db_after": at(when),
+                               "waiters": [(k, o, at(since), at(since + TTL)) for k, o, since in listed]})
+
+
+def waits_story() -> tuple[Story, Waits]:
+    """w0 holds job-0's one place (claimed at 0, kept at 0.5, given back at 0.7); w1 is refused meanwhile,
+    then takes the place at 1.0 and lets it lapse (it acquires something else next)."""
+    s = Story()
+    waits = Waits(s)
+    waits.claim("w0-1", 0.0, 0)
+    waits.claim("w1-1", 0.2, 1, outcome="full", listed=["w0-1"])
+    waits.claim("w0-1", 0.5, 0)
+    waits.release("w0-1", 0.7, 0)
+    waits.claim("w1-1", 1.0, 1)
+    s.acquire("job-0", 1, "w1-2", 1.2, w=1)
+    s.crash_and_probe()
+    waits.probe([])
+    return s, waits
+
+
+def test_waiting_places_within_the_limit_pass() -> None:
+    s, _ = waits_story()
+    report = s.check()
+    assert report.violations == [], report.format()
+    assert report.figures["waiting places: taken (distinct places acknowledged)"] == 2
+    assert report.figures["waiting places: lapsed (left by their waiter, not given back)"] == 1
+
+
+def test_a_claim_answered_with_more_live_waiters_than_max_waiting() -> None:
+    s, waits = waits_story()
+    waits.claim("w2-1", 1.5, 2, listed=["w1-1", "w2-1"])
+    assert kinds(s.check()) == {"wait-over-max"}
+
+
+def test_more_places_proven_live_than_max_waiting_even_when_each_answer_lists_one() -> None:
+    """Each claim lists only its own place (a store that lies in its listings too), but w1's place lapses
+    at 3.0 (proven: w1 went on to an acquire) while w2's was taken at 1.5: two places at once for one."""
+    s, waits = waits_story()
+    waits.claim("w2-1", 1.5, 2)
+    report = s.check()
+    assert kinds(report) == {"wait-over-max"}, report.format()
+    assert "proven live" in report.violations[0].detail
+
+
+def test_a_place_whose_end_is_unknown_counts_until_its_last_claim_only() -> None:
+    """w1's worker records nothing after its claim at 1.0 (killed, maybe while giving it back): its place
+    is proven live at 1.0 only, so w2's place from 1.5 is no violation (no rule on an unknown end)."""
+    s = Story()
+    waits = Waits(s)
+    waits.claim("w1-1", 1.0, 1)
+    waits.claim("w2-1", 1.5, 2)
+    s.crash_and_probe()
+    assert s.check().violations == []
+    waits.claim("w1-1", 1.6, 1)  # but a later claim proves it live at 1.6, beside w2's
+    assert kinds(s.check()) == {"wait-over-max"}
+
+
+def test_a_forged_give_back_that_was_done_or_that_lost_the_place() -> None:
+    s, waits = waits_story()
+    waits.release("w1-1", 1.2, 1, forged=True, outcome="ok")
+    assert kinds(s.check()) == {"wait-forged-release"}
+    s, waits = waits_story()
+    waits.claim("w2-1", 5.0, 2)
+    waits.release("w2-1", 5.2, 2, forged=True, outcome="refused")
+    waits.claim("w2-1", 5.4, 2, after_forged=True)  # found: the same place, kept
+    waits.release("w2-1", 5.6, 2)
+    assert s.check().violations == []
+    s, waits = waits_story()
+    waits.claim("w2-1", 5.0, 2)
+    waits.release("w2-1", 5.2, 2, forged=True, outcome="refused")
+    waits.claim("w2-1", 5.4, 2, after_forged=True, since=5.4)  # a new place: the refused give-back removed it
+    waits.release("w2-1", 5.6, 2)
+    assert kinds(s.check()) == {"wait-forged-release"}
+
+
+def test_a_place_renewed_after_it_was_given_back_or_had_lapsed() -> None:
+    s, waits = waits_story()
+    waits.claim("w0-1", 5.0, 0, since=0.0)  # the place given back at 0.7, renewed
+    assert "wait-renewed-after-end" in kinds(s.check())
+    s, waits = waits_story()
+    waits.claim("w1-1", 5.0, 1, since=1.0)  # expired at 3.0, renewed 2 s later (statement timeout 1 s)
+    assert "wait-renewed-after-end" in kinds(s.check())
+    s, waits = waits_story()
+    waits.claim("w1-1", 3.5, 1, since=1.0)  # 0.5 s after its expiry: within what one claim may take
+    assert "wait-renewed-after-end" not in kinds(s.check())
+
+
+def test_the_final_listing_of_waiters_is_held_to_the_history() -> None:
+    s, waits = waits_story()
+    s.records[-1]["waiters"] = [("job-0", "w0-1", at(0.0), at(2.5))]  # given back at 0.7
+    assert kinds(s.check()) == {"wait-probe"}
+    s, waits = waits_story()
+    s.records[-1]["waiters"] = [("job-0", "w5-3", at(1.0), at(3.0))]  # never claimed by anyone
+    s.op("acquire", 5, 2.0, key="job-1", owner="w5-4", outcome="held", asked=1)  # w5 went on to iteration 4
+    assert kinds(s.check()) == {"wait-probe"}
+    s.records.pop()  # w5's last iteration was 3: its claim may have been in flight at the crash
+    assert s.check().violations == []
+    s = Story()
+    waits = Waits(s)
+    waits.claim("w1-1", 47.0, 1)
+    waits.claim("w1-1", 49.0, 1)  # kept until 51, after the listing at 50
+    s.acquire("job-0", 1, "w1-2", 49.2, w=1)  # and w1 moved on: proven live at the listing
+    s.crash_and_probe()
+    waits.probe([])
+    assert kinds(s.check()) == {"wait-probe"}
+    s.records[-1]["waiters"] = [("job-0", "w1-1", at(47.0), at(51.0))]
+    assert s.check().violations == []
