@@ -18,6 +18,7 @@ import threading
 import time
 from datetime import timedelta
 from pathlib import Path
+from typing import Any
 
 import psycopg2
 
@@ -120,21 +121,24 @@ class Nemesis:
 
     # -- zombies: SIGSTOP a holder past its TTL, SIGCONT later ---------------------------------------
 
-    def _holders(self) -> list[tuple[int, str, int]]:
+    def _rows(self, query: Any) -> list[tuple[Any, ...]]:
+        """The rows of ``query`` on a connection of its own; none when the server does not answer."""
         try:
             conn = connect(self.server.dsn)
         except psycopg2.Error:
             return []
         try:
             with conn.cursor() as cur:
-                cur.execute(chaos_sql.holders())
-                rows = cur.fetchall()
+                cur.execute(query)
+                return cur.fetchall()
         except psycopg2.Error:
             return []
         finally:
             conn.close()
+
+    def _holders(self) -> list[tuple[int, str, int]]:
         found = []
-        for owner, key, token in rows:
+        for owner, key, token in self._rows(chaos_sql.holders()):
             match = _OWNER_RE.match(owner)
             if match and int(match.group(1)) in self.workers:
                 found.append((int(match.group(1)), key, int(token)))
@@ -152,20 +156,8 @@ class Nemesis:
 
     def _waiters(self) -> list[tuple[int, str]]:
         """The workers with a live waiting place, and its key."""
-        try:
-            conn = connect(self.server.dsn)
-        except psycopg2.Error:
-            return []
-        try:
-            with conn.cursor() as cur:
-                cur.execute(chaos_sql.waiters())
-                rows = cur.fetchall()
-        except psycopg2.Error:
-            return []
-        finally:
-            conn.close()
         found = []
-        for owner, key in rows:
+        for owner, key in self._rows(chaos_sql.waiters()):
             match = _OWNER_RE.match(owner)
             if match and int(match.group(1)) in self.workers and int(match.group(1)) not in self.stopped:
                 found.append((int(match.group(1)), key))
