@@ -16,6 +16,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
@@ -346,15 +347,9 @@ class Worker:
         if self.http is not None:
             fields["http"] = True
         t0 = time.monotonic()
-        try:
-            got = self.leases.wait_claim(key, owner, ttl, max_waiting=limit)
-        except LeaseError as exc:
-            outcome = outcome_of(exc)
-            self.rec.op("wait_claim", t0=t0, outcome=outcome, error=str(exc), **fields)
-            return outcome
-        except Exception as exc:
-            self.rec.op("wait_claim", t0=t0, outcome="error", error=repr(exc), **fields)
-            return "error"
+        failed, got = self._attempt("wait_claim", t0, fields, lambda: self.leases.wait_claim(key, owner, ttl, max_waiting=limit))
+        if failed is not None:
+            return failed
         mine = next((w for w in got.waiters if w.owner == owner), None)
         if got.claimed:
             outcome = "claimed"
@@ -373,23 +368,31 @@ class Worker:
         fields: dict[str, Any] = {"key": key, "owner": owner, "forged": forged, **shape}
         if self.http is not None:
             fields["http"] = True
+        http = self.http
+        if forged:
+            assert http is not None
+            send: Callable[[], Any] = lambda: http.wait_release_with(key, owner, secrets.token_urlsafe(32))  # noqa: E731
+        else:
+            send = lambda: self.leases.wait_release(key, owner)  # noqa: E731
         t0 = time.monotonic()
-        try:
-            if forged:
-                assert self.http is not None
-                released = self.http.wait_release_with(key, owner, secrets.token_urlsafe(32))
-            else:
-                released = self.leases.wait_release(key, owner)
-        except LeaseError as exc:
-            outcome = outcome_of(exc)
-            self.rec.op("wait_release", t0=t0, outcome=outcome, error=str(exc), **fields)
-            return outcome
-        except Exception as exc:
-            self.rec.op("wait_release", t0=t0, outcome="error", error=repr(exc), **fields)
-            return "error"
+        failed, released = self._attempt("wait_release", t0, fields, send)
+        if failed is not None:
+            return failed
         outcome = "ok" if released else "refused"
         self.rec.op("wait_release", t0=t0, outcome=outcome, **fields)
         return outcome
+
+    def _attempt(self, op: str, t0: float, fields: dict[str, Any], send: Callable[[], Any]) -> tuple[str | None, Any]:
+        """``send()``'s answer, with no outcome; or, when it raised, the outcome it was recorded with."""
+        try:
+            return None, send()
+        except LeaseError as exc:
+            outcome = outcome_of(exc)
+            self.rec.op(op, t0=t0, outcome=outcome, error=str(exc), **fields)
+            return outcome, None
+        except Exception as exc:
+            self.rec.op(op, t0=t0, outcome="error", error=repr(exc), **fields)
+            return "error", None
 
     def db_now(self) -> datetime | None:
         """The database clock now, or None when it cannot be asked (a fault is on)."""
